@@ -1,0 +1,1 @@
+"""Cairn's coordinator: supersteps, two-phase commit, coordinated restore. See issue 4."""

@@ -1,0 +1,221 @@
+"""Moving committed global checkpoints to disk, and retention in both tiers.
+
+`archive_gc` copies a committed GC and everything it names (every LC of every member's
+chain, the manifest, every file blob) to the archive, verifying each record on the way and
+writing the GC file last: a GC exists on disk only once all it names is there. It is
+idempotent and resumable: a run killed midway is finished by the next one.
+
+`trim_hot` keeps `hot_keep` committed GCs (and the latest) in Redis and drops older ones
+only once they are archived. `trim_cold` keeps `cold_keep` GCs on disk; `sweep_blobs`
+removes archived blobs that no archived GC names.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from storage.errors import CairnError
+from storage.records import GCStatus, GlobalCheckpoint
+from storage.store import CheckpointStore
+
+# Blob times come from worker clocks and GC times from the coordinator's: allow this much
+# skew before believing a blob is unused.
+DEFAULT_SKEW_MARGIN = 300.0
+# An archived blob written this recently may belong to a GC still being archived.
+DEFAULT_SWEEP_GRACE = 3600.0
+
+
+class NotCommitted(CairnError):
+    """Raised when asked to archive a global checkpoint that is not committed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveReport:
+    """What one `archive_gc` call wrote (zero everywhere when it was already archived)."""
+
+    number: int
+    lcs: int
+    blobs: int
+    bytes: int
+
+
+def archive_gc(store: CheckpointStore, task: str, number: int) -> ArchiveReport:
+    """Archive committed GC `number` of `task` and all it names; return what was written."""
+    cold = store.cold
+    if cold.get_gc(task, number) is not None:
+        return ArchiveReport(number, 0, 0, 0)
+    gc, gc_bytes = store.load_gc(task, number)
+    if gc.status is not GCStatus.COMMITTED:
+        raise NotCommitted(f"gc {task}/{number} is {gc.status.value}, not COMMITTED")
+    lcs = blobs = written = 0
+    for agent, ref in gc.members.items():
+        if cold.has_lc(task, agent, ref.id):
+            continue  # written oldest first, so its ancestors are archived too
+        chain = store.load_chain(task, agent, ref.id, ref.checksum)
+        for loaded in reversed(chain):
+            if not cold.has_lc(task, agent, loaded.record.id):
+                cold.put_lc(task, agent, loaded.record.id, loaded.data)
+                lcs += 1
+                written += len(loaded.data)
+    manifest = store.read_manifest(task, gc.workspace)
+    for sha in [*sorted(set(manifest.files.values())), gc.workspace]:
+        if cold.has_blob(sha):
+            continue
+        data = _verified_blob(store, task, sha)
+        cold.put_blob(sha, data)
+        blobs += 1
+        written += len(data)
+    cold.put_gc(task, number, gc_bytes)
+    return ArchiveReport(number, lcs, blobs, written + len(gc_bytes))
+
+
+def _verified_blob(store: CheckpointStore, task: str, sha: str) -> bytes:
+    """Return a hot blob's sealed bytes after checking them against their address."""
+    data = store.hot.get_blob(task, sha)
+    if data is None:
+        # Already gone from Redis: it must then come from the archive, which has it only
+        # if some archived GC named it; reading verifies, and re-sealing gives the bytes.
+        return store.codec.seal(store.get_blob(task, sha), keyed=False).data
+    store.codec.open(data, f"blob {sha}", expect_digest=sha)
+    return data
+
+
+@dataclass(frozen=True, slots=True)
+class TrimReport:
+    """What `trim_hot` dropped, and which old GCs it kept because they are not archived."""
+
+    gcs: list[int]
+    lcs: int
+    blobs: int
+    unarchived: list[int]
+
+
+def trim_hot(
+    store: CheckpointStore,
+    task: str,
+    hot_keep: int,
+    *,
+    skew_margin: float = DEFAULT_SKEW_MARGIN,
+) -> TrimReport:
+    """Drop from Redis the GCs older than the newest `hot_keep` committed ones.
+
+    The latest GC and every GC not yet decided stay. A GC leaves only once it is in the
+    archive, and with it go the LCs and blobs that no kept GC needs; a blob put after the
+    oldest kept GC committed (by a step still running) is never dropped.
+    """
+    if hot_keep < 1:
+        raise ValueError("hot_keep must be at least 1")
+    hot = store.hot
+    infos = hot.list_gcs(task)
+    committed = [i.number for i in infos if i.status is GCStatus.COMMITTED]
+    keep = set(committed[-hot_keep:])
+    latest = hot.latest_gc(task)
+    if latest is not None:
+        keep.add(latest)
+    if not keep:
+        return TrimReport([], 0, 0, [])
+    oldest_kept = min(keep)
+    droppable = [
+        i.number
+        for i in infos
+        if i.number not in keep
+        and (
+            i.status is GCStatus.COMMITTED
+            or (i.status is GCStatus.ABORTED and i.number < oldest_kept)
+        )
+    ]
+    archived = set(store.cold.list_gcs(task))
+    unarchived = [n for n in droppable if n not in archived and n in committed]
+    dropping = [n for n in droppable if n not in unarchived]
+    kept_gcs = [store.read_gc(task, n) for n in sorted(keep)]
+    needed_lcs = _hot_chains(store, task, kept_gcs)
+    needed_blobs = _blobs_of(store, task, kept_gcs)
+    lcs_out: set[str] = set()
+    blobs_out: set[str] = set()
+    for n in dropping:
+        gc = store.read_gc(task, n)
+        if gc.status is GCStatus.COMMITTED:
+            lcs_out |= _hot_chains(store, task, [gc]) - needed_lcs
+            blobs_out |= _blobs_of(store, task, [gc]) - needed_blobs
+    # Blobs put after this moment may belong to a change set not yet committed.
+    cutoff = min(gc.committed_at or gc.created_at for gc in kept_gcs).timestamp() - skew_margin
+    times = hot.blob_times(task)
+    blobs_out = {s for s in blobs_out if times.get(s, 0.0) < cutoff}
+    hot.delete_lcs(task, lcs_out)
+    hot.delete_blobs(task, blobs_out)
+    for n in dropping:
+        hot.delete_gc(task, n)
+    return TrimReport(sorted(dropping), len(lcs_out), len(blobs_out), unarchived)
+
+
+def _hot_chains(store: CheckpointStore, task: str, gcs: Iterable[GlobalCheckpoint]) -> set[str]:
+    """Return the ids of every hot LC on the chains of the GCs' members."""
+    ids: set[str] = set()
+    for gc in gcs:
+        for ref in gc.members.values():
+            current: str | None = ref.id
+            while current is not None and current not in ids:
+                link = store.hot.lc_link(task, current)
+                if link is None:
+                    break
+                ids.add(current)
+                current = None if link.full else link.parent_id
+    return ids
+
+
+def _blobs_of(store: CheckpointStore, task: str, gcs: Iterable[GlobalCheckpoint]) -> set[str]:
+    """Return the manifest and file blobs the GCs name."""
+    shas: set[str] = set()
+    for gc in gcs:
+        shas.add(gc.workspace)
+        shas |= set(store.read_manifest(task, gc.workspace).files.values())
+    return shas
+
+
+def trim_cold(store: CheckpointStore, task: str, cold_keep: int) -> list[int]:
+    """Delete archived GCs of `task` beyond the newest `cold_keep` (the latest always stays).
+
+    GC files go first, so no listed GC ever names a deleted LC; then the LCs no remaining
+    archived GC needs. Blobs are shared across tasks: `sweep_blobs` removes them. Do not run
+    it while `archive_gc` runs for the same task (the coordinator serializes them).
+    """
+    if cold_keep < 1:
+        raise ValueError("cold_keep must be at least 1")
+    cold = store.cold
+    numbers = cold.list_gcs(task)
+    keep = set(numbers[-cold_keep:])
+    latest = store.hot.latest_gc(task)
+    if latest is not None and latest in numbers:
+        keep.add(latest)
+    dropped = [n for n in numbers if n not in keep]
+    for n in dropped:
+        cold.delete_gc(task, n)
+    needed: set[str] = set()
+    for n in keep:
+        for agent, ref in store.read_gc(task, n).members.items():
+            chain = store.load_chain(task, agent, ref.id, ref.checksum)
+            needed |= {loaded.record.id for loaded in chain}
+    for agent, lc_id in cold.list_lcs(task):
+        if lc_id not in needed:
+            cold.delete_lc(task, agent, lc_id)
+    return dropped
+
+
+def sweep_blobs(store: CheckpointStore, *, grace: float = DEFAULT_SWEEP_GRACE) -> int:
+    """Delete archived blobs that no archived GC of any task names; return how many.
+
+    Blobs written within `grace` seconds are spared: their GC may still be on its way.
+    """
+    cold = store.cold
+    named: set[str] = set()
+    for task in cold.tasks():
+        named |= _blobs_of(store, task, (store.read_gc(task, n) for n in cold.list_gcs(task)))
+    horizon = time.time() - grace
+    removed = 0
+    for sha, written in cold.blob_times().items():
+        if sha not in named and written < horizon:
+            cold.delete_blob(sha)
+            removed += 1
+    return removed

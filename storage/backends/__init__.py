@@ -1,0 +1,1 @@
+"""Storage backends: Redis and disk for real use, in-memory twins for fast unit tests."""

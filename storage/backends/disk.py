@@ -1,0 +1,206 @@
+"""The cold archive on disk: write-once files that appear only whole.
+
+Layout under the archive root:
+
+    blobs/sha256/ab/abcdef….rec           content-addressed blobs (files and manifests)
+    tasks/<task>/lc/<agent>/<lc_id>.rec   local checkpoints
+    tasks/<task>/gc/<number>.rec          global checkpoints, written last
+
+Every file is written to a temporary name, fsynced, renamed into place, and its directory
+fsynced: a crash leaves either the whole file or none of it (plus a stray temporary file,
+which listings ignore and `remove_temporaries` clears).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import threading
+from pathlib import Path
+
+from storage.errors import ArchiveError
+from storage.keys import check_name
+
+SUFFIX = ".rec"
+TMP_PREFIX = ".tmp-"
+SHA256_HEX_LEN = 64
+
+
+class DiskArchive:
+    """A `ColdArchive` in a directory tree; safe for many processes writing at once."""
+
+    def __init__(self, root: str | os.PathLike[str]) -> None:
+        self.root = Path(root)
+        self._known_dirs: set[Path] = set()
+        self._lock = threading.Lock()
+        try:
+            self._ensure_dir(self.root)
+        except OSError as exc:
+            raise ArchiveError(
+                f"cannot use archive directory {self.root}: {exc.strerror}"
+            ) from None
+
+    # paths -------------------------------------------------------------------------------
+    def _blob_path(self, sha: str) -> Path:
+        if len(sha) != SHA256_HEX_LEN or not all(c in "0123456789abcdef" for c in sha):
+            raise ArchiveError(f"not a sha256 address: {sha!r}")
+        return self.root / "blobs" / "sha256" / sha[:2] / f"{sha}{SUFFIX}"
+
+    def _task_dir(self, task: str) -> Path:
+        return self.root / "tasks" / check_name("task", task)
+
+    def _lc_path(self, task: str, agent: str, lc_id: str) -> Path:
+        name = check_name("checkpoint", lc_id)
+        return self._task_dir(task) / "lc" / check_name("agent", agent) / f"{name}{SUFFIX}"
+
+    def _gc_path(self, task: str, number: int) -> Path:
+        return self._task_dir(task) / "gc" / f"{number:012d}{SUFFIX}"
+
+    # durable writes ----------------------------------------------------------------------
+    def _ensure_dir(self, path: Path) -> None:
+        """Create `path` and fsync each new directory's parent, so the entry itself survives."""
+        if path in self._known_dirs:
+            return
+        missing = []
+        probe = path
+        while not probe.exists():
+            missing.append(probe)
+            probe = probe.parent
+        for directory in reversed(missing):
+            with contextlib.suppress(FileExistsError):
+                directory.mkdir()
+            _fsync_dir(directory.parent)
+        with self._lock:
+            self._known_dirs.add(path)
+
+    def _write(self, path: Path, data: bytes) -> None:
+        """Write `data` at `path` atomically and durably, or raise `ArchiveError`."""
+        tmp = path.parent / f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}"
+        try:
+            self._ensure_dir(path.parent)
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            try:
+                view = memoryview(data)
+                while view:
+                    view = view[os.write(fd, view) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            tmp.replace(path)
+            _fsync_dir(path.parent)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                tmp.unlink()
+            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
+            raise ArchiveError(f"cannot archive {path}: {reason}") from None
+
+    def _read(self, path: Path) -> bytes | None:
+        try:
+            return path.read_bytes()
+        except FileNotFoundError:
+            return None
+        except OSError as exc:
+            raise ArchiveError(f"cannot read {path}: {exc.strerror}") from None
+
+    def _delete(self, path: Path) -> None:
+        try:
+            path.unlink()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ArchiveError(f"cannot delete {path}: {exc.strerror}") from None
+        _fsync_dir(path.parent)
+
+    # blobs -------------------------------------------------------------------------------
+    def put_blob(self, sha: str, data: bytes) -> None:
+        if not self.has_blob(sha):
+            self._write(self._blob_path(sha), data)
+
+    def get_blob(self, sha: str) -> bytes | None:
+        return self._read(self._blob_path(sha))
+
+    def has_blob(self, sha: str) -> bool:
+        try:
+            # Touching a blob that a new GC names again keeps a concurrent sweep off it.
+            os.utime(self._blob_path(sha))
+        except FileNotFoundError:
+            return False
+        except OSError as exc:
+            raise ArchiveError(f"cannot touch blob {sha}: {exc.strerror}") from None
+        return True
+
+    def blob_times(self) -> dict[str, float]:
+        times: dict[str, float] = {}
+        for path in (self.root / "blobs" / "sha256").glob(f"*/*{SUFFIX}"):
+            if not path.name.startswith(TMP_PREFIX):
+                with contextlib.suppress(FileNotFoundError):
+                    times[path.name.removesuffix(SUFFIX)] = path.stat().st_mtime
+        return times
+
+    def delete_blob(self, sha: str) -> None:
+        self._delete(self._blob_path(sha))
+
+    # local checkpoints -------------------------------------------------------------------
+    def put_lc(self, task: str, agent: str, lc_id: str, data: bytes) -> None:
+        path = self._lc_path(task, agent, lc_id)
+        if not path.exists():
+            self._write(path, data)
+
+    def get_lc(self, task: str, agent: str, lc_id: str) -> bytes | None:
+        return self._read(self._lc_path(task, agent, lc_id))
+
+    def has_lc(self, task: str, agent: str, lc_id: str) -> bool:
+        return self._lc_path(task, agent, lc_id).exists()
+
+    def list_lcs(self, task: str) -> list[tuple[str, str]]:
+        paths = (self._task_dir(task) / "lc").glob(f"*/*{SUFFIX}")
+        return sorted(
+            (p.parent.name, p.name.removesuffix(SUFFIX))
+            for p in paths
+            if not p.name.startswith(TMP_PREFIX)
+        )
+
+    def delete_lc(self, task: str, agent: str, lc_id: str) -> None:
+        self._delete(self._lc_path(task, agent, lc_id))
+
+    # global checkpoints ------------------------------------------------------------------
+    def put_gc(self, task: str, number: int, data: bytes) -> None:
+        path = self._gc_path(task, number)
+        if not path.exists():
+            self._write(path, data)
+
+    def get_gc(self, task: str, number: int) -> bytes | None:
+        return self._read(self._gc_path(task, number))
+
+    def list_gcs(self, task: str) -> list[int]:
+        numbers = []
+        for path in (self._task_dir(task) / "gc").glob(f"*{SUFFIX}"):
+            stem = path.name.removesuffix(SUFFIX)
+            if stem.isdigit():
+                numbers.append(int(stem))
+        return sorted(numbers)
+
+    def delete_gc(self, task: str, number: int) -> None:
+        self._delete(self._gc_path(task, number))
+
+    def tasks(self) -> list[str]:
+        base = self.root / "tasks"
+        return sorted(p.name for p in base.iterdir()) if base.exists() else []
+
+    def remove_temporaries(self) -> int:
+        """Delete temporary files left by writers that died mid-write; return how many."""
+        removed = 0
+        for path in self.root.rglob(f"{TMP_PREFIX}*"):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
+                removed += 1
+        return removed
+
+
+def _fsync_dir(directory: Path) -> None:
+    fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,15 @@
+-- Abort a global checkpoint: mark it ABORTED, drop the superstep's tentative LCs and votes.
+-- KEYS: 1 gc, 2 gcs, 3 superstep set, 4 votes
+-- ARGV: 1 number, 2 sealed bytes, 3 checksum, 4 superstep, 5 lc key prefix
+local status = redis.call('HGET', KEYS[1], 'status')
+if status == 'COMMITTED' then
+  return redis.error_reply('REFUSED GC ' .. ARGV[1] .. ' is committed and cannot be aborted')
+end
+redis.call('HSET', KEYS[1], 'data', ARGV[2], 'sum', ARGV[3], 'status', 'ABORTED', 'superstep', ARGV[4])
+redis.call('ZADD', KEYS[2], ARGV[1], ARGV[1])
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
+  local key = ARGV[5] .. id
+  if redis.call('HGET', key, 'state') ~= 'committed' then redis.call('DEL', key) end
+end
+redis.call('DEL', KEYS[3], KEYS[4])
+return 'OK'

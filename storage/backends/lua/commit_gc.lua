@@ -1,0 +1,47 @@
+-- Commit a global checkpoint: the single write that is the commit point of the 2PC.
+-- KEYS: 1 epoch, 2 gc, 3 gcs, 4 latest, 5 workspace manifest blob, 6 superstep set,
+--       7 votes, 8.. one lc key per member
+-- ARGV: 1 number, 2 epoch, 3 sealed bytes, 4 checksum, 5 superstep, 6 lc key prefix,
+--       7.. (agent, checksum) per member, in the order of KEYS 8..
+-- Every check runs before the first write, so a refused commit writes nothing.
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[2] then
+  return redis.error_reply('REFUSED stale epoch ' .. ARGV[2] .. ' (task is at ' .. (epoch or 'none') .. ')')
+end
+local status = redis.call('HGET', KEYS[2], 'status')
+if status == 'COMMITTED' then
+  if redis.call('HGET', KEYS[2], 'sum') == ARGV[4] then return 'EXISTS' end
+  return redis.error_reply('REFUSED GC ' .. ARGV[1] .. ' is already committed')
+end
+if status == 'ABORTED' then
+  return redis.error_reply('REFUSED GC ' .. ARGV[1] .. ' was aborted')
+end
+if redis.call('EXISTS', KEYS[5]) == 0 then
+  return redis.error_reply('REFUSED workspace manifest ' .. KEYS[5] .. ' is not stored')
+end
+local members = #KEYS - 7
+for i = 1, members do
+  local agent = ARGV[5 + 2 * i]
+  local sum = ARGV[6 + 2 * i]
+  local f = redis.call('HMGET', KEYS[7 + i], 'sum', 'agent')
+  if not f[1] then
+    return redis.error_reply('REFUSED LC ' .. KEYS[7 + i] .. ' of ' .. agent .. ' is missing')
+  end
+  if f[1] ~= sum or f[2] ~= agent then
+    return redis.error_reply('REFUSED LC ' .. KEYS[7 + i] .. ' of ' .. agent .. ' does not match its vote')
+  end
+end
+redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
+redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+for i = 1, members do
+  redis.call('HSET', KEYS[7 + i], 'state', 'committed')
+end
+-- Tool-level LCs and refused retries of this superstep are no longer needed.
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
+  local key = ARGV[6] .. id
+  if redis.call('HGET', key, 'state') == 'tentative' then redis.call('DEL', key) end
+end
+redis.call('DEL', KEYS[6], KEYS[7])
+local latest = tonumber(redis.call('GET', KEYS[4]) or '-1')
+if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[4], ARGV[1]) end
+return 'OK'

@@ -1,0 +1,28 @@
+-- Fenced write of a local checkpoint (and its vote), the prepare phase of the 2PC.
+-- KEYS: 1 epoch, 2 attempts, 3 lc, 4 superstep set, 5 votes
+-- ARGV: 1 epoch, 2 agent, 3 "superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
+--       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0"
+-- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
+-- is a no-op, because redis-py retries commands whose reply it lost.
+local epoch = redis.call('GET', KEYS[1])
+if epoch ~= ARGV[1] then
+  return redis.error_reply('FENCED stale epoch ' .. ARGV[1] .. ' (task is at ' .. (epoch or 'none') .. ')')
+end
+local current = redis.call('HGET', KEYS[2], ARGV[2])
+if current ~= ARGV[3] then
+  return redis.error_reply('FENCED stale attempt ' .. ARGV[3] .. ' (current ' .. (current or 'none') .. ')')
+end
+local existing = redis.call('HGET', KEYS[3], 'sum')
+if existing then
+  if existing ~= ARGV[5] then
+    return redis.error_reply('FENCED LC ' .. ARGV[4] .. ' exists with another checksum')
+  end
+else
+  redis.call('HSET', KEYS[3], 'data', ARGV[6], 'sum', ARGV[5], 'agent', ARGV[2],
+    'parent', ARGV[7], 'full', ARGV[8], 'level', ARGV[9], 'state', 'tentative')
+  redis.call('SADD', KEYS[4], ARGV[4])
+end
+if ARGV[10] == '1' then
+  redis.call('HSET', KEYS[5], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
+end
+return 'OK'

@@ -1,0 +1,192 @@
+"""The storage contract: what a hot store and a cold archive must do.
+
+Backends move sealed bytes (see `storage.codec`) and enforce the protocol's rules (fencing,
+atomic commit); they never parse records. `storage.store.CheckpointStore` builds on them.
+Every backend has an in-memory twin in `storage.backends.memory`, and
+`tests/test_conformance.py` runs the same tests against all of them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from storage.codec import Sealed
+from storage.records import GCStatus, LCRef, Level
+
+
+@dataclass(frozen=True, slots=True)
+class LCEntry:
+    """A sealed local checkpoint plus the fields a store indexes and fences it by."""
+
+    task: str
+    agent: str
+    id: str
+    parent_id: str | None
+    full: bool
+    superstep: int
+    epoch: int
+    attempt: int
+    level: Level
+    sealed: Sealed
+
+
+@dataclass(frozen=True, slots=True)
+class LCLink:
+    """Where an LC sits in its chain, read without its body (for retention)."""
+
+    id: str
+    agent: str
+    parent_id: str | None
+    full: bool
+
+
+@dataclass(frozen=True, slots=True)
+class GCEntry:
+    """A sealed global checkpoint plus what the commit must check atomically."""
+
+    task: str
+    number: int
+    superstep: int
+    epoch: int
+    status: GCStatus
+    workspace: str
+    sealed: Sealed
+    members: dict[str, LCRef] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class GCInfo:
+    """A global checkpoint as listed, without reading its body."""
+
+    number: int
+    status: GCStatus
+    superstep: int
+    size: int
+
+
+class HotStore(Protocol):
+    """Live state in Redis (or its twin): fenced, atomic, bounded by retention."""
+
+    def init_task(self, task: str) -> int:
+        """Give a new task epoch 1 (a no-op for a known task); return its epoch."""
+
+    def get_epoch(self, task: str) -> int:
+        """Return the task's epoch, 0 when the task is unknown."""
+
+    def raise_epoch(self, task: str, to: int) -> int:
+        """Raise the epoch to at least `to`, fencing older writers; return the epoch now.
+
+        It never lowers the epoch, so a retried call is harmless.
+        """
+
+    def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
+        """Make (superstep, attempt) the only attempt of `agent` allowed to write LCs."""
+
+    def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
+        """Store an LC (and its vote) if epoch and attempt are current, else `FencedWrite`.
+
+        Writing the same LC again is a no-op, so a retried command is harmless.
+        """
+
+    def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
+        """Return sealed LCs from `lc_id` back through parents, newest first.
+
+        Stops after a full LC, a missing one, or `max_links` records.
+        """
+
+    def lc_link(self, task: str, lc_id: str) -> LCLink | None:
+        """Return the chain fields of a hot LC, or None when it is not hot."""
+
+    def delete_lcs(self, task: str, lc_ids: Iterable[str]) -> None:
+        """Drop LCs from the hot store (retention; they must be safe elsewhere)."""
+
+    def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
+        """Return agent → voted LC for one superstep of one epoch."""
+
+    def prepare_gc(self, entry: GCEntry) -> None:
+        """Record a PREPARING global checkpoint (refused if it is already decided)."""
+
+    def commit_gc(self, entry: GCEntry) -> None:
+        """Atomically commit a GC and move `latest`, or raise `CommitRefused`, writing nothing.
+
+        Refused when the epoch is stale, the GC was aborted, the workspace manifest is not
+        hot, or a member LC is missing or has another checksum. Committing twice is a no-op.
+        """
+
+    def abort_gc(self, entry: GCEntry) -> None:
+        """Mark a GC ABORTED and delete the superstep's tentative LCs and votes."""
+
+    def read_gc(self, task: str, number: int) -> bytes | None:
+        """Return a GC's sealed bytes, or None when it is not hot."""
+
+    def list_gcs(self, task: str) -> list[GCInfo]:
+        """Return the task's hot GCs (every status) in number order."""
+
+    def latest_gc(self, task: str) -> int | None:
+        """Return the number of the latest committed GC, or None."""
+
+    def delete_gc(self, task: str, number: int) -> None:
+        """Drop a GC record from the hot store (retention)."""
+
+    def put_blob(self, task: str, sha: str, data: bytes) -> None:
+        """Store a blob under its address once; every put refreshes its last-written time."""
+
+    def get_blob(self, task: str, sha: str) -> bytes | None:
+        """Return a blob's sealed bytes, or None when it is not hot."""
+
+    def blob_times(self, task: str) -> dict[str, float]:
+        """Return sha → when the blob was last put (Unix seconds) for every hot blob."""
+
+    def delete_blobs(self, task: str, shas: Iterable[str]) -> None:
+        """Drop blobs from the hot store (retention)."""
+
+
+class ColdArchive(Protocol):
+    """The archive on disk (or its twin): write-once files, the ground truth once written."""
+
+    def put_blob(self, sha: str, data: bytes) -> None:
+        """Store a blob durably under its address (a no-op, beyond a touch, if present)."""
+
+    def get_blob(self, sha: str) -> bytes | None:
+        """Return a blob's sealed bytes, or None."""
+
+    def has_blob(self, sha: str) -> bool:
+        """True when the blob is archived (its time is refreshed, protecting it from sweeps)."""
+
+    def blob_times(self) -> dict[str, float]:
+        """Return sha → last-written time (Unix seconds) of every archived blob."""
+
+    def delete_blob(self, sha: str) -> None:
+        """Remove an archived blob (sweeping)."""
+
+    def put_lc(self, task: str, agent: str, lc_id: str, data: bytes) -> None:
+        """Store an LC durably (a no-op if present)."""
+
+    def get_lc(self, task: str, agent: str, lc_id: str) -> bytes | None:
+        """Return an archived LC's sealed bytes, or None."""
+
+    def has_lc(self, task: str, agent: str, lc_id: str) -> bool:
+        """True when the LC is archived."""
+
+    def list_lcs(self, task: str) -> list[tuple[str, str]]:
+        """Return (agent, lc_id) of every archived LC of the task."""
+
+    def delete_lc(self, task: str, agent: str, lc_id: str) -> None:
+        """Remove an archived LC (retention)."""
+
+    def put_gc(self, task: str, number: int, data: bytes) -> None:
+        """Store a GC durably; call it last, once everything the GC names is archived."""
+
+    def get_gc(self, task: str, number: int) -> bytes | None:
+        """Return an archived GC's sealed bytes, or None."""
+
+    def list_gcs(self, task: str) -> list[int]:
+        """Return the archived GC numbers of a task, ascending."""
+
+    def delete_gc(self, task: str, number: int) -> None:
+        """Remove an archived GC (retention); what it named is swept separately."""
+
+    def tasks(self) -> list[str]:
+        """Return every task with something archived."""

@@ -1,0 +1,162 @@
+"""Sealing records into checksummed, optionally compressed bytes, and opening them again.
+
+The stored form of every record and blob is an envelope:
+
+    b"CRN1" | flags (1 byte) | digest (32 bytes) | body
+
+`digest` is SHA-256 of the canonical bytes, or HMAC-SHA256 with `CAIRN_SIGNING_KEY`
+(flag bit 1). `body` is the canonical bytes, zstd-compressed (flag bit 0) when larger than
+`compress_above`. Opening verifies the frame, decompresses with a size cap, recomputes the
+digest and compares in constant time: any changed byte is refused, never half-used.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import json
+import os
+import threading
+from dataclasses import dataclass
+from typing import TypeVar
+
+import zstandard
+from pydantic import BaseModel, ValidationError
+
+from storage.errors import CorruptCheckpoint
+from storage.records import SCHEMA_VERSION, Record
+
+MAGIC = b"CRN1"
+FLAG_ZSTD = 0x01
+FLAG_HMAC = 0x02
+HEADER_SIZE = len(MAGIC) + 1 + 32
+MAX_RECORD_BYTES = 512 * 1024 * 1024  # refuse to inflate anything larger (a zstd bomb)
+DEFAULT_COMPRESS_ABOVE = 1024
+ZSTD_LEVEL = 3
+
+R = TypeVar("R", bound=Record)
+
+
+@dataclass(frozen=True, slots=True)
+class Sealed:
+    """A record's stored bytes with the checksum they carry (hex) and their size."""
+
+    data: bytes
+    checksum: str
+
+    @property
+    def size(self) -> int:
+        """Bytes as stored (after compression)."""
+        return len(self.data)
+
+
+def canonical_bytes(record: BaseModel) -> bytes:
+    """Return the record as JSON with sorted keys and no spaces: equal records, equal bytes."""
+    return json.dumps(
+        record.model_dump(mode="json"), sort_keys=True, separators=(",", ":"), ensure_ascii=False
+    ).encode()
+
+
+class _Zstd(threading.local):
+    """zstd contexts are not thread-safe; one pair per thread, reused across calls."""
+
+    def __init__(self) -> None:
+        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self.decompressor = zstandard.ZstdDecompressor()
+
+
+class Codec:
+    """Seals and opens envelopes; holds the signing key and the compression threshold."""
+
+    def __init__(
+        self, signing_key: bytes | None = None, compress_above: int = DEFAULT_COMPRESS_ABOVE
+    ) -> None:
+        self._key = signing_key or None
+        self._compress_above = compress_above
+        self._zstd = _Zstd()
+
+    @classmethod
+    def from_env(cls) -> Codec:
+        """Build a codec that signs with `CAIRN_SIGNING_KEY` when it is set and not empty."""
+        key = os.environ.get("CAIRN_SIGNING_KEY", "")
+        return cls(signing_key=key.encode() if key else None)
+
+    @property
+    def signs(self) -> bool:
+        """True when records are signed with HMAC-SHA256 rather than plainly hashed."""
+        return self._key is not None
+
+    def seal(self, payload: bytes, *, keyed: bool = True) -> Sealed:
+        """Wrap `payload` in an envelope; `keyed=False` forces plain SHA-256 (blob addresses)."""
+        flags = 0
+        if keyed and self._key is not None:
+            digest = hmac.new(self._key, payload, hashlib.sha256).digest()
+            flags |= FLAG_HMAC
+        else:
+            digest = hashlib.sha256(payload).digest()
+        body = payload
+        if len(payload) > self._compress_above:
+            body = self._zstd.compressor.compress(payload)
+            flags |= FLAG_ZSTD
+        return Sealed(MAGIC + bytes((flags,)) + digest + body, digest.hex())
+
+    def open(self, data: bytes, name: str, *, expect_digest: str | None = None) -> bytes:
+        """Return the verified payload of an envelope, or raise `CorruptCheckpoint`.
+
+        `expect_digest` (hex) is the digest the caller already trusts, such as a blob's
+        address or the checksum a global checkpoint names; it must match too.
+        """
+        if len(data) < HEADER_SIZE or data[:4] != MAGIC:
+            raise CorruptCheckpoint(name, "truncated or not a Cairn record")
+        flags = data[4]
+        if flags & ~(FLAG_ZSTD | FLAG_HMAC):
+            raise CorruptCheckpoint(name, f"unknown flags {flags:#04x}")
+        digest = data[5:HEADER_SIZE]
+        body = data[HEADER_SIZE:]
+        payload = self._decompress(body, name) if flags & FLAG_ZSTD else body
+        if flags & FLAG_HMAC:
+            if self._key is None:
+                raise CorruptCheckpoint(name, "signed, but no CAIRN_SIGNING_KEY is configured")
+            actual = hmac.new(self._key, payload, hashlib.sha256).digest()
+        else:
+            # With a key configured, only content-addressed blobs may be unsigned: their
+            # address (expect_digest) is itself the proof.
+            if self._key is not None and expect_digest is None:
+                raise CorruptCheckpoint(
+                    name, "unsigned, but CAIRN_SIGNING_KEY requires a signature"
+                )
+            actual = hashlib.sha256(payload).digest()
+        if not hmac.compare_digest(actual, digest):
+            raise CorruptCheckpoint(name, "checksum mismatch")
+        if expect_digest is not None and not hmac.compare_digest(digest.hex(), expect_digest):
+            raise CorruptCheckpoint(name, f"checksum {digest.hex()[:12]}… is not the one named")
+        return payload
+
+    def _decompress(self, body: bytes, name: str) -> bytes:
+        try:
+            return self._zstd.decompressor.decompress(body, max_output_size=MAX_RECORD_BYTES)
+        except zstandard.ZstdError as exc:
+            raise CorruptCheckpoint(name, f"cannot decompress: {exc}") from None
+
+    def encode(self, record: Record) -> Sealed:
+        """Seal a record's canonical bytes (signed when a key is configured)."""
+        return self.seal(canonical_bytes(record))
+
+    def decode(
+        self, data: bytes, model: type[R], name: str, *, expect_digest: str | None = None
+    ) -> R:
+        """Open and parse a sealed record; its `checksum` and `size` are set from the envelope."""
+        payload = self.open(data, name, expect_digest=expect_digest)
+        try:
+            record = model.model_validate_json(payload)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first["loc"]) or "record"
+            raise CorruptCheckpoint(name, f"unparsable: {where}: {first['msg']}") from None
+        if record.schema_version > SCHEMA_VERSION:
+            raise CorruptCheckpoint(
+                name, f"schema version {record.schema_version} is newer than {SCHEMA_VERSION}"
+            )
+        record.checksum = data[5:HEADER_SIZE].hex()
+        record.size = len(data)
+        return record

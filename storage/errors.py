@@ -1,0 +1,52 @@
+"""Cairn's exceptions, one tree with one root.
+
+CairnError
+├── InvalidName          a task or agent name that cannot be a key or a path
+├── FencedWrite          a write carried a stale epoch or attempt
+├── CommitRefused        a global checkpoint named a missing or mismatched record
+├── RecordNotFound       a record is in neither the hot store nor the archive
+├── CorruptCheckpoint    stored bytes failed their checksum, framing or schema
+└── ArchiveError         the disk archive could not be written
+"""
+
+from __future__ import annotations
+
+
+class CairnError(Exception):
+    """Root of every error Cairn raises on purpose; catch it to catch them all."""
+
+
+class InvalidName(CairnError, ValueError):
+    """Raised when a task, agent or record name could escape a key or a directory."""
+
+
+class FencedWrite(CairnError):
+    """Raised when a write carries an epoch or attempt that is no longer current.
+
+    The writer is a zombie (its step was retried elsewhere, or the task was restored):
+    nothing was written, and the caller must stop rather than retry.
+    """
+
+
+class CommitRefused(CairnError):
+    """Raised when a global checkpoint cannot be committed; nothing was written."""
+
+
+class RecordNotFound(CairnError, LookupError):
+    """Raised when a record is neither hot nor cold."""
+
+
+class CorruptCheckpoint(CairnError):
+    """Raised when stored bytes fail verification; the record is named and never used."""
+
+    def __init__(self, record: str, reason: str) -> None:
+        super().__init__(f"corrupt record {record}: {reason}")
+        self.record = record
+        self.reason = reason
+
+
+class ArchiveError(CairnError, OSError):
+    """Raised when the archive cannot be written (full or read-only disk, bad directory).
+
+    Whatever was archived before stays whole: files appear only by atomic rename.
+    """

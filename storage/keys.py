@@ -1,0 +1,80 @@
+"""Every Redis key Cairn uses, built in one place.
+
+All keys of a task share the hash tag `{task}` so that each Lua script and transaction
+touches one Redis Cluster slot. Names are validated here, once, because they also become
+directory names in the archive.
+"""
+
+from __future__ import annotations
+
+import re
+
+from storage.errors import InvalidName
+
+PREFIX = "cairn"
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
+
+
+def check_name(kind: str, value: str) -> str:
+    """Return `value` if it is a safe task, agent or record name, else raise `InvalidName`."""
+    if not _NAME.fullmatch(value) or ".." in value:
+        raise InvalidName(
+            f"invalid {kind} name {value!r}: use 1-128 letters, digits, '_', '-', '.' "
+            "starting with a letter or digit"
+        )
+    return value
+
+
+def task_prefix(task: str) -> str:
+    """The prefix of every key of `task`, hash tag included: `cairn:{task}:`."""
+    return f"{PREFIX}:{{{check_name('task', task)}}}:"
+
+
+def epoch(task: str) -> str:
+    """String: the task's fencing epoch."""
+    return task_prefix(task) + "epoch"
+
+
+def attempts(task: str) -> str:
+    """Hash agent → "superstep:attempt": the only step attempt allowed to write."""
+    return task_prefix(task) + "attempts"
+
+
+def lc(task: str, lc_id: str) -> str:
+    """Hash: one local checkpoint (sealed bytes plus the fields Lua needs)."""
+    return task_prefix(task) + "lc:" + lc_id
+
+
+def superstep_lcs(task: str, epoch_: int, superstep: int) -> str:
+    """Set: ids of the LCs written in one superstep of one epoch (tentative until commit)."""
+    return f"{task_prefix(task)}ss:{epoch_}:{superstep}"
+
+
+def votes(task: str, epoch_: int, superstep: int) -> str:
+    """Hash agent → "lc_id checksum": the votes cast for one superstep of one epoch."""
+    return f"{task_prefix(task)}votes:{epoch_}:{superstep}"
+
+
+def gc(task: str, number: int) -> str:
+    """Hash: one global checkpoint (sealed bytes, status, superstep)."""
+    return f"{task_prefix(task)}gc:{number}"
+
+
+def gcs(task: str) -> str:
+    """Sorted set: every global checkpoint number of the task, scored by number."""
+    return task_prefix(task) + "gcs"
+
+
+def latest(task: str) -> str:
+    """String: the number of the task's latest committed global checkpoint."""
+    return task_prefix(task) + "latest"
+
+
+def blob(task: str, sha: str) -> str:
+    """String: one content-addressed blob (a file or a manifest) in its envelope."""
+    return task_prefix(task) + "blob:" + sha
+
+
+def blobs(task: str) -> str:
+    """Sorted set: blob sha → when it was last written (ms), for safe retention."""
+    return task_prefix(task) + "blobs"

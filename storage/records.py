@@ -1,0 +1,206 @@
+"""The records Cairn stores: local and global checkpoints, trace records, manifests.
+
+Every record is a pydantic model with a `schema_version`. What is checksummed is the
+record's canonical bytes (see `storage.codec`); `checksum` and `size` are filled in when
+a record is read back and are never part of those bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from datetime import UTC, datetime
+from enum import Enum
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+SCHEMA_VERSION = 1
+
+
+def utcnow() -> datetime:
+    """Return the current time, timezone-aware, in UTC."""
+    return datetime.now(UTC)
+
+
+class Record(BaseModel):
+    """Base of stored records: strict about unknown fields, carries its schema version."""
+
+    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+
+    schema_version: int = SCHEMA_VERSION
+    # Filled from the envelope on read; excluded so they never enter the checksummed bytes.
+    checksum: Annotated[str, Field(exclude=True)] = ""
+    size: Annotated[int, Field(exclude=True)] = 0
+
+
+class Role(str, Enum):
+    """Who speaks a message in the model-facing history."""
+
+    SYSTEM = "system"
+    USER = "user"
+    ASSISTANT = "assistant"
+    TOOL = "tool"
+
+
+class AgentStatus(str, Enum):
+    """Where an agent stands after a step."""
+
+    ACTIVE = "active"
+    HALTED = "halted"
+    WAITING_APPROVAL = "waiting_approval"
+    FINISHED = "finished"
+    FAILED = "failed"
+
+
+class Level(str, Enum):
+    """Which event a local checkpoint was taken at."""
+
+    STEP = "step"
+    TOOL = "tool"
+
+
+class GCStatus(str, Enum):
+    """The two-phase-commit state of a global checkpoint."""
+
+    PREPARING = "PREPARING"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+class ToolCall(BaseModel):
+    """One tool call a model asked for."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Message(BaseModel):
+    """One message of the model-facing history (chat-completions shaped)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    role: Role
+    content: str | None = None
+    name: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+    tool_call_id: str | None = None
+
+
+class Usage(BaseModel):
+    """Tokens a model call used."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class TraceRecord(Record):
+    """What happened in one step (tool is None) or one tool call within it."""
+
+    step: int
+    superstep: int
+    tool: str | None = None
+    arguments: dict[str, JsonValue] = Field(default_factory=dict)
+    result: JsonValue = None
+    side_effect: bool = False
+    error: str | None = None
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    usage: Usage | None = None
+
+
+class LCRef(BaseModel):
+    """How a vote or a global checkpoint names a local checkpoint: id plus checksum."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    id: str
+    checksum: str
+
+
+class LocalCheckpoint(Record):
+    """An agent's state after a step (level step) or before a tool call (level tool).
+
+    Stored incrementally: unless `full`, `messages` and `trace` hold only what the parent
+    lacked, and `message_base`/`trace_base` say how many the parent had. `depth` counts
+    step checkpoints since the agent's first; a checkpoint is full when depth is a multiple
+    of `full_every`, which bounds the chain a read must walk.
+    """
+
+    id: str
+    parent_id: str | None = None
+    parent_checksum: str | None = None
+    depth: int = 0
+    full: bool = True
+    created_at: datetime = Field(default_factory=utcnow)
+    # execution context
+    task: str
+    agent: str
+    step: int
+    superstep: int
+    status: AgentStatus = AgentStatus.ACTIVE
+    epoch: int
+    attempt: int
+    level: Level = Level.STEP
+    # history: a delta unless full
+    message_base: int = 0
+    trace_base: int = 0
+    messages: list[Message] = Field(default_factory=list)
+    trace: list[TraceRecord] = Field(default_factory=list)
+    # environment
+    workspace_before: str | None = None
+    workspace_after: str | None = None
+    inbox_cursor: int = 0
+
+    @property
+    def name(self) -> str:
+        """The name a person reads: `{task}_{superstep}_{agent}_{level}`."""
+        return f"{self.task}_{self.superstep}_{self.agent}_{self.level.value}"
+
+
+class InboxMessage(BaseModel):
+    """A message sent in one superstep and delivered at its barrier."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    sender: str
+    recipient: str
+    superstep: int
+    content: str
+
+
+class GlobalCheckpoint(Record):
+    """The coordinator's record of a barrier: one LC per agent, the workspace, the inbox."""
+
+    task: str
+    number: int
+    superstep: int
+    status: GCStatus = GCStatus.PREPARING
+    epoch: int
+    members: dict[str, LCRef] = Field(default_factory=dict)
+    workspace: str
+    inbox: list[InboxMessage] = Field(default_factory=list)
+    created_at: datetime = Field(default_factory=utcnow)
+    committed_at: datetime | None = None
+
+    @property
+    def name(self) -> str:
+        """The name a person reads: `{task}_{superstep}_gc{number}`."""
+        return f"{self.task}_{self.superstep}_gc{self.number}"
+
+
+class WorkspaceManifest(Record):
+    """A version of a task's workspace: path → sha256 of the file's blob."""
+
+    files: dict[str, str] = Field(default_factory=dict)
+
+
+def sha256_hex(data: bytes) -> str:
+    """Return the hex SHA-256 of `data`: the address of a content-addressed blob."""
+    return hashlib.sha256(data).hexdigest()

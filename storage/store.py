@@ -1,0 +1,288 @@
+"""`CheckpointStore`: the one door to checkpoints, hot first and cold behind it.
+
+It turns records into sealed bytes and back, cuts incremental LCs, rebuilds agent states
+from their chains and reads transparently from Redis, then the archive. Callers never see
+bytes, and never see a record that failed verification.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import TypeVar
+
+from storage.base import ColdArchive, GCEntry, HotStore, LCEntry
+from storage.chain import DEFAULT_FULL_EVERY, AgentState, base_after_write, cut_lc, rebuild
+from storage.codec import Codec, canonical_bytes
+from storage.errors import CorruptCheckpoint, RecordNotFound
+from storage.records import (
+    GCStatus,
+    GlobalCheckpoint,
+    LCRef,
+    Level,
+    LocalCheckpoint,
+    WorkspaceManifest,
+    utcnow,
+)
+
+MAX_CHAIN = 10_000  # guards a read against a cycle; real chains are at most full_every long
+
+T = TypeVar("T")
+Source = Callable[[], bytes | None]
+
+
+def first_sound(name: str, sources: Iterable[Source], verify: Callable[[bytes], T]) -> T:
+    """Return `verify` of the first source holding sound bytes (hot first, then cold).
+
+    A copy that fails verification is skipped for the next one; when none is sound the
+    first failure is raised, and when none has the record, `RecordNotFound`.
+    """
+    failure: CorruptCheckpoint | None = None
+    for source in sources:
+        data = source()
+        if data is None:
+            continue
+        try:
+            return verify(data)
+        except CorruptCheckpoint as exc:
+            failure = failure or exc
+    if failure is not None:
+        raise failure
+    raise RecordNotFound(f"{name} is neither in Redis nor in the archive")
+
+
+@dataclass(frozen=True, slots=True)
+class GCSummary:
+    """A global checkpoint as listed: where it lives and how big it is."""
+
+    number: int
+    status: GCStatus
+    superstep: int
+    hot: bool
+    cold: bool
+    size: int
+
+
+@dataclass(frozen=True, slots=True)
+class LoadedLC:
+    """A verified local checkpoint together with the exact bytes it was read from."""
+
+    record: LocalCheckpoint
+    data: bytes
+
+
+class CheckpointStore:
+    """Reads and writes checkpoints, blobs and manifests over a hot store and an archive."""
+
+    def __init__(
+        self,
+        hot: HotStore,
+        cold: ColdArchive,
+        codec: Codec | None = None,
+        full_every: int = DEFAULT_FULL_EVERY,
+    ) -> None:
+        if full_every < 1:
+            raise ValueError("full_every must be at least 1")
+        self.hot = hot
+        self.cold = cold
+        self.codec = codec or Codec.from_env()
+        self.full_every = full_every
+
+    # local checkpoints -------------------------------------------------------------------
+    def write_lc(
+        self, state: AgentState, level: Level = Level.STEP, *, vote: bool = False
+    ) -> LCRef:
+        """Store the LC of `state` (fenced by its epoch and attempt), optionally voting with it.
+
+        A step-level write moves `state.base` to the new LC, so the next delta starts there;
+        a tool-level write leaves it, so a tool LC never becomes a parent. Raises
+        `FencedWrite` when the state's epoch or attempt is no longer current.
+        """
+        lc = cut_lc(state, level, self.full_every)
+        sealed = self.codec.encode(lc)
+        entry = LCEntry(
+            task=lc.task,
+            agent=lc.agent,
+            id=lc.id,
+            parent_id=lc.parent_id,
+            full=lc.full,
+            superstep=lc.superstep,
+            epoch=lc.epoch,
+            attempt=lc.attempt,
+            level=level,
+            sealed=sealed,
+        )
+        self.hot.write_lc(entry, vote=vote)
+        lc.checksum = sealed.checksum
+        if level is Level.STEP:
+            state.base = base_after_write(lc, state)
+        return LCRef(id=lc.id, checksum=sealed.checksum)
+
+    def load_chain(
+        self, task: str, agent: str, lc_id: str, checksum: str | None = None
+    ) -> list[LoadedLC]:
+        """Return the verified chain from `lc_id` back to a full LC, newest first.
+
+        Each record comes from Redis when it is there and sound, else from the archive.
+        `checksum`, when given, is what the newest record must carry (as a GC names it).
+        """
+        hot_bytes = self.hot.read_chain(task, lc_id, MAX_CHAIN)
+        chain: list[LoadedLC] = []
+        wanted: str | None = lc_id
+        expect = checksum
+        while wanted is not None:
+            if len(chain) >= MAX_CHAIN:
+                raise CorruptCheckpoint(lc_id, "chain does not end (a cycle?)")
+            hot_data = hot_bytes[len(chain)] if len(chain) < len(hot_bytes) else None
+            loaded = self._load_one(task, agent, wanted, expect, hot_data)
+            chain.append(loaded)
+            lc = loaded.record
+            if lc.full:
+                break
+            wanted, expect = lc.parent_id, lc.parent_checksum
+        return chain
+
+    def _load_one(
+        self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
+    ) -> LoadedLC:
+        """Verify one LC from its hot bytes, falling back to the archive if absent or bad."""
+        name = f"lc {task}/{agent}/{lc_id}"
+
+        def verify(data: bytes) -> LoadedLC:
+            record = self.codec.decode(data, LocalCheckpoint, name, expect_digest=expect)
+            if (record.id, record.task, record.agent) != (lc_id, task, agent):
+                raise CorruptCheckpoint(name, "record is not the one its key names")
+            return LoadedLC(record, data)
+
+        return first_sound(
+            name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
+        )
+
+    def read_lc(self, task: str, agent: str, lc_id: str) -> LocalCheckpoint:
+        """Return one verified LC as stored (a delta unless full)."""
+        return self._load_one(task, agent, lc_id, None, self._hot_lc(task, lc_id)).record
+
+    def _hot_lc(self, task: str, lc_id: str) -> bytes | None:
+        found = self.hot.read_chain(task, lc_id, 1)
+        return found[0] if found else None
+
+    def read_state(
+        self, task: str, agent: str, lc_id: str, checksum: str | None = None
+    ) -> AgentState:
+        """Rebuild an agent's full state at `lc_id`, verifying every link of its chain."""
+        return rebuild([loaded.record for loaded in self.load_chain(task, agent, lc_id, checksum)])
+
+    # blobs and manifests -----------------------------------------------------------------
+    def put_blob(self, task: str, content: bytes) -> str:
+        """Store a file's content once per task; return its sha256 address.
+
+        Call it for every blob a change set uses, even one already stored: each put marks
+        the blob as in use, which keeps retention off it until its GC commits.
+        """
+        sealed = self.codec.seal(content, keyed=False)
+        self.hot.put_blob(task, sealed.checksum, sealed.data)
+        return sealed.checksum
+
+    def get_blob(self, task: str, sha: str) -> bytes:
+        """Return a blob's verified content, from Redis or else the archive."""
+        name = f"blob {sha}"
+        return first_sound(
+            name,
+            (lambda: self.hot.get_blob(task, sha), lambda: self.cold.get_blob(sha)),
+            lambda data: self.codec.open(data, name, expect_digest=sha),
+        )
+
+    def put_manifest(self, task: str, manifest: WorkspaceManifest) -> str:
+        """Store a workspace manifest as a blob; return its id (the sha256 of its bytes)."""
+        return self.put_blob(task, canonical_bytes(manifest))
+
+    def read_manifest(self, task: str, manifest_id: str) -> WorkspaceManifest:
+        """Return a verified workspace manifest."""
+        content = self.get_blob(task, manifest_id)
+        try:
+            return WorkspaceManifest.model_validate_json(content)
+        except ValueError:
+            raise CorruptCheckpoint(f"manifest {manifest_id}", "unparsable") from None
+
+    # global checkpoints ------------------------------------------------------------------
+    def seal_gc(self, gc: GlobalCheckpoint) -> GCEntry:
+        """Seal `gc` into the entry a hot store commits; set its checksum and size."""
+        sealed = self.codec.encode(gc)
+        gc.checksum, gc.size = sealed.checksum, sealed.size
+        return GCEntry(
+            task=gc.task,
+            number=gc.number,
+            superstep=gc.superstep,
+            epoch=gc.epoch,
+            status=gc.status,
+            workspace=gc.workspace,
+            sealed=sealed,
+            members=dict(gc.members),
+        )
+
+    def prepare_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
+        """Record `gc` as PREPARING; return the record as stored."""
+        prepared = gc.model_copy(update={"status": GCStatus.PREPARING, "committed_at": None})
+        self.hot.prepare_gc(self.seal_gc(prepared))
+        return prepared
+
+    def commit_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
+        """Commit `gc` in one atomic write (the commit point); return the committed record.
+
+        Raises `CommitRefused`, having written nothing, when a member LC is missing or has
+        another checksum, the manifest is not stored, the epoch is stale or the GC aborted.
+        """
+        committed = gc.model_copy(update={"status": GCStatus.COMMITTED, "committed_at": utcnow()})
+        self.hot.commit_gc(self.seal_gc(committed))
+        return committed
+
+    def abort_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
+        """Mark `gc` ABORTED and drop its superstep's tentative LCs; return the record."""
+        aborted = gc.model_copy(update={"status": GCStatus.ABORTED, "committed_at": None})
+        self.hot.abort_gc(self.seal_gc(aborted))
+        return aborted
+
+    def read_gc(self, task: str, number: int) -> GlobalCheckpoint:
+        """Return a verified GC from Redis, or else from the archive."""
+        return self.load_gc(task, number)[0]
+
+    def load_gc(self, task: str, number: int) -> tuple[GlobalCheckpoint, bytes]:
+        """Return a verified GC with the exact bytes it was read from."""
+        name = f"gc {task}/{number}"
+
+        def verify(data: bytes) -> tuple[GlobalCheckpoint, bytes]:
+            gc = self.codec.decode(data, GlobalCheckpoint, name)
+            if (gc.task, gc.number) != (task, number):
+                raise CorruptCheckpoint(name, "record is not the one its key names")
+            return gc, data
+
+        return first_sound(
+            name,
+            (lambda: self.hot.read_gc(task, number), lambda: self.cold.get_gc(task, number)),
+            verify,
+        )
+
+    def latest_gc(self, task: str) -> GlobalCheckpoint | None:
+        """Return the latest committed GC named by Redis, else the newest archived one."""
+        number = self.hot.latest_gc(task)
+        if number is not None:
+            return self.read_gc(task, number)
+        for n in reversed(self.cold.list_gcs(task)):
+            gc = self.read_gc(task, n)
+            if gc.status is GCStatus.COMMITTED:
+                return gc
+        return None
+
+    def list_gcs(self, task: str) -> list[GCSummary]:
+        """List every GC of a task, hot or cold, in number order."""
+        hot = {info.number: info for info in self.hot.list_gcs(task)}
+        cold = set(self.cold.list_gcs(task))
+        out = []
+        for n in sorted(hot.keys() | cold):
+            info = hot.get(n)
+            if info is not None:
+                out.append(GCSummary(n, info.status, info.superstep, True, n in cold, info.size))
+            else:
+                gc = self.read_gc(task, n)
+                out.append(GCSummary(n, gc.status, gc.superstep, False, True, gc.size))
+        return out

@@ -1,0 +1,73 @@
+"""Fixtures: a private redis-server per session (flushed per test), stores of every kind."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from storage.backends.disk import DiskArchive
+from storage.backends.memory import MemoryArchive, MemoryHotStore
+from storage.backends.redis import RedisHotStore, connect
+from storage.base import ColdArchive, HotStore
+from storage.codec import Codec
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+
+
+@pytest.fixture(scope="session")
+def redis_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
+    """One private redis-server (AOF on) for the session; never the one on port 6379."""
+    server = RedisServer(tmp_path_factory.mktemp("redis"), appendonly=True).start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def redis_client(redis_server: RedisServer) -> Iterator[redis.Redis]:
+    """A client of the session's server, flushed before the test."""
+    client = connect(redis_server.url)
+    client.flushall()
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def own_redis(tmp_path: Path) -> Iterator[RedisServer]:
+    """A redis-server of the test's own, for tests that kill or restart it."""
+    server = RedisServer(tmp_path / "own-redis", appendonly=True).start()
+    yield server
+    server.kill()
+
+
+@pytest.fixture(params=["memory", "redis"])
+def hot(request: pytest.FixtureRequest) -> HotStore:
+    """Each hot store: the in-memory twin and Redis."""
+    if request.param == "memory":
+        return MemoryHotStore()
+    client: redis.Redis = request.getfixturevalue("redis_client")
+    return RedisHotStore(client)
+
+
+@pytest.fixture(params=["memory", "disk"])
+def cold(request: pytest.FixtureRequest, tmp_path: Path) -> ColdArchive:
+    """Each cold archive: the in-memory twin and a directory on disk."""
+    if request.param == "memory":
+        return MemoryArchive()
+    return DiskArchive(tmp_path / "archive")
+
+
+@pytest.fixture
+def store(hot: HotStore, cold: ColdArchive) -> CheckpointStore:
+    """A checkpoint store over every combination of hot and cold backends."""
+    return CheckpointStore(hot, cold, Codec(), full_every=5)
+
+
+@pytest.fixture
+def real_store(redis_client: redis.Redis, tmp_path: Path) -> CheckpointStore:
+    """Redis and disk, what users run: the store every guarantee is shown on."""
+    return CheckpointStore(
+        RedisHotStore(redis_client), DiskArchive(tmp_path / "archive"), Codec(), full_every=20
+    )

@@ -1,0 +1,87 @@
+"""Builders of agent states, steps and global checkpoints for the tests."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+from storage.chain import AgentState
+from storage.records import (
+    GlobalCheckpoint,
+    LCRef,
+    Message,
+    Role,
+    ToolCall,
+    TraceRecord,
+    Usage,
+    WorkspaceManifest,
+)
+from storage.store import CheckpointStore
+
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
+
+def new_agent(store: CheckpointStore, task: str, agent: str, superstep: int = 1) -> AgentState:
+    """Register `task` (epoch 1) and return an agent state with its system prompt."""
+    epoch = store.hot.init_task(task)
+    store.hot.begin_attempt(task, agent, superstep, 1)
+    return AgentState(
+        task=task,
+        agent=agent,
+        epoch=epoch,
+        attempt=1,
+        superstep=superstep,
+        messages=[Message(role=Role.SYSTEM, content=f"You are {agent}.")],
+    )
+
+
+def take_step(state: AgentState, i: int, size: int = 400) -> None:
+    """Append one assistant message with a tool call and its trace record to `state`."""
+    state.step += 1
+    state.messages.append(
+        Message(
+            role=Role.ASSISTANT,
+            content=f"step {i}: " + "x" * size,
+            tool_calls=[ToolCall(id=f"call-{i}", name="write_file", args={"path": f"f{i}.py"})],
+        )
+    )
+    state.trace.append(
+        TraceRecord(
+            step=state.step,
+            superstep=state.superstep,
+            tool="write_file",
+            arguments={"path": f"f{i}.py", "n": i},
+            result={"ok": True},
+            side_effect=True,
+            started_at=T0,
+            finished_at=T0,
+            duration_ms=1.5,
+            usage=Usage(prompt_tokens=10 * i, completion_tokens=i),
+        )
+    )
+
+
+def next_superstep(store: CheckpointStore, state: AgentState) -> None:
+    """Move `state` to the next superstep and make its attempt 1 the current one."""
+    state.superstep += 1
+    state.attempt = 1
+    store.hot.begin_attempt(state.task, state.agent, state.superstep, 1)
+
+
+def manifest(store: CheckpointStore, task: str, files: dict[str, bytes]) -> str:
+    """Store the files and their manifest; return the manifest id."""
+    shas = {path: store.put_blob(task, content) for path, content in files.items()}
+    return store.put_manifest(task, WorkspaceManifest(files=shas))
+
+
+def make_gc(
+    task: str, number: int, superstep: int, epoch: int, members: dict[str, LCRef], workspace: str
+) -> GlobalCheckpoint:
+    """Return a global checkpoint record (status set by the store on prepare/commit)."""
+    return GlobalCheckpoint(
+        task=task,
+        number=number,
+        superstep=superstep,
+        epoch=epoch,
+        members=members,
+        workspace=workspace,
+    )

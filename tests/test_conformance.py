@@ -1,0 +1,252 @@
+"""One contract, every backend: the in-memory twins, Redis and the disk archive."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from storage.base import ColdArchive, HotStore, LCEntry
+from storage.chain import cut_lc
+from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
+from storage.records import GCStatus, LCRef, Level
+from storage.store import CheckpointStore
+from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
+
+TASK = "t1"
+
+
+def test_lc_round_trip(store: CheckpointStore) -> None:
+    """An LC written and read back rebuilds the same state."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    ref = store.write_lc(state)
+    again = store.read_state(TASK, "coder", ref.id, ref.checksum)
+    assert state.messages == again.messages
+    assert state.trace == again.trace
+    assert state.base == again.base
+    assert ref.checksum == store.read_lc(TASK, "coder", ref.id).checksum
+
+
+def test_same_lc_written_twice_is_a_no_op(store: CheckpointStore) -> None:
+    """A retried LC write (same id and bytes) succeeds and stores one LC."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    lc = cut_lc(state, Level.STEP)
+    sealed = store.codec.encode(lc)
+    entry = LCEntry(TASK, "coder", lc.id, None, True, 1, 1, 1, Level.STEP, sealed)
+    store.hot.write_lc(entry, vote=True)
+    store.hot.write_lc(entry, vote=True)
+    assert [sealed.data] == store.hot.read_chain(TASK, lc.id, 10)
+    assert {"coder": LCRef(id=lc.id, checksum=sealed.checksum)} == store.hot.get_votes(TASK, 1, 1)
+
+
+def test_other_bytes_under_an_existing_id_are_refused(store: CheckpointStore) -> None:
+    """An LC id cannot be overwritten with different bytes."""
+    state = new_agent(store, TASK, "coder")
+    lc = cut_lc(state, Level.STEP)
+    entry = LCEntry(TASK, "coder", lc.id, None, True, 1, 1, 1, Level.STEP, store.codec.encode(lc))
+    store.hot.write_lc(entry)
+    take_step(state, 1)
+    other = replace(entry, sealed=store.codec.encode(cut_lc(state, Level.STEP)))
+    with pytest.raises(FencedWrite):
+        store.hot.write_lc(other)
+
+
+def test_stale_epoch_is_fenced(store: CheckpointStore) -> None:
+    """After the epoch is raised, a write carrying the old epoch is refused and not stored."""
+    state = new_agent(store, TASK, "coder")
+    assert 2 == store.hot.raise_epoch(TASK, 2)
+    take_step(state, 1)
+    with pytest.raises(FencedWrite, match="stale epoch 1"):
+        store.write_lc(state)
+    assert state.base is None
+    assert {} == store.hot.get_votes(TASK, 1, 1)
+
+
+def test_stale_attempt_is_fenced(store: CheckpointStore) -> None:
+    """Once attempt 2 of a step is current, attempt 1 (a zombie) cannot write."""
+    state = new_agent(store, TASK, "coder")
+    store.hot.begin_attempt(TASK, "coder", 1, 2)
+    take_step(state, 1)
+    with pytest.raises(FencedWrite, match="stale attempt 1:1"):
+        store.write_lc(state, vote=True)
+    assert {} == store.hot.get_votes(TASK, 1, 1)
+    state.attempt = 2
+    ref = store.write_lc(state, vote=True)
+    assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
+
+
+def test_stale_superstep_is_fenced(store: CheckpointStore) -> None:
+    """A step of an earlier superstep cannot write once the next superstep began."""
+    state = new_agent(store, TASK, "coder")
+    store.hot.begin_attempt(TASK, "coder", 2, 1)
+    with pytest.raises(FencedWrite):
+        store.write_lc(state)
+
+
+def test_raise_epoch_never_lowers(store: CheckpointStore) -> None:
+    """Raising the epoch is idempotent and monotonic (a retried call is harmless)."""
+    store.hot.init_task(TASK)
+    assert 3 == store.hot.raise_epoch(TASK, 3)
+    assert 3 == store.hot.raise_epoch(TASK, 3)
+    assert 3 == store.hot.raise_epoch(TASK, 2)
+    assert 3 == store.hot.init_task(TASK)
+
+
+def _one_agent_gc(store: CheckpointStore) -> tuple[CheckpointStore, LCRef, str]:
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    ref = store.write_lc(state, vote=True)
+    ws = manifest(store, TASK, {"main.py": b"print(1)\n"})
+    return store, ref, ws
+
+
+def test_commit_moves_latest(store: CheckpointStore) -> None:
+    """A committed GC is readable as COMMITTED and becomes the latest."""
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.prepare_gc(gc)
+    committed = store.commit_gc(gc)
+    assert 1 == store.hot.latest_gc(TASK)
+    read = store.read_gc(TASK, 1)
+    assert GCStatus.COMMITTED == read.status
+    assert committed.checksum == read.checksum
+    assert {"coder": ref} == read.members
+    assert {} == store.hot.get_votes(TASK, 1, 1)
+
+
+def test_commit_twice_is_a_no_op(store: CheckpointStore) -> None:
+    """The same committed GC sent again (a lost reply) commits once, without error."""
+    _, ref, ws = _one_agent_gc(store)
+    entry = store.seal_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws).model_copy(
+        update={"status": GCStatus.COMMITTED}
+    ))
+    store.hot.commit_gc(entry)
+    store.hot.commit_gc(entry)
+    assert [1] == [i.number for i in store.hot.list_gcs(TASK)]
+
+
+@pytest.mark.parametrize("fault", ["missing", "mismatch", "wrong_agent", "no_manifest", "epoch"])
+def test_refused_commit_writes_nothing(store: CheckpointStore, fault: str) -> None:
+    """A GC naming a missing or mismatched LC (or a stale epoch) is refused, nothing written."""
+    _, ref, ws = _one_agent_gc(store)
+    members = {"coder": ref}
+    if fault == "missing":
+        members["planner"] = LCRef(id="0190a0a0-0000-7000-8000-000000000000", checksum="00" * 32)
+    elif fault == "mismatch":
+        members = {"coder": LCRef(id=ref.id, checksum="ab" * 32)}
+    elif fault == "wrong_agent":
+        members = {"reviewer": ref}
+    elif fault == "no_manifest":
+        ws = "cd" * 32
+    gc = make_gc(TASK, 1, 1, 2 if fault == "epoch" else 1, members, ws)
+    with pytest.raises(CommitRefused):
+        store.commit_gc(gc)
+    assert store.hot.latest_gc(TASK) is None
+    assert [] == store.hot.list_gcs(TASK)
+    assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
+    # The LC was not marked committed: aborting the superstep still removes it.
+    store.abort_gc(make_gc(TASK, 1, 1, 1, {}, ws))
+    with pytest.raises(RecordNotFound):
+        store.read_lc(TASK, "coder", ref.id)
+
+
+def test_abort_drops_tentative_lcs_and_keeps_committed_ones(store: CheckpointStore) -> None:
+    """Abort marks the GC ABORTED and deletes its superstep's LCs, not earlier committed ones."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    first = store.write_lc(state, vote=True)
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": first}, ws))
+    next_superstep(store, state)
+    take_step(state, 2)
+    tool = store.write_lc(state, Level.TOOL)
+    step = store.write_lc(state, vote=True)
+    aborted = store.abort_gc(make_gc(TASK, 2, 2, 1, {"coder": step}, ws))
+    assert GCStatus.ABORTED == store.read_gc(TASK, 2).status == aborted.status
+    for gone in (tool, step):
+        with pytest.raises(RecordNotFound):
+            store.read_lc(TASK, "coder", gone.id)
+    assert {} == store.hot.get_votes(TASK, 1, 2)
+    assert 2 == len(store.read_state(TASK, "coder", first.id).messages)
+    assert 1 == store.hot.latest_gc(TASK)
+    with pytest.raises(CommitRefused, match="aborted"):
+        store.commit_gc(make_gc(TASK, 2, 2, 1, {"coder": first}, ws))
+
+
+def test_commit_drops_the_superstep_tool_lcs(store: CheckpointStore) -> None:
+    """Tool-level LCs of a committed superstep are no longer needed and leave Redis."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    tool = store.write_lc(state, Level.TOOL)
+    step = store.write_lc(state, vote=True)
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": step}, ws))
+    with pytest.raises(RecordNotFound):
+        store.read_lc(TASK, "coder", tool.id)
+    assert step.checksum == store.read_lc(TASK, "coder", step.id).checksum
+
+
+def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
+    """Once committed, a GC stays committed."""
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.commit_gc(gc)
+    with pytest.raises(CommitRefused):
+        store.abort_gc(gc)
+    with pytest.raises(CommitRefused):
+        store.prepare_gc(gc)
+    assert GCStatus.COMMITTED == store.read_gc(TASK, 1).status
+
+
+def test_blobs_are_content_addressed_and_deduplicated(store: CheckpointStore) -> None:
+    """Equal content is stored once under its sha256; reads verify it."""
+    a = store.put_blob(TASK, b"same")
+    b = store.put_blob(TASK, b"same")
+    assert a == b
+    assert b"same" == store.get_blob(TASK, a)
+    assert [a] == list(store.hot.blob_times(TASK))
+    with pytest.raises(RecordNotFound):
+        store.get_blob(TASK, "ef" * 32)
+
+
+def test_list_gcs_shows_every_status(store: CheckpointStore) -> None:
+    """Listing shows prepared, committed and aborted GCs with where they live."""
+    _, ref, ws = _one_agent_gc(store)
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws))
+    store.prepare_gc(make_gc(TASK, 2, 2, 1, {"coder": ref}, ws))
+    statuses = [(s.number, s.status, s.hot, s.cold) for s in store.list_gcs(TASK)]
+    assert [(1, GCStatus.COMMITTED, True, False), (2, GCStatus.PREPARING, True, False)] == statuses
+
+
+@pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x" * 200, "a..b"])
+def test_hostile_names_are_refused(hot: HotStore, name: str) -> None:
+    """A task name that could escape a key or a directory is refused."""
+    with pytest.raises(InvalidName):
+        hot.init_task(name)
+
+
+def test_archive_contract(cold: ColdArchive) -> None:
+    """The archive stores write-once records, lists and deletes them."""
+    sha = "ab" * 32
+    cold.put_blob(sha, b"blob")
+    cold.put_blob(sha, b"other")  # write-once: the first bytes stay
+    assert b"blob" == cold.get_blob(sha)
+    assert cold.has_blob(sha)
+    assert [sha] == list(cold.blob_times())
+    cold.put_lc("t", "a", "id1", b"lc")
+    assert cold.has_lc("t", "a", "id1")
+    assert b"lc" == cold.get_lc("t", "a", "id1")
+    assert [("a", "id1")] == cold.list_lcs("t")
+    cold.put_gc("t", 3, b"gc3")
+    cold.put_gc("t", 1, b"gc1")
+    assert [1, 3] == cold.list_gcs("t")
+    assert ["t"] == cold.tasks()
+    cold.delete_gc("t", 1)
+    cold.delete_lc("t", "a", "id1")
+    cold.delete_blob(sha)
+    assert [3] == cold.list_gcs("t")
+    assert cold.get_lc("t", "a", "id1") is None
+    assert not cold.has_blob(sha)
+    assert cold.get_gc("t", 1) is None
