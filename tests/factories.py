@@ -85,3 +85,49 @@ def make_gc(
         members=members,
         workspace=workspace,
     )
+
+
+def run_task(
+    store: CheckpointStore,
+    task: str,
+    supersteps: int,
+    agents: tuple[str, ...] = ("planner", "coder", "reviewer"),
+    message_size: int = 400,
+) -> list[GlobalCheckpoint]:
+    """Run `supersteps` barriers of a scripted team and commit a GC at each; return them.
+
+    Every agent but the last takes a step each superstep; the last one (the reviewer)
+    halts on even supersteps, so GCs carry its older LC over. Each step writes a file, and
+    `shared.txt` goes back and forth between two contents, so blobs are shared across GCs.
+    """
+    states = {a: new_agent(store, task, a) for a in agents}
+    files: dict[str, bytes] = {"README.md": b"# project\n"}
+    refs: dict[str, LCRef] = {}
+    gcs = []
+    for s in range(1, supersteps + 1):
+        for name, state in states.items():
+            if name == agents[-1] and s % 2 == 0:
+                continue  # halted: its last LC stays the member
+            take_step(state, s, size=message_size)
+            refs[name] = store.write_lc(state, vote=True)
+            files[f"src/{name}_{s}.py"] = f"# {name} wrote this in superstep {s}\n".encode() * 20
+        files["shared.txt"] = b"even" if s % 2 == 0 else b"odd"
+        ws = manifest(store, task, files)
+        gc = make_gc(task, s, s, states[agents[0]].epoch, dict(refs), ws)
+        store.prepare_gc(gc)
+        gcs.append(store.commit_gc(gc))
+        for state in states.values():
+            next_superstep(store, state)
+    return gcs
+
+
+def read_gc_whole(store: CheckpointStore, task: str, number: int) -> dict[str, object]:
+    """Read a GC and everything it names, verified; return a comparable snapshot of it."""
+    gc = store.read_gc(task, number)
+    agents = {
+        agent: store.read_state(task, agent, ref.id, ref.checksum).messages
+        for agent, ref in gc.members.items()
+    }
+    files = store.read_manifest(task, gc.workspace).files
+    contents = {path: store.get_blob(task, sha) for path, sha in files.items()}
+    return {"gc": gc.model_dump(), "agents": agents, "files": contents}

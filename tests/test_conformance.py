@@ -56,12 +56,12 @@ def test_other_bytes_under_an_existing_id_are_refused(store: CheckpointStore) ->
 def test_stale_epoch_is_fenced(store: CheckpointStore) -> None:
     """After the epoch is raised, a write carrying the old epoch is refused and not stored."""
     state = new_agent(store, TASK, "coder")
-    assert 2 == store.hot.raise_epoch(TASK, 2)
+    assert store.hot.raise_epoch(TASK, 2) == 2
     take_step(state, 1)
     with pytest.raises(FencedWrite, match="stale epoch 1"):
         store.write_lc(state)
     assert state.base is None
-    assert {} == store.hot.get_votes(TASK, 1, 1)
+    assert store.hot.get_votes(TASK, 1, 1) == {}
 
 
 def test_stale_attempt_is_fenced(store: CheckpointStore) -> None:
@@ -71,7 +71,7 @@ def test_stale_attempt_is_fenced(store: CheckpointStore) -> None:
     take_step(state, 1)
     with pytest.raises(FencedWrite, match="stale attempt 1:1"):
         store.write_lc(state, vote=True)
-    assert {} == store.hot.get_votes(TASK, 1, 1)
+    assert store.hot.get_votes(TASK, 1, 1) == {}
     state.attempt = 2
     ref = store.write_lc(state, vote=True)
     assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
@@ -88,10 +88,10 @@ def test_stale_superstep_is_fenced(store: CheckpointStore) -> None:
 def test_raise_epoch_never_lowers(store: CheckpointStore) -> None:
     """Raising the epoch is idempotent and monotonic (a retried call is harmless)."""
     store.hot.init_task(TASK)
-    assert 3 == store.hot.raise_epoch(TASK, 3)
-    assert 3 == store.hot.raise_epoch(TASK, 3)
-    assert 3 == store.hot.raise_epoch(TASK, 2)
-    assert 3 == store.hot.init_task(TASK)
+    assert store.hot.raise_epoch(TASK, 3) == 3
+    assert store.hot.raise_epoch(TASK, 3) == 3
+    assert store.hot.raise_epoch(TASK, 2) == 3
+    assert store.hot.init_task(TASK) == 3
 
 
 def _one_agent_gc(store: CheckpointStore) -> tuple[CheckpointStore, LCRef, str]:
@@ -108,23 +108,23 @@ def test_commit_moves_latest(store: CheckpointStore) -> None:
     gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
     store.prepare_gc(gc)
     committed = store.commit_gc(gc)
-    assert 1 == store.hot.latest_gc(TASK)
+    assert store.hot.latest_gc(TASK) == 1
     read = store.read_gc(TASK, 1)
-    assert GCStatus.COMMITTED == read.status
+    assert read.status == GCStatus.COMMITTED
     assert committed.checksum == read.checksum
     assert {"coder": ref} == read.members
-    assert {} == store.hot.get_votes(TASK, 1, 1)
+    assert store.hot.get_votes(TASK, 1, 1) == {}
 
 
 def test_commit_twice_is_a_no_op(store: CheckpointStore) -> None:
     """The same committed GC sent again (a lost reply) commits once, without error."""
     _, ref, ws = _one_agent_gc(store)
-    entry = store.seal_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws).model_copy(
-        update={"status": GCStatus.COMMITTED}
-    ))
+    entry = store.seal_gc(
+        make_gc(TASK, 1, 1, 1, {"coder": ref}, ws).model_copy(update={"status": GCStatus.COMMITTED})
+    )
     store.hot.commit_gc(entry)
     store.hot.commit_gc(entry)
-    assert [1] == [i.number for i in store.hot.list_gcs(TASK)]
+    assert [i.number for i in store.hot.list_gcs(TASK)] == [1]
 
 
 @pytest.mark.parametrize("fault", ["missing", "mismatch", "wrong_agent", "no_manifest", "epoch"])
@@ -144,7 +144,7 @@ def test_refused_commit_writes_nothing(store: CheckpointStore, fault: str) -> No
     with pytest.raises(CommitRefused):
         store.commit_gc(gc)
     assert store.hot.latest_gc(TASK) is None
-    assert [] == store.hot.list_gcs(TASK)
+    assert store.hot.list_gcs(TASK) == []
     assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
     # The LC was not marked committed: aborting the superstep still removes it.
     store.abort_gc(make_gc(TASK, 1, 1, 1, {}, ws))
@@ -168,9 +168,9 @@ def test_abort_drops_tentative_lcs_and_keeps_committed_ones(store: CheckpointSto
     for gone in (tool, step):
         with pytest.raises(RecordNotFound):
             store.read_lc(TASK, "coder", gone.id)
-    assert {} == store.hot.get_votes(TASK, 1, 2)
-    assert 2 == len(store.read_state(TASK, "coder", first.id).messages)
-    assert 1 == store.hot.latest_gc(TASK)
+    assert store.hot.get_votes(TASK, 1, 2) == {}
+    assert len(store.read_state(TASK, "coder", first.id).messages) == 2
+    assert store.hot.latest_gc(TASK) == 1
     with pytest.raises(CommitRefused, match="aborted"):
         store.commit_gc(make_gc(TASK, 2, 2, 1, {"coder": first}, ws))
 
@@ -197,7 +197,7 @@ def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
         store.abort_gc(gc)
     with pytest.raises(CommitRefused):
         store.prepare_gc(gc)
-    assert GCStatus.COMMITTED == store.read_gc(TASK, 1).status
+    assert store.read_gc(TASK, 1).status == GCStatus.COMMITTED
 
 
 def test_blobs_are_content_addressed_and_deduplicated(store: CheckpointStore) -> None:
@@ -205,7 +205,7 @@ def test_blobs_are_content_addressed_and_deduplicated(store: CheckpointStore) ->
     a = store.put_blob(TASK, b"same")
     b = store.put_blob(TASK, b"same")
     assert a == b
-    assert b"same" == store.get_blob(TASK, a)
+    assert store.get_blob(TASK, a) == b"same"
     assert [a] == list(store.hot.blob_times(TASK))
     with pytest.raises(RecordNotFound):
         store.get_blob(TASK, "ef" * 32)
@@ -217,7 +217,7 @@ def test_list_gcs_shows_every_status(store: CheckpointStore) -> None:
     store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws))
     store.prepare_gc(make_gc(TASK, 2, 2, 1, {"coder": ref}, ws))
     statuses = [(s.number, s.status, s.hot, s.cold) for s in store.list_gcs(TASK)]
-    assert [(1, GCStatus.COMMITTED, True, False), (2, GCStatus.PREPARING, True, False)] == statuses
+    assert statuses == [(1, GCStatus.COMMITTED, True, False), (2, GCStatus.PREPARING, True, False)]
 
 
 @pytest.mark.parametrize("name", ["../etc", "a/b", "", ".hidden", "x" * 200, "a..b"])
@@ -232,21 +232,21 @@ def test_archive_contract(cold: ColdArchive) -> None:
     sha = "ab" * 32
     cold.put_blob(sha, b"blob")
     cold.put_blob(sha, b"other")  # write-once: the first bytes stay
-    assert b"blob" == cold.get_blob(sha)
+    assert cold.get_blob(sha) == b"blob"
     assert cold.has_blob(sha)
     assert [sha] == list(cold.blob_times())
     cold.put_lc("t", "a", "id1", b"lc")
     assert cold.has_lc("t", "a", "id1")
-    assert b"lc" == cold.get_lc("t", "a", "id1")
-    assert [("a", "id1")] == cold.list_lcs("t")
+    assert cold.get_lc("t", "a", "id1") == b"lc"
+    assert cold.list_lcs("t") == [("a", "id1")]
     cold.put_gc("t", 3, b"gc3")
     cold.put_gc("t", 1, b"gc1")
-    assert [1, 3] == cold.list_gcs("t")
-    assert ["t"] == cold.tasks()
+    assert cold.list_gcs("t") == [1, 3]
+    assert cold.tasks() == ["t"]
     cold.delete_gc("t", 1)
     cold.delete_lc("t", "a", "id1")
     cold.delete_blob(sha)
-    assert [3] == cold.list_gcs("t")
+    assert cold.list_gcs("t") == [3]
     assert cold.get_lc("t", "a", "id1") is None
     assert not cold.has_blob(sha)
     assert cold.get_gc("t", 1) is None

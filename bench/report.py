@@ -1,0 +1,155 @@
+"""What every benchmark part shares: samples, percentiles, tables and targets."""
+
+from __future__ import annotations
+
+import gc
+import math
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+now_ns = time.perf_counter_ns
+
+
+@dataclass(slots=True)
+class Samples:
+    """Durations of one operation, in nanoseconds."""
+
+    ns: list[int] = field(default_factory=list)
+
+    def add(self, ns: int) -> None:
+        """Record one duration."""
+        self.ns.append(ns)
+
+    def __len__(self) -> int:
+        return len(self.ns)
+
+    def quantile(self, q: float) -> int:
+        """Return the nearest-rank `q` quantile (0 < q <= 1)."""
+        if not self.ns:
+            raise ValueError("no samples")
+        ordered = sorted(self.ns)
+        return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+    @property
+    def p50(self) -> int:
+        """The median."""
+        return self.quantile(0.50)
+
+    @property
+    def p99(self) -> int:
+        """The 99th percentile (nearest rank)."""
+        return self.quantile(0.99)
+
+    @property
+    def mean(self) -> float:
+        """The arithmetic mean."""
+        return sum(self.ns) / len(self.ns)
+
+
+def time_calls(call: Callable[[], object], n: int, warmup: int = 10) -> Samples:
+    """Call `call` `warmup` times untimed, then `n` times timed."""
+    return time_pairs(call, call, n // 2 + n % 2, warmup)[0] if n == 0 else _timed([call], n, warmup)[0]
+
+
+def time_pairs(
+    first: Callable[[], object], second: Callable[[], object], n: int, warmup: int = 10
+) -> tuple[Samples, Samples]:
+    """Time two calls `n` times each, alternating, so both run under the same conditions."""
+    a, b = _timed([first, second], n, warmup)
+    return a, b
+
+
+def _timed(calls: Sequence[Callable[[], object]], n: int, warmup: int) -> list[Samples]:
+    for _ in range(warmup):
+        for call in calls:
+            call()
+    gc.collect()
+    samples = [Samples() for _ in calls]
+    for _ in range(n):
+        for call, into in zip(calls, samples, strict=True):
+            started = now_ns()
+            call()
+            into.add(now_ns() - started)
+    return samples
+
+
+def duration(ns: float) -> str:
+    """Format nanoseconds with a unit that keeps three or four significant digits."""
+    if ns < 1e3:
+        return f"{ns:.0f} ns"
+    if ns < 1e6:
+        return f"{ns / 1e3:.1f} us"
+    if ns < 1e9:
+        return f"{ns / 1e6:.2f} ms"
+    return f"{ns / 1e9:.2f} s"
+
+
+def size(n: float) -> str:
+    """Format a byte count."""
+    if n < 10_000:
+        return f"{n:,.0f} B"
+    if n < 10_000_000:
+        return f"{n / 1024:,.1f} KiB"
+    return f"{n / 1024 / 1024:,.1f} MiB"
+
+
+def ratio(value: float, baseline: float) -> str:
+    """Format `value / baseline` as "1.23x"."""
+    return f"{value / baseline:.2f}x" if baseline else "n/a"
+
+
+def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print a titled table: the first column left-aligned, the others right-aligned."""
+    widths = [len(h) for h in headers]
+    for row in rows:
+        widths = [max(w, len(c)) for w, c in zip(widths, row, strict=True)]
+
+    def line(cells: Sequence[str]) -> str:
+        first, *rest = (
+            c.ljust(w) if i == 0 else c.rjust(w)
+            for i, (c, w) in enumerate(zip(cells, widths, strict=True))
+        )
+        return "  ".join([first, *rest]).rstrip()
+
+    print(f"\n{title}")
+    print(line(headers))
+    print("  ".join("-" * w for w in widths))
+    for row in rows:
+        print(line(row))
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A ratio measured in this run against the most it may be (None: reported only)."""
+
+    name: str
+    measured: float
+    limit: float | None
+
+    @property
+    def verdict(self) -> str:
+        """"met", "NOT met", or "info" when there is no limit."""
+        if self.limit is None:
+            return "info"
+        return "met" if self.measured <= self.limit else "NOT met"
+
+    def line(self) -> str:
+        """One sentence: the target, the measured ratio and the verdict."""
+        if self.limit is None:
+            return f"{self.name}: {self.measured:.2f}x (no target; reported only)"
+        return f"target: {self.name} <= {self.limit:g}x: {self.measured:.2f}x, {self.verdict}"
+
+    def report(self) -> Target:
+        """Print `line()` and return the target, for collecting into the summary."""
+        print(self.line())
+        return self
+
+
+def summary(targets: Sequence[Target]) -> None:
+    """Print every target of the run with its measured ratio and verdict."""
+    rows = [
+        [t.name, "-" if t.limit is None else f"<= {t.limit:g}x", f"{t.measured:.2f}x", t.verdict]
+        for t in targets
+    ]
+    table("Summary", ["target", "limit", "measured", "verdict"], rows)

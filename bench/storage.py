@@ -1,0 +1,377 @@
+"""The storage benchmark: LC writes, bytes per step, reads, archiving, the command packer.
+
+Everything runs against a private redis-server (never the one on port 6379) and a disk
+archive in a temporary directory, both removed at the end. Each measurement is compared
+with a baseline measured in the same run: the least work that could do the same job.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import itertools
+import os
+import random
+import statistics
+import tempfile
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import cast
+
+import redis
+
+from bench.report import Samples, Target, duration, now_ns, ratio, size, table
+from storage import keys
+from storage.archive import archive_gc
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.base import LCEntry
+from storage.chain import AgentState, base_after_write, cut_lc
+from storage.codec import Codec, canonical_bytes
+from storage.records import (
+    GlobalCheckpoint,
+    LCRef,
+    Level,
+    LocalCheckpoint,
+    Message,
+    Role,
+    ToolCall,
+    TraceRecord,
+    Usage,
+    WorkspaceManifest,
+)
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+
+FULL_EVERY = 20
+SIZES = (10, 100, 1_000)  # messages of history before the timed steps
+BIG = SIZES[-1]
+STEPS = 300  # timed LC writes per size
+PHASE_STEPS = 100  # steps timed phase by phase at BIG messages
+CONTENT_CHARS = 346  # makes an assistant message's canonical JSON about 500 bytes
+VOCABULARY = 5_000
+READS = 50
+READ_DELTAS = 10  # the chain read: one full LC and this many deltas
+ARCHIVE_RUNS = 3
+ARCHIVE_AGENTS = 3
+WORKSPACE_FILES = 200
+FILE_BYTES = 4_096
+SET_BYTES = 512 * 1024
+SETS = 200
+WARMUP = 10
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+AGENT = "coder"
+
+
+# workload ------------------------------------------------------------------------------
+class Text:
+    """Pseudo-prose: words of a random vocabulary drawn with Zipf frequencies.
+
+    Repeating one letter would let zstd shrink every record to almost nothing; this text
+    compresses roughly as prose does, so sizes after compression mean something.
+    """
+
+    def __init__(self, seed: int) -> None:
+        self.rng = random.Random(seed)
+        letters = "abcdefghijklmnopqrstuvwxyz"
+        self._words = [
+            "".join(self.rng.choices(letters, k=self.rng.randint(1, 10)))
+            for _ in range(VOCABULARY)
+        ]
+        self._cum = list(itertools.accumulate(1 / rank for rank in range(1, VOCABULARY + 1)))
+
+    def words(self, chars: int) -> str:
+        """Return `chars` characters of pseudo-prose."""
+        out = ""
+        while len(out) < chars:
+            out += " ".join(self.rng.choices(self._words, cum_weights=self._cum, k=chars // 4))
+            out += " "
+        return out[:chars]
+
+
+def new_agent(store: CheckpointStore, task: str, agent: str = AGENT) -> AgentState:
+    """Register `task` (epoch 1) and return an agent state with its system prompt.
+
+    A copy of `tests.factories.new_agent` (the benchmark does not import the tests).
+    """
+    epoch = store.hot.init_task(task)
+    store.hot.begin_attempt(task, agent, 1, 1)
+    return AgentState(
+        task=task,
+        agent=agent,
+        epoch=epoch,
+        attempt=1,
+        superstep=1,
+        messages=[Message(role=Role.SYSTEM, content=f"You are {agent}.")],
+    )
+
+
+def take_step(state: AgentState, text: Text) -> None:
+    """Append one ~500-byte assistant message with a tool call and its trace record."""
+    state.step += 1
+    i = state.step
+    path = f"src/module_{i}.py"
+    state.messages.append(
+        Message(
+            role=Role.ASSISTANT,
+            content=text.words(CONTENT_CHARS),
+            tool_calls=[ToolCall(id=f"call-{i}", name="write_file", args={"path": path})],
+        )
+    )
+    started = T0 + timedelta(seconds=2 * i)
+    state.trace.append(
+        TraceRecord(
+            step=i,
+            superstep=state.superstep,
+            tool="write_file",
+            arguments={"path": path, "bytes": 2048 + i % 97},
+            result={"ok": True},
+            side_effect=True,
+            started_at=started,
+            finished_at=started + timedelta(milliseconds=1500 + i % 13),
+            duration_ms=1500.0 + i % 13,
+            usage=Usage(prompt_tokens=400 * i, completion_tokens=120 + i % 50),
+        )
+    )
+
+
+def fill(state: AgentState, messages: int, text: Text) -> None:
+    """Take steps (without writing LCs) until the history holds `messages` messages."""
+    while len(state.messages) < messages:
+        take_step(state, text)
+
+
+def new_bytes(state: AgentState) -> bytes:
+    """The canonical JSON of the last step's message and trace record: what a step adds."""
+    return canonical_bytes(state.messages[-1]) + canonical_bytes(state.trace[-1])
+
+
+def depth(state: AgentState) -> int:
+    """The depth of the LC a state descends from (it must have one)."""
+    if state.base is None:
+        raise RuntimeError("state has no base LC")
+    return state.base.depth
+
+
+def agent_with_chain(store: CheckpointStore, task: str, agent: str, text: Text) -> LCRef:
+    """Write an agent's full LC and READ_DELTAS deltas after it, ending at BIG messages."""
+    state = new_agent(store, task, agent)
+    fill(state, BIG - READ_DELTAS, text)
+    store.write_lc(state, vote=True)
+    ref = None
+    for _ in range(READ_DELTAS):
+        take_step(state, text)
+        ref = store.write_lc(state, vote=True)
+    if ref is None or len(state.messages) != BIG or depth(state) != READ_DELTAS:
+        raise RuntimeError("chain was not built as intended")
+    return ref
+
+
+@dataclass(slots=True)
+class Bench:
+    """What every measurement uses: the store over a private Redis and a disk archive."""
+
+    root: Path
+    server: RedisServer
+    client: redis.Redis
+    store: CheckpointStore
+    text: Text
+    targets: list[Target] = field(default_factory=list)
+
+
+# 1. LC writes ----------------------------------------------------------------------------
+@dataclass(slots=True)
+class WriteRun:
+    """The timed LC writes of one history size."""
+
+    messages: int
+    task: str
+    writes: Samples = field(default_factory=Samples)
+    fulls: Samples = field(default_factory=Samples)
+    refs: list[LCRef] = field(default_factory=list)
+    full: list[bool] = field(default_factory=list)
+    step_bytes: list[int] = field(default_factory=list)
+
+
+def floor_write(client: redis.Redis, payload: bytes, n: int) -> int:
+    """Time the floor: one MULTI/EXEC appending `payload` to a list, plus one HSET."""
+    started = now_ns()
+    pipe = client.pipeline(transaction=True)
+    pipe.rpush("bench:{floor}:history", payload)
+    pipe.hset("bench:{floor}:head", AGENT, str(n))
+    pipe.execute()
+    return now_ns() - started
+
+
+def write_steps(
+    b: Bench, task: str, messages: int, steps: int, floor: Samples | None = None
+) -> WriteRun:
+    """Write a full LC at `messages` messages, then time `steps` steps of one message each.
+
+    With `floor`, the floor write of each step's new bytes is timed just before its LC.
+    """
+    store = b.store
+    run = WriteRun(messages, task)
+    state = new_agent(store, task)
+    fill(state, messages, b.text)
+    store.write_lc(state, vote=True)
+    gc.collect()
+    for n in range(steps):
+        take_step(state, b.text)
+        payload = new_bytes(state)
+        run.step_bytes.append(len(payload))
+        if floor is not None:
+            floor.add(floor_write(b.client, payload, n))
+        started = now_ns()
+        ref = store.write_lc(state, vote=True)
+        elapsed = now_ns() - started
+        full = depth(state) % store.full_every == 0
+        run.writes.add(elapsed)
+        if full:
+            run.fulls.add(elapsed)
+        run.refs.append(ref)
+        run.full.append(full)
+    return run
+
+
+def write_phases(b: Bench) -> dict[str, Samples]:
+    """Time each phase of delta LC writes at BIG messages (mirrors `CheckpointStore.write_lc`)."""
+    store, codec = b.store, b.store.codec
+    state = new_agent(store, "phases")
+    fill(state, BIG, b.text)
+    store.write_lc(state, vote=True)
+    phases = {name: Samples() for name in ("cut_lc", "canonical_bytes", "seal", "hot.write_lc")}
+    total = Samples()
+    gc.collect()
+    for _ in range(PHASE_STEPS):
+        take_step(state, b.text)
+        t0 = now_ns()
+        lc = cut_lc(state, Level.STEP, store.full_every)
+        t1 = now_ns()
+        payload = canonical_bytes(lc)
+        t2 = now_ns()
+        sealed = codec.seal(payload)
+        t3 = now_ns()
+        entry = LCEntry(
+            lc.task, lc.agent, lc.id, lc.parent_id, lc.full, lc.superstep, lc.epoch,
+            lc.attempt, Level.STEP, sealed,
+        )  # fmt: skip
+        store.hot.write_lc(entry, vote=True)
+        t4 = now_ns()
+        lc.checksum = sealed.checksum
+        state.base = base_after_write(lc, state)
+        if lc.full:
+            continue
+        for name, ns in zip(phases, (t1 - t0, t2 - t1, t3 - t2, t4 - t3), strict=True):
+            phases[name].add(ns)
+        total.add(t4 - t0)
+    phases["total"] = total
+    return phases
+
+
+def lc_writes(b: Bench) -> WriteRun:
+    """Measurement 1: LC write latency at each history size against the floor."""
+    floor = Samples()
+    runs = [
+        write_steps(b, f"lc{n}", n, STEPS, floor if n == BIG else None) for n in SIZES
+    ]
+    rows = [
+        [
+            "floor: MULTI/EXEC RPUSH new bytes + HSET",
+            duration(floor.p50),
+            duration(floor.p99),
+            "-",
+            "1.00x",
+        ]
+    ]
+    rows += [
+        [
+            f"write_lc, {r.messages:,} msgs (grows to {r.messages + STEPS:,})",
+            duration(r.writes.p50),
+            duration(r.writes.p99),
+            duration(r.fulls.mean),
+            ratio(r.writes.p50, floor.p50),
+        ]
+        for r in runs
+    ]
+    table(
+        f"1. LC write, one new message per step ({STEPS} writes per row; "
+        f"every {FULL_EVERY}th is full; floor interleaved with the {BIG:,}-msg run)",
+        ["operation", "p50", "p99", "mean of full", "p50 vs floor"],
+        rows,
+    )
+    small, big = runs[0], runs[-1]
+    b.targets.append(
+        Target(f"LC write p50 @{BIG:,} msgs / floor p50", big.writes.p50 / floor.p50, 2.0).report()
+    )
+    b.targets.append(
+        Target(
+            f"LC write p50 @{BIG:,} msgs / p50 @{small.messages} msgs",
+            big.writes.p50 / small.writes.p50,
+            1.3,
+        ).report()
+    )
+    phases = write_phases(b)
+    whole = phases["total"].p50
+    table(
+        f"1b. Where a delta LC write goes at {BIG:,} msgs "
+        f"({len(phases['total'])} delta writes, phases of CheckpointStore.write_lc)",
+        ["phase", "p50", "p99", "share of total p50"],
+        [
+            [name, duration(s.p50), duration(s.p99), f"{100 * s.p50 / whole:.0f}%"]
+            for name, s in phases.items()
+        ],
+    )
+    print(f"(hot.write_lc p50 vs floor p50: {ratio(phases['hot.write_lc'].p50, floor.p50)})")
+    return big
+
+
+# 2. bytes per step -----------------------------------------------------------------------
+def bytes_per_step(b: Bench, run: WriteRun) -> None:
+    """Measurement 2: the bytes each LC write stored, read back from Redis."""
+    client, codec = b.client, b.store.codec
+    sealed: list[int] = []
+    plain: list[int] = []
+    memory: list[int] = []
+    for ref, full in zip(run.refs, run.full, strict=True):
+        key = keys.lc(run.task, ref.id)
+        data = cast(bytes, client.hget(key, "data"))
+        sealed.append(len(data))
+        plain.append(len(codec.open(data, key)))
+        memory.append(int(cast(int, client.memory_usage(key, samples=0))) if not full else 0)
+    deltas = [i for i, full in enumerate(run.full) if not full]
+    fulls = [i for i, full in enumerate(run.full) if full]
+
+    def mean(values: list[int], where: list[int]) -> float:
+        return statistics.fmean(values[i] for i in where)
+
+    new = statistics.fmean(run.step_bytes)
+    delta_sealed = mean(sealed, deltas)
+    amortized = statistics.fmean(sealed)
+    full_plain, full_sealed = mean(plain, fulls), mean(sealed, fulls)
+    rows = [
+        ("new message + trace record, canonical JSON (baseline)", new),
+        ("delta LC, canonical JSON before sealing", mean(plain, deltas)),
+        ("delta LC, sealed as stored", delta_sealed),
+        ("full LC, sealed as stored", full_sealed),
+        (f"amortized over all {len(sealed)} writes (1 full in {FULL_EVERY})", amortized),
+        ("Redis MEMORY USAGE of a delta LC key (whole hash)", mean(memory, deltas)),
+    ]
+    table(
+        f"2. Bytes stored per step at {BIG:,} msgs (the LC hash's data field read back "
+        f"from Redis; {len(deltas)} deltas, {len(fulls)} full)",
+        ["record", "mean", "vs new bytes"],
+        [[name, size(value), ratio(value, new)] for name, value in rows],
+    )
+    print(
+        f"(a full LC's canonical JSON: {size(full_plain)}, sealed {size(full_sealed)}: "
+        f"zstd-3 shrinks this pseudo-prose {full_plain / full_sealed:.1f}:1)"
+    )
+    b.targets.append(
+        Target(f"delta LC bytes @{BIG:,} msgs / new canonical JSON", delta_sealed / new, 2.0).report()
+    )
+    b.targets.append(
+        Target("amortized LC bytes per step (incl. fulls) / new bytes", amortized / new, None).report()
+    )
