@@ -49,7 +49,7 @@ class Samples:
 
 def time_calls(call: Callable[[], object], n: int, warmup: int = 10) -> Samples:
     """Call `call` `warmup` times untimed, then `n` times timed."""
-    return time_pairs(call, call, n // 2 + n % 2, warmup)[0] if n == 0 else _timed([call], n, warmup)[0]
+    return _timed([call], n, warmup)[0]
 
 
 def time_pairs(
@@ -129,7 +129,7 @@ class Target:
 
     @property
     def verdict(self) -> str:
-        """"met", "NOT met", or "info" when there is no limit."""
+        """The verdict: met, NOT met, or info when there is no limit."""
         if self.limit is None:
             return "info"
         return "met" if self.measured <= self.limit else "NOT met"

@@ -14,7 +14,6 @@ import os
 import random
 import statistics
 import tempfile
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,7 +21,17 @@ from typing import cast
 
 import redis
 
-from bench.report import Samples, Target, duration, now_ns, ratio, size, table
+from bench.report import (
+    Samples,
+    Target,
+    duration,
+    now_ns,
+    ratio,
+    size,
+    table,
+    time_calls,
+    time_pairs,
+)
 from storage import keys
 from storage.archive import archive_gc
 from storage.backends.disk import DiskArchive
@@ -77,8 +86,7 @@ class Text:
         self.rng = random.Random(seed)
         letters = "abcdefghijklmnopqrstuvwxyz"
         self._words = [
-            "".join(self.rng.choices(letters, k=self.rng.randint(1, 10)))
-            for _ in range(VOCABULARY)
+            "".join(self.rng.choices(letters, k=self.rng.randint(1, 10))) for _ in range(VOCABULARY)
         ]
         self._cum = list(itertools.accumulate(1 / rank for rank in range(1, VOCABULARY + 1)))
 
@@ -274,9 +282,7 @@ def write_phases(b: Bench) -> dict[str, Samples]:
 def lc_writes(b: Bench) -> WriteRun:
     """Measurement 1: LC write latency at each history size against the floor."""
     floor = Samples()
-    runs = [
-        write_steps(b, f"lc{n}", n, STEPS, floor if n == BIG else None) for n in SIZES
-    ]
+    runs = [write_steps(b, f"lc{n}", n, STEPS, floor if n == BIG else None) for n in SIZES]
     rows = [
         [
             "floor: MULTI/EXEC RPUSH new bytes + HSET",
@@ -370,8 +376,272 @@ def bytes_per_step(b: Bench, run: WriteRun) -> None:
         f"zstd-3 shrinks this pseudo-prose {full_plain / full_sealed:.1f}:1)"
     )
     b.targets.append(
-        Target(f"delta LC bytes @{BIG:,} msgs / new canonical JSON", delta_sealed / new, 2.0).report()
+        Target(
+            f"delta LC bytes @{BIG:,} msgs / new canonical JSON", delta_sealed / new, 2.0
+        ).report()
     )
     b.targets.append(
-        Target("amortized LC bytes per step (incl. fulls) / new bytes", amortized / new, None).report()
+        Target(
+            "amortized LC bytes per step (incl. fulls) / new bytes", amortized / new, None
+        ).report()
     )
+
+
+# 3. reads ------------------------------------------------------------------------------
+def reads(b: Bench) -> None:
+    """Measurement 3: rebuilding an agent's state at BIG messages, hot and then cold."""
+    store, client, codec = b.store, b.client, b.store.codec
+    task = "read"
+    ref = agent_with_chain(store, task, AGENT, b.text)
+    state = store.read_state(task, AGENT, ref.id)
+    if len(state.messages) != BIG:
+        raise RuntimeError("read_state did not rebuild the history")
+    chain = store.load_chain(task, AGENT, ref.id, ref.checksum)
+    full = codec.encode(cut_lc(dataclasses.replace(state, base=None), Level.STEP, FULL_EVERY))
+    raw_key = "bench:{read}:full"
+    client.set(raw_key, full.data)
+
+    def raw() -> None:
+        data = cast(bytes, client.get(raw_key))
+        LocalCheckpoint.model_validate_json(codec.open(data, raw_key))
+
+    def read() -> None:
+        store.read_state(task, AGENT, ref.id)
+
+    baseline, hot = time_pairs(raw, read, READS)
+    for loaded in reversed(chain):
+        store.cold.put_lc(task, AGENT, loaded.record.id, loaded.data)
+    client.flushall()
+    if store.hot.read_chain(task, ref.id, 1):
+        raise RuntimeError("the LCs are still in Redis")
+    cold = time_calls(read, READS)
+    chain_bytes = sum(len(loaded.data) for loaded in chain)
+    rows = [
+        (f"baseline: GET 1 full record ({size(full.size)}), open, validate", baseline, "-"),
+        (f"read_state hot: 1 full + {READ_DELTAS} deltas ({size(chain_bytes)})", hot, "1.00x"),
+        ("read_state cold: the same chain from the disk archive", cold, ratio(cold.p50, hot.p50)),
+    ]
+    table(
+        f"3. Reading an agent's state at {BIG:,} msgs ({READS} reads each; Redis emptied "
+        "before the cold reads; archive files are in the page cache)",
+        ["operation", "p50", "p99", "p50 vs baseline", "p50 vs hot"],
+        [
+            [name, duration(s.p50), duration(s.p99), ratio(s.p50, baseline.p50), vs_hot]
+            for name, s, vs_hot in rows
+        ],
+    )
+    b.targets.append(
+        Target(f"read_state hot p50 @{BIG:,} msgs / raw GET", hot.p50 / baseline.p50, 2.0).report()
+    )
+    b.targets.append(Target("read_state cold p50 / hot p50", cold.p50 / hot.p50, None).report())
+
+
+# 4. archiving ----------------------------------------------------------------------------
+def committed_gc(b: Bench, task: str) -> None:
+    """Commit GC 1 of `task`: ARCHIVE_AGENTS agents at BIG messages and a workspace."""
+    store, text = b.store, b.text
+    members = {
+        f"agent{a}": agent_with_chain(store, task, f"agent{a}", text) for a in range(ARCHIVE_AGENTS)
+    }
+    files = {}
+    for j in range(WORKSPACE_FILES):
+        content = text.words(text.rng.randint(FILE_BYTES * 3 // 4, FILE_BYTES * 5 // 4))
+        files[f"src/pkg{j % 10}/module_{j}.py"] = store.put_blob(task, content.encode())
+    workspace = store.put_manifest(task, WorkspaceManifest(files=files))
+    epoch = store.hot.get_epoch(task)
+    store.commit_gc(
+        GlobalCheckpoint(
+            task=task, number=1, superstep=1, epoch=epoch, members=members, workspace=workspace
+        )
+    )
+
+
+def plain_writes(directory: Path, sizes: list[int]) -> int:
+    """Time writing files of `sizes` bytes with plain open/write/fsync/close; return ns."""
+    directory.mkdir()
+    payloads = [os.urandom(n) for n in sizes]
+    started = now_ns()
+    for i, data in enumerate(payloads):
+        fd = os.open(directory / f"f{i:04d}", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    return now_ns() - started
+
+
+def read_only(store: CheckpointStore, task: str) -> int:
+    """Time what `archive_gc` reads and verifies from Redis for GC 1, writing nothing."""
+    started = now_ns()
+    found, _ = store.load_gc(task, 1)
+    for agent, ref in found.members.items():
+        store.load_chain(task, agent, ref.id, ref.checksum)
+    manifest = store.read_manifest(task, found.workspace)
+    for sha in [*sorted(set(manifest.files.values())), found.workspace]:
+        data = store.hot.get_blob(task, sha)
+        if data is None:
+            raise RuntimeError(f"blob {sha} is not in Redis")
+        store.codec.open(data, sha, expect_digest=sha)
+    return now_ns() - started
+
+
+def archiving(b: Bench) -> None:
+    """Measurement 4: archive_gc throughput against plain write + fsync of the same files."""
+    archived: list[float] = []
+    plain: list[float] = []
+    reading: list[float] = []
+    files = written = 0
+    for r in range(ARCHIVE_RUNS):
+        task = f"arch{r}"
+        committed_gc(b, task)
+        cold_root = b.root / f"archive-{r}"
+        archiver = CheckpointStore(b.store.hot, DiskArchive(cold_root), b.store.codec, FULL_EVERY)
+        gc.collect()
+        started = now_ns()
+        report = archive_gc(archiver, task, 1)
+        elapsed = now_ns() - started
+        sizes = [p.stat().st_size for p in sorted(cold_root.rglob("*")) if p.is_file()]
+        if len(sizes) != report.lcs + report.blobs + 1 or sum(sizes) != report.bytes:
+            raise RuntimeError(f"archive holds {len(sizes)} files, {sum(sizes)} bytes: {report}")
+        files, written = len(sizes), report.bytes
+        archived.append(written / elapsed * 1e3)  # bytes/ns → MB/s
+        plain.append(written / plain_writes(b.root / f"plain-{r}", sizes) * 1e3)
+        reading.append(written / read_only(b.store, task) * 1e3)
+    rows = [
+        ("baseline: plain open/write/fsync/close per file", plain),
+        ("archive_gc (temp file, fsync, rename, fsync dir)", archived),
+        ("  of which reading + verifying from Redis alone", reading),
+    ]
+    base = statistics.median(plain)
+    table(
+        f"4. Archiving one GC: {ARCHIVE_AGENTS} agents x {BIG:,} msgs ({READ_DELTAS} deltas "
+        f"after a full) + {WORKSPACE_FILES} files of ~{FILE_BYTES // 1024} KiB = {files} files, "
+        f"{size(written)}; {ARCHIVE_RUNS} runs; on {filesystem(b.root)}",
+        ["operation", "median MB/s", "min..max MB/s", "median time", "MB/s vs plain"],
+        [
+            [
+                name,
+                f"{statistics.median(rates):.1f}",
+                f"{min(rates):.1f}..{max(rates):.1f}",
+                duration(written / statistics.median(rates) * 1e3),
+                ratio(statistics.median(rates), base),
+            ]
+            for name, rates in rows
+        ],
+    )
+    b.targets.append(
+        Target(
+            "archive_gc MB/s / plain write+fsync MB/s", statistics.median(archived) / base, None
+        ).report()
+    )
+
+
+# 5. command packer -----------------------------------------------------------------------
+def packer_name(client: redis.Redis) -> str:
+    """The class that packs a client's commands."""
+    pool = client.connection_pool
+    connection = pool.get_connection()
+    try:
+        return type(getattr(connection, "_command_packer", None)).__name__
+    finally:
+        pool.release(connection)
+
+
+def packers(b: Bench) -> None:
+    """Measurement 5: a 512 KB SET packed by hiredis against our Python packer."""
+    plain_client = redis.Redis(host="127.0.0.1", port=b.server.port)
+    try:
+        value = os.urandom(SET_BYTES)
+        hiredis, python = time_pairs(
+            lambda: plain_client.set("bench:{packer}", value),
+            lambda: b.client.set("bench:{packer}", value),
+            SETS,
+        )
+        rows = [
+            (f"redis.Redis() ({packer_name(plain_client)})", hiredis),
+            (f"storage connect() ({packer_name(b.client)})", python),
+        ]
+    finally:
+        plain_client.close()
+    table(
+        f"5. SET of {SET_BYTES // 1024} KiB by command packer ({SETS} each, alternating)",
+        ["client", "p50", "p99", "p50 vs hiredis"],
+        [[name, duration(s.p50), duration(s.p99), ratio(s.p50, hiredis.p50)] for name, s in rows],
+    )
+    b.targets.append(
+        Target(
+            f"connect() {SET_BYTES // 1024} KiB SET p50 / hiredis packer p50",
+            python.p50 / hiredis.p50,
+            1.0,
+        ).report()
+    )
+
+
+# the part ------------------------------------------------------------------------------
+def filesystem(path: Path) -> str:
+    """Name the filesystem type and mount point holding `path` (Linux), or "unknown"."""
+    try:
+        mounts = Path("/proc/mounts").read_text().splitlines()
+    except OSError:
+        return "unknown filesystem"
+    target = str(path.resolve())
+    best, kind = "", "unknown"
+    for line in mounts:
+        fields = line.split()
+        if len(fields) < 3:
+            continue
+        point = fields[1]
+        inside = target == point or target.startswith(point.rstrip("/") + "/")
+        if inside and len(point) > len(best):
+            best, kind = point, fields[2]
+    return f"{kind} ({best})"
+
+
+def setup(b: Bench) -> None:
+    """Print what the part runs on, and warm the code paths up."""
+    info = cast(dict[str, object], b.client.info("server"))
+    probe = new_agent(b.store, "probe")
+    take_step(probe, b.text)
+    message, trace = (len(canonical_bytes(r)) for r in (probe.messages[-1], probe.trace[-1]))
+    print("\n== storage ==")
+    print(
+        f"redis-server {info.get('redis_version')} (private, port {b.server.port}, no AOF); "
+        f"archive and temp files on {filesystem(b.root)}"
+    )
+    print(
+        f"CheckpointStore: Codec() unsigned, zstd above 1 KiB; full_every={FULL_EVERY}. "
+        f"A step adds a {message} B message and a {trace} B trace record (canonical JSON)."
+    )
+    write_steps(b, "warmup", SIZES[1], 2 * FULL_EVERY, Samples())
+
+
+def run() -> list[Target]:
+    """Run every storage measurement on a private Redis and archive; return the targets."""
+    with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
+        root = Path(tmp)
+        server = RedisServer(root / "redis", appendonly=False)
+        try:
+            server.start()
+            client = connect(server.url)
+            try:
+                store = CheckpointStore(
+                    RedisHotStore(client),
+                    DiskArchive(root / "archive"),
+                    Codec(),
+                    full_every=FULL_EVERY,
+                )
+                b = Bench(root, server, client, store, Text(seed=2026))
+                setup(b)
+                big = lc_writes(b)
+                bytes_per_step(b, big)
+                reads(b)
+                archiving(b)
+                packers(b)
+                return b.targets
+            finally:
+                client.close()
+        finally:
+            server.stop()

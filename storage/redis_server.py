@@ -40,7 +40,7 @@ class RedisServer:
     def __init__(
         self, directory: Path, *, appendonly: bool = False, port: int | None = None
     ) -> None:
-        self.directory = Path(directory)
+        self.directory = Path(directory).resolve()
         self.appendonly = appendonly
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None

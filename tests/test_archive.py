@@ -245,3 +245,15 @@ def test_unusable_archive_directory_is_a_clear_error(tmp_path: Path) -> None:
     blocker.write_text("x")
     with pytest.raises(ArchiveError, match="cannot use archive directory"):
         DiskArchive(blocker / "archive")
+
+
+def test_stale_temporary_files_are_cleared_and_live_ones_kept(tmp_path: Path) -> None:
+    """Leftovers of a killed writer go; a temporary file being written right now stays."""
+    archive = DiskArchive(tmp_path / "archive")
+    old = tmp_path / "archive" / ".tmp-000000000001.rec.1.1"
+    live = tmp_path / "archive" / ".tmp-000000000002.rec.2.2"
+    old.write_bytes(b"half")
+    live.write_bytes(b"half")
+    os.utime(old, (time.time() - 7200, time.time() - 7200))
+    assert 1 == archive.remove_temporaries(older_than=3600)
+    assert [live] == sorted((tmp_path / "archive").glob(".tmp-*"))

@@ -188,6 +188,15 @@ def test_commit_drops_the_superstep_tool_lcs(store: CheckpointStore) -> None:
     assert step.checksum == store.read_lc(TASK, "coder", step.id).checksum
 
 
+def test_prepare_with_a_stale_epoch_is_refused(store: CheckpointStore) -> None:
+    """A coordinator of an older epoch cannot even prepare a GC."""
+    _, ref, ws = _one_agent_gc(store)
+    store.hot.raise_epoch(TASK, 2)
+    with pytest.raises(CommitRefused, match="stale epoch 1"):
+        store.prepare_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws))
+    assert [] == store.hot.list_gcs(TASK)
+
+
 def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
     """Once committed, a GC stays committed."""
     _, ref, ws = _one_agent_gc(store)

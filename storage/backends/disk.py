@@ -17,6 +17,7 @@ import contextlib
 import errno
 import os
 import threading
+import time
 from pathlib import Path
 
 from storage.errors import ArchiveError
@@ -188,13 +189,18 @@ class DiskArchive:
         base = self.root / "tasks"
         return sorted(p.name for p in base.iterdir()) if base.exists() else []
 
-    def remove_temporaries(self) -> int:
-        """Delete temporary files left by writers that died mid-write; return how many."""
+    def remove_temporaries(self, older_than: float = 3600.0) -> int:
+        """Delete temporary files left by writers that died mid-write; return how many.
+
+        Only files untouched for `older_than` seconds go: a younger one may be a live write.
+        """
+        horizon = time.time() - older_than
         removed = 0
         for path in self.root.rglob(f"{TMP_PREFIX}*"):
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed += 1
+                if path.stat().st_mtime < horizon:
+                    path.unlink()
+                    removed += 1
         return removed
 
 

@@ -120,6 +120,9 @@ class MemoryHotStore:
 
     def prepare_gc(self, entry: GCEntry) -> None:
         with self._lock:
+            epoch = self._epochs.get(entry.task, 0)
+            if epoch != entry.epoch:
+                raise CommitRefused(f"stale epoch {entry.epoch} (task is at {epoch})")
             old = self._gcs.get((entry.task, entry.number))
             if old is not None and old.entry.status is not GCStatus.PREPARING:
                 raise CommitRefused(f"GC {entry.number} is already {old.entry.status.value}")
