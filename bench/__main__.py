@@ -52,6 +52,10 @@ def header() -> None:
     print(f"CPUs: {os.cpu_count()} (usable by this process: {usable or 'unknown'})")
     print(f"python: {platform.python_implementation()} {platform.python_version()}")
     print(f"redis: {redis_server_version()}")
+    print(
+        "timing: time.perf_counter_ns; Python's garbage collector is paused inside each "
+        "timed call (as timeit does) and runs between calls"
+    )
 
 
 def main(argv: list[str]) -> int:

@@ -7,8 +7,28 @@ import math
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 now_ns = time.perf_counter_ns
+T = TypeVar("T")
+
+
+def clock(call: Callable[[], T]) -> tuple[T, int]:
+    """Run `call` and return its result and nanoseconds taken.
+
+    The garbage collector is paused while `call` runs, as `timeit` does: a collection
+    walks every live object of the process, so when it lands is noise, not the cost of
+    the call. Collections due run right after, untimed.
+    """
+    paused = gc.isenabled()
+    gc.disable()
+    try:
+        started = now_ns()
+        result = call()
+        return result, now_ns() - started
+    finally:
+        if paused:
+            gc.enable()
 
 
 @dataclass(slots=True)
@@ -47,20 +67,11 @@ class Samples:
         return sum(self.ns) / len(self.ns)
 
 
-def time_calls(call: Callable[[], object], n: int, warmup: int = 10) -> Samples:
-    """Call `call` `warmup` times untimed, then `n` times timed."""
-    return _timed([call], n, warmup)[0]
+def time_together(calls: Sequence[Callable[[], object]], n: int, warmup: int = 10) -> list[Samples]:
+    """Time each call `n` times, taking turns, so all run under the same conditions.
 
-
-def time_pairs(
-    first: Callable[[], object], second: Callable[[], object], n: int, warmup: int = 10
-) -> tuple[Samples, Samples]:
-    """Time two calls `n` times each, alternating, so both run under the same conditions."""
-    a, b = _timed([first, second], n, warmup)
-    return a, b
-
-
-def _timed(calls: Sequence[Callable[[], object]], n: int, warmup: int) -> list[Samples]:
+    Each call first runs `warmup` times untimed.
+    """
     for _ in range(warmup):
         for call in calls:
             call()
@@ -68,9 +79,7 @@ def _timed(calls: Sequence[Callable[[], object]], n: int, warmup: int) -> list[S
     samples = [Samples() for _ in calls]
     for _ in range(n):
         for call, into in zip(calls, samples, strict=True):
-            started = now_ns()
-            call()
-            into.add(now_ns() - started)
+            into.add(clock(call)[1])
     return samples
 
 
