@@ -197,6 +197,19 @@ def test_prepare_with_a_stale_epoch_is_refused(store: CheckpointStore) -> None:
     assert [] == store.hot.list_gcs(TASK)
 
 
+def test_commit_keeps_every_step_of_a_superstep(store: CheckpointStore) -> None:
+    """An agent that wrote several step LCs in one superstep keeps its whole chain."""
+    state = new_agent(store, TASK, "coder")
+    refs = []
+    for i in range(1, 4):
+        take_step(state, i)
+        refs.append(store.write_lc(state, vote=True))
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": refs[-1]}, ws))
+    assert 4 == len(store.read_state(TASK, "coder", refs[-1].id).messages)
+    assert refs[0].checksum == store.read_lc(TASK, "coder", refs[0].id).checksum
+
+
 def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
     """Once committed, a GC stays committed."""
     _, ref, ws = _one_agent_gc(store)

@@ -150,10 +150,21 @@ class MemoryHotStore:
                     raise CommitRefused(f"LC {ref.id} of {agent} does not match its vote")
             self._gcs[(entry.task, entry.number)] = _HotGC(entry)
             for ref in entry.members.values():
-                self._lcs[(entry.task, ref.id)].committed = True
+                self._commit_chain(entry.task, ref.id)
             self._drop_tentative(entry)
             if entry.number > self._latest.get(entry.task, -1):
                 self._latest[entry.task] = entry.number
+
+    def _commit_chain(self, task: str, lc_id: str) -> None:
+        """Mark an LC committed with its tentative ancestors (a member is a delta on them)."""
+        hot: _HotLC | None = self._lcs[(task, lc_id)]
+        while hot is not None:
+            hot.committed = True
+            if hot.entry.full or hot.entry.parent_id is None:
+                return
+            hot = self._lcs.get((task, hot.entry.parent_id))
+            if hot is not None and hot.committed:
+                return
 
     def abort_gc(self, entry: GCEntry) -> None:
         with self._lock:

@@ -33,8 +33,17 @@ for i = 1, members do
 end
 redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
+-- Mark each member committed, with its tentative ancestors: an agent that wrote several
+-- step LCs in this superstep needs them all, since its member is a delta on them.
 for i = 1, members do
-  redis.call('HSET', KEYS[7 + i], 'state', 'committed')
+  local key = KEYS[7 + i]
+  while true do
+    redis.call('HSET', key, 'state', 'committed')
+    local f = redis.call('HMGET', key, 'parent', 'full')
+    if f[2] == '1' or not f[1] or f[1] == '' then break end
+    key = ARGV[6] .. f[1]
+    if redis.call('HGET', key, 'state') ~= 'tentative' then break end
+  end
 end
 -- Tool-level LCs and refused retries of this superstep are no longer needed.
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
