@@ -28,8 +28,11 @@ def new_id() -> str:
             now_ms = _last_ms
         else:
             _last_ms = now_ms
-            _counter = int.from_bytes(os.urandom(2), "big") & 0x3FF  # leave room to count up
-        rand_b = int.from_bytes(os.urandom(8), "big") & ((1 << 62) - 1)
+            _counter = -1  # replaced by random bits below, leaving room to count up
+        entropy = int.from_bytes(os.urandom(10), "big")
+        if _counter < 0:
+            _counter = (entropy >> 64) & 0x3FF
+        rand_b = entropy & ((1 << 62) - 1)
         value = (now_ms << 80) | (0x7 << 76) | (_counter << 64) | (0b10 << 62) | rand_b
     return str(uuid.UUID(int=value))
 

@@ -22,10 +22,14 @@ def utcnow() -> datetime:
     return datetime.now(UTC)
 
 
+# NaN and infinities have no JSON form: refuse them when a record is built, not when read.
+STRICT = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
 class Record(BaseModel):
     """Base of stored records: strict about unknown fields, carries its schema version."""
 
-    model_config = ConfigDict(extra="forbid", frozen=False, validate_assignment=False)
+    model_config = STRICT
 
     schema_version: int = SCHEMA_VERSION
     # Filled from the envelope on read; excluded so they never enter the checksummed bytes.
@@ -70,7 +74,7 @@ class GCStatus(str, Enum):
 class ToolCall(BaseModel):
     """One tool call a model asked for."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     id: str
     name: str
@@ -80,7 +84,7 @@ class ToolCall(BaseModel):
 class Message(BaseModel):
     """One message of the model-facing history (chat-completions shaped)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     role: Role
     content: str | None = None
@@ -92,7 +96,7 @@ class Message(BaseModel):
 class Usage(BaseModel):
     """Tokens a model call used."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
@@ -117,7 +121,7 @@ class TraceRecord(Record):
 class LCRef(BaseModel):
     """How a vote or a global checkpoint names a local checkpoint: id plus checksum."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
 
     id: str
     checksum: str
@@ -166,7 +170,7 @@ class LocalCheckpoint(Record):
 class InboxMessage(BaseModel):
     """A message sent in one superstep and delivered at its barrier."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = STRICT
 
     id: str
     sender: str

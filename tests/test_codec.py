@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from datetime import UTC
+from datetime import UTC, datetime
 
 import pytest
 from hypothesis import given, settings
@@ -29,10 +29,13 @@ from storage.records import (
     WorkspaceManifest,
 )
 
+T0 = datetime(2026, 1, 1, tzinfo=UTC)
+
 json_values: st.SearchStrategy[JsonValue] = st.recursive(
     st.none()
     | st.booleans()
     | st.integers(-(2**63), 2**63)
+    | st.integers(2**64, 2**80)  # beyond orjson: the stdlib encoder takes over
     | st.floats(allow_nan=False, allow_infinity=False)
     | st.text(max_size=20),
     lambda children: (
@@ -166,6 +169,14 @@ def test_canonical_bytes_ignore_insertion_order() -> None:
     b = WorkspaceManifest(files={"b": "2" * 64, "a": "1" * 64})
     assert canonical_bytes(a) == canonical_bytes(b)
     assert Codec().encode(a).checksum == Codec().encode(b).checksum
+
+
+def test_nan_is_refused_when_a_record_is_built() -> None:
+    """NaN has no JSON form: a record holding one is refused at once, not when read back."""
+    with pytest.raises(ValueError, match="finite"):
+        TraceRecord(step=1, superstep=1, started_at=T0, finished_at=T0, duration_ms=float("nan"))
+    with pytest.raises(ValueError, match="finite"):
+        ToolCall(id="c", name="t", args={"x": [float("inf")]})
 
 
 def test_large_records_are_compressed() -> None:
