@@ -147,7 +147,7 @@ class ColdArchive(Protocol):
     """The archive on disk (or its twin): write-once files, the ground truth once written."""
 
     def put_blob(self, sha: str, data: bytes) -> None:
-        """Store a blob durably under its address (a no-op, beyond a touch, if present)."""
+        """Store a blob under its address, durable at the next `sync` (a touch if present)."""
 
     def get_blob(self, sha: str) -> bytes | None:
         """Return a blob's sealed bytes, or None."""
@@ -162,7 +162,7 @@ class ColdArchive(Protocol):
         """Remove an archived blob (sweeping)."""
 
     def put_lc(self, task: str, agent: str, lc_id: str, data: bytes) -> None:
-        """Store an LC durably (a no-op if present)."""
+        """Store an LC, durable at the next `sync` (a no-op if present)."""
 
     def get_lc(self, task: str, agent: str, lc_id: str) -> bytes | None:
         """Return an archived LC's sealed bytes, or None."""
@@ -176,8 +176,11 @@ class ColdArchive(Protocol):
     def delete_lc(self, task: str, agent: str, lc_id: str) -> None:
         """Remove an archived LC (retention)."""
 
+    def sync(self) -> None:
+        """Make every put so far durable (puts may defer part of their durability to here)."""
+
     def put_gc(self, task: str, number: int, data: bytes) -> None:
-        """Store a GC durably; call it last, once everything the GC names is archived."""
+        """Sync, then store a GC durably: call it once everything the GC names is put."""
 
     def get_gc(self, task: str, number: int) -> bytes | None:
         """Return an archived GC's sealed bytes, or None."""

@@ -6,9 +6,11 @@ Layout under the archive root:
     tasks/<task>/lc/<agent>/<lc_id>.rec   local checkpoints
     tasks/<task>/gc/<number>.rec          global checkpoints, written last
 
-Every file is written to a temporary name, fsynced, renamed into place, and its directory
-fsynced: a crash leaves either the whole file or none of it (plus a stray temporary file,
-which listings ignore and `remove_temporaries` clears).
+Every file is written to a temporary name, fsynced and renamed into place: a crash leaves
+either the whole file or none of it (plus a stray temporary file, which listings ignore and
+`remove_temporaries` clears). The directories that gained entries are fsynced together by
+`sync()`, once per archived GC rather than once per file; `put_gc` syncs before and after
+writing the GC file, so a GC is durable only once everything it names is.
 """
 
 from __future__ import annotations
@@ -34,13 +36,15 @@ class DiskArchive:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._known_dirs: set[Path] = set()
+        self._unsynced: set[Path] = set()
         self._lock = threading.Lock()
         try:
             self._ensure_dir(self.root)
         except OSError as exc:
             raise ArchiveError(
-                f"cannot use archive directory {self.root}: {exc.strerror}"
+                f"cannot use archive directory {self.root}: {_reason(exc)}"
             ) from None
+        self.sync()
 
     # paths -------------------------------------------------------------------------------
     def _blob_path(self, sha: str) -> Path:
@@ -71,8 +75,8 @@ class DiskArchive:
         for directory in reversed(missing):
             with contextlib.suppress(FileExistsError):
                 directory.mkdir()
-            _fsync_dir(directory.parent)
         with self._lock:
+            self._unsynced.update(d.parent for d in missing)
             self._known_dirs.add(path)
 
     def _write(self, path: Path, data: bytes) -> None:
@@ -89,12 +93,25 @@ class DiskArchive:
             finally:
                 os.close(fd)
             tmp.replace(path)
-            _fsync_dir(path.parent)
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
-            reason = "disk full" if exc.errno in (errno.ENOSPC, errno.EDQUOT) else exc.strerror
-            raise ArchiveError(f"cannot archive {path}: {reason}") from None
+            raise ArchiveError(f"cannot archive {path}: {_reason(exc)}") from None
+        with self._lock:
+            self._unsynced.add(path.parent)
+
+    def sync(self) -> None:
+        """Make every file put so far durable: fsync each directory that gained an entry."""
+        with self._lock:
+            pending, self._unsynced = self._unsynced, set()
+        try:
+            # Deepest first: a new directory's own entries before its entry in its parent.
+            for directory in sorted(pending, key=lambda p: len(p.parts), reverse=True):
+                _fsync_dir(directory)
+        except OSError as exc:
+            with self._lock:
+                self._unsynced |= pending
+            raise ArchiveError(f"cannot sync the archive: {_reason(exc)}") from None
 
     def _read(self, path: Path) -> bytes | None:
         try:
@@ -102,7 +119,7 @@ class DiskArchive:
         except FileNotFoundError:
             return None
         except OSError as exc:
-            raise ArchiveError(f"cannot read {path}: {exc.strerror}") from None
+            raise ArchiveError(f"cannot read {path}: {_reason(exc)}") from None
 
     def _delete(self, path: Path) -> None:
         try:
@@ -110,7 +127,7 @@ class DiskArchive:
         except FileNotFoundError:
             return
         except OSError as exc:
-            raise ArchiveError(f"cannot delete {path}: {exc.strerror}") from None
+            raise ArchiveError(f"cannot delete {path}: {_reason(exc)}") from None
         _fsync_dir(path.parent)
 
     # blobs -------------------------------------------------------------------------------
@@ -122,14 +139,21 @@ class DiskArchive:
         return self._read(self._blob_path(sha))
 
     def has_blob(self, sha: str) -> bool:
+        path = self._blob_path(sha)
         try:
             # Touching a blob that a new GC names again keeps a concurrent sweep off it.
-            os.utime(self._blob_path(sha))
+            os.utime(path)
         except FileNotFoundError:
             return False
         except OSError as exc:
-            raise ArchiveError(f"cannot touch blob {sha}: {exc.strerror}") from None
+            raise ArchiveError(f"cannot touch blob {sha}: {_reason(exc)}") from None
+        self._found(path)
         return True
+
+    def _found(self, path: Path) -> None:
+        """Count a file another writer put as ours to sync: it may have died before syncing."""
+        with self._lock:
+            self._unsynced.add(path.parent)
 
     def blob_times(self) -> dict[str, float]:
         times: dict[str, float] = {}
@@ -152,7 +176,11 @@ class DiskArchive:
         return self._read(self._lc_path(task, agent, lc_id))
 
     def has_lc(self, task: str, agent: str, lc_id: str) -> bool:
-        return self._lc_path(task, agent, lc_id).exists()
+        path = self._lc_path(task, agent, lc_id)
+        if not path.exists():
+            return False
+        self._found(path)
+        return True
 
     def list_lcs(self, task: str) -> list[tuple[str, str]]:
         paths = (self._task_dir(task) / "lc").glob(f"*/*{SUFFIX}")
@@ -169,7 +197,9 @@ class DiskArchive:
     def put_gc(self, task: str, number: int, data: bytes) -> None:
         path = self._gc_path(task, number)
         if not path.exists():
+            self.sync()  # everything the GC names is durable before the GC appears
             self._write(path, data)
+        self.sync()
 
     def get_gc(self, task: str, number: int) -> bytes | None:
         return self._read(self._gc_path(task, number))
@@ -202,6 +232,12 @@ class DiskArchive:
                     path.unlink()
                     removed += 1
         return removed
+
+
+def _reason(exc: OSError) -> str:
+    if exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return "disk full"
+    return exc.strerror or str(exc)
 
 
 def _fsync_dir(directory: Path) -> None:

@@ -286,6 +286,9 @@ class MemoryArchive:
         with self._lock:
             self._lcs.pop((task, agent, lc_id), None)
 
+    def sync(self) -> None:
+        """Nothing to do: memory is as durable as it gets."""
+
     def put_gc(self, task: str, number: int, data: bytes) -> None:
         with self._lock:
             self._gcs.setdefault((task, number), data)
