@@ -292,11 +292,7 @@ def write_phases(b: Bench) -> tuple[dict[str, Samples], Samples]:
         t2 = now_ns()
         sealed = codec.seal(payload)
         t3 = now_ns()
-        entry = LCEntry(
-            lc.task, lc.agent, lc.id, lc.parent_id, lc.full, lc.superstep, lc.epoch,
-            lc.attempt, Level.STEP, sealed,
-        )  # fmt: skip
-        store.hot.write_lc(entry, vote=True)
+        store.hot.write_lc(LCEntry(lc, sealed), vote=True)
         t4 = now_ns()
         gc.enable()
         lc.checksum = sealed.checksum

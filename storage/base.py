@@ -9,26 +9,18 @@ Every backend has an in-memory twin in `storage.backends.memory`, and
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Protocol
 
 from storage.codec import Sealed
-from storage.records import GCStatus, LCRef, Level
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, LocalCheckpoint
 
 
 @dataclass(frozen=True, slots=True)
 class LCEntry:
-    """A sealed local checkpoint plus the fields a store indexes and fences it by."""
+    """A local checkpoint with its sealed bytes: the store indexes and fences by the record."""
 
-    task: str
-    agent: str
-    id: str
-    parent_id: str | None
-    full: bool
-    superstep: int
-    epoch: int
-    attempt: int
-    level: Level
+    record: LocalCheckpoint
     sealed: Sealed
 
 
@@ -44,16 +36,10 @@ class LCLink:
 
 @dataclass(frozen=True, slots=True)
 class GCEntry:
-    """A sealed global checkpoint plus what the commit must check atomically."""
+    """A global checkpoint with its sealed bytes: what a commit checks and writes."""
 
-    task: str
-    number: int
-    superstep: int
-    epoch: int
-    status: GCStatus
-    workspace: str
+    record: GlobalCheckpoint
     sealed: Sealed
-    members: dict[str, LCRef] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

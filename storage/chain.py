@@ -9,6 +9,7 @@ the step LC that follows it, so tool LCs never become parents.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 from storage.errors import CorruptCheckpoint
 from storage.ids import new_id
@@ -47,6 +48,25 @@ class AgentState:
     base: LCBase | None = None
 
 
+# The execution context an AgentState and its LocalCheckpoint share, field for field.
+CONTEXT_FIELDS = (
+    "task",
+    "agent",
+    "epoch",
+    "attempt",
+    "step",
+    "superstep",
+    "status",
+    "workspace_before",
+    "workspace_after",
+    "inbox_cursor",
+)
+
+
+def _context(source: AgentState | LocalCheckpoint) -> dict[str, Any]:
+    return {name: getattr(source, name) for name in CONTEXT_FIELDS}
+
+
 def cut_lc(
     state: AgentState, level: Level, full_every: int = DEFAULT_FULL_EVERY
 ) -> LocalCheckpoint:
@@ -64,21 +84,12 @@ def cut_lc(
         parent_checksum=None if base is None else base.checksum,
         depth=depth,
         full=full,
-        task=state.task,
-        agent=state.agent,
-        step=state.step,
-        superstep=state.superstep,
-        status=state.status,
-        epoch=state.epoch,
-        attempt=state.attempt,
         level=level,
         message_base=message_base,
         trace_base=trace_base,
         messages=state.messages if full else state.messages[message_base:],
         trace=state.trace if full else state.trace[trace_base:],
-        workspace_before=state.workspace_before,
-        workspace_after=state.workspace_after,
-        inbox_cursor=state.inbox_cursor,
+        **_context(state),
     )
 
 
@@ -122,21 +133,7 @@ def rebuild(chain: list[LocalCheckpoint]) -> AgentState:
         )
     else:
         base = None
-    return AgentState(
-        task=newest.task,
-        agent=newest.agent,
-        epoch=newest.epoch,
-        attempt=newest.attempt,
-        step=newest.step,
-        superstep=newest.superstep,
-        status=newest.status,
-        messages=messages,
-        trace=trace,
-        workspace_before=newest.workspace_before,
-        workspace_after=newest.workspace_after,
-        inbox_cursor=newest.inbox_cursor,
-        base=base,
-    )
+    return AgentState(messages=messages, trace=trace, base=base, **_context(newest))
 
 
 def _check_link(parent: LocalCheckpoint, child: LocalCheckpoint, messages: int, trace: int) -> None:

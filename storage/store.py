@@ -100,19 +100,7 @@ class CheckpointStore:
         """
         lc = cut_lc(state, level, self.full_every)
         sealed = self.codec.encode(lc)
-        entry = LCEntry(
-            task=lc.task,
-            agent=lc.agent,
-            id=lc.id,
-            parent_id=lc.parent_id,
-            full=lc.full,
-            superstep=lc.superstep,
-            epoch=lc.epoch,
-            attempt=lc.attempt,
-            level=level,
-            sealed=sealed,
-        )
-        self.hot.write_lc(entry, vote=vote)
+        self.hot.write_lc(LCEntry(lc, sealed), vote=vote)
         lc.checksum = sealed.checksum
         if level is Level.STEP:
             state.base = base_after_write(lc, state)
@@ -209,16 +197,7 @@ class CheckpointStore:
         """Seal `gc` into the entry a hot store commits; set its checksum and size."""
         sealed = self.codec.encode(gc)
         gc.checksum, gc.size = sealed.checksum, sealed.size
-        return GCEntry(
-            task=gc.task,
-            number=gc.number,
-            superstep=gc.superstep,
-            epoch=gc.epoch,
-            status=gc.status,
-            workspace=gc.workspace,
-            sealed=sealed,
-            members=dict(gc.members),
-        )
+        return GCEntry(gc, sealed)
 
     def prepare_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
         """Record `gc` as PREPARING; return the record as stored."""

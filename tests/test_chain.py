@@ -87,9 +87,7 @@ def test_a_forged_link_is_detected(store: CheckpointStore) -> None:
     state.base.checksum = "00" * 32  # as if the parent had been swapped
     forged = cut_lc(state, Level.STEP)
     sealed = store.codec.encode(forged)
-    store.hot.write_lc(
-        LCEntry(TASK, "coder", forged.id, forged.parent_id, False, 1, 1, 1, Level.STEP, sealed)
-    )
+    store.hot.write_lc(LCEntry(forged, sealed))
     assert forged.parent_id is not None
     with pytest.raises(CorruptCheckpoint, match=forged.parent_id):
         store.read_state(TASK, "coder", forged.id)

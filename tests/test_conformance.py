@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 
 from storage.base import ColdArchive, HotStore, LCEntry
@@ -34,7 +32,7 @@ def test_same_lc_written_twice_is_a_no_op(store: CheckpointStore) -> None:
     take_step(state, 1)
     lc = cut_lc(state, Level.STEP)
     sealed = store.codec.encode(lc)
-    entry = LCEntry(TASK, "coder", lc.id, None, True, 1, 1, 1, Level.STEP, sealed)
+    entry = LCEntry(lc, sealed)
     store.hot.write_lc(entry, vote=True)
     store.hot.write_lc(entry, vote=True)
     assert [sealed.data] == store.hot.read_chain(TASK, lc.id, 10)
@@ -45,10 +43,11 @@ def test_other_bytes_under_an_existing_id_are_refused(store: CheckpointStore) ->
     """An LC id cannot be overwritten with different bytes."""
     state = new_agent(store, TASK, "coder")
     lc = cut_lc(state, Level.STEP)
-    entry = LCEntry(TASK, "coder", lc.id, None, True, 1, 1, 1, Level.STEP, store.codec.encode(lc))
+    entry = LCEntry(lc, store.codec.encode(lc))
     store.hot.write_lc(entry)
     take_step(state, 1)
-    other = replace(entry, sealed=store.codec.encode(cut_lc(state, Level.STEP)))
+    grown = cut_lc(state, Level.STEP).model_copy(update={"id": lc.id})
+    other = LCEntry(grown, store.codec.encode(grown))
     with pytest.raises(FencedWrite):
         store.hot.write_lc(other)
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import check_name
-from storage.records import GCStatus, LCRef
+from storage.records import GCStatus, GlobalCheckpoint, LCRef
 
 
 @dataclass(slots=True)
@@ -65,29 +65,25 @@ class MemoryHotStore:
             self._attempts[(task, agent)] = (superstep, attempt)
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
-        check_name("task", entry.task)
+        lc = entry.record
+        check_name("task", lc.task)
         with self._lock:
-            epoch = self._epochs.get(entry.task, 0)
-            if epoch != entry.epoch:
-                raise FencedWrite(f"stale epoch {entry.epoch} (task is at {epoch})")
-            current = self._attempts.get((entry.task, entry.agent))
-            if current != (entry.superstep, entry.attempt):
-                raise FencedWrite(
-                    f"stale attempt {entry.superstep}:{entry.attempt} (current {current})"
-                )
-            key = (entry.task, entry.id)
-            old = self._lcs.get(key)
+            epoch = self._epochs.get(lc.task, 0)
+            if epoch != lc.epoch:
+                raise FencedWrite(f"stale epoch {lc.epoch} (task is at {epoch})")
+            current = self._attempts.get((lc.task, lc.agent))
+            if current != (lc.superstep, lc.attempt):
+                raise FencedWrite(f"stale attempt {lc.superstep}:{lc.attempt} (current {current})")
+            old = self._lcs.get((lc.task, lc.id))
             if old is not None and old.entry.sealed.checksum != entry.sealed.checksum:
-                raise FencedWrite(f"LC {entry.id} exists with another checksum")
+                raise FencedWrite(f"LC {lc.id} exists with another checksum")
+            superstep = (lc.task, lc.epoch, lc.superstep)
             if old is None:
-                self._lcs[key] = _HotLC(entry)
-                self._superstep_lcs.setdefault(
-                    (entry.task, entry.epoch, entry.superstep), set()
-                ).add(entry.id)
+                self._lcs[(lc.task, lc.id)] = _HotLC(entry)
+                self._superstep_lcs.setdefault(superstep, set()).add(lc.id)
             if vote:
-                self._votes.setdefault((entry.task, entry.epoch, entry.superstep), {})[
-                    entry.agent
-                ] = LCRef(id=entry.id, checksum=entry.sealed.checksum)
+                ref = LCRef(id=lc.id, checksum=entry.sealed.checksum)
+                self._votes.setdefault(superstep, {})[lc.agent] = ref
 
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
         with self._lock:
@@ -98,7 +94,8 @@ class MemoryHotStore:
                 if hot is None:
                     break
                 out.append(hot.entry.sealed.data)
-                current = None if hot.entry.full else hot.entry.parent_id
+                lc = hot.entry.record
+                current = None if lc.full else lc.parent_id
             return out
 
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
@@ -106,7 +103,7 @@ class MemoryHotStore:
             hot = self._lcs.get((task, lc_id))
             if hot is None:
                 return None
-            e = hot.entry
+            e = hot.entry.record
             return LCLink(e.id, e.agent, e.parent_id, e.full)
 
     def delete_lcs(self, task: str, lc_ids: Iterable[str]) -> None:
@@ -119,68 +116,76 @@ class MemoryHotStore:
             return dict(self._votes.get((task, epoch, superstep), {}))
 
     def prepare_gc(self, entry: GCEntry) -> None:
+        gc = entry.record
         with self._lock:
-            epoch = self._epochs.get(entry.task, 0)
-            if epoch != entry.epoch:
-                raise CommitRefused(f"stale epoch {entry.epoch} (task is at {epoch})")
-            old = self._gcs.get((entry.task, entry.number))
-            if old is not None and old.entry.status is not GCStatus.PREPARING:
-                raise CommitRefused(f"GC {entry.number} is already {old.entry.status.value}")
-            self._gcs[(entry.task, entry.number)] = _HotGC(entry)
+            self._check_epoch(gc.task, gc.epoch)
+            old = self._gc_status(gc.task, gc.number)
+            if old is not None and old is not GCStatus.PREPARING:
+                raise CommitRefused(f"GC {gc.number} is already {old.value}")
+            self._gcs[(gc.task, gc.number)] = _HotGC(entry)
 
     def commit_gc(self, entry: GCEntry) -> None:
+        gc = entry.record
         with self._lock:
-            epoch = self._epochs.get(entry.task, 0)
-            if epoch != entry.epoch:
-                raise CommitRefused(f"stale epoch {entry.epoch} (task is at {epoch})")
-            old = self._gcs.get((entry.task, entry.number))
-            if old is not None and old.entry.status is GCStatus.COMMITTED:
+            self._check_epoch(gc.task, gc.epoch)
+            old = self._gcs.get((gc.task, gc.number))
+            if old is not None and old.entry.record.status is GCStatus.COMMITTED:
                 if old.entry.sealed.checksum == entry.sealed.checksum:
                     return
-                raise CommitRefused(f"GC {entry.number} is already committed")
-            if old is not None and old.entry.status is GCStatus.ABORTED:
-                raise CommitRefused(f"GC {entry.number} was aborted")
-            if (entry.task, entry.workspace) not in self._blobs:
-                raise CommitRefused(f"workspace manifest {entry.workspace} is not stored")
-            for agent, ref in entry.members.items():
-                hot = self._lcs.get((entry.task, ref.id))
+                raise CommitRefused(f"GC {gc.number} is already committed")
+            if old is not None and old.entry.record.status is GCStatus.ABORTED:
+                raise CommitRefused(f"GC {gc.number} was aborted")
+            if (gc.task, gc.workspace) not in self._blobs:
+                raise CommitRefused(f"workspace manifest {gc.workspace} is not stored")
+            for agent, ref in gc.members.items():
+                hot = self._lcs.get((gc.task, ref.id))
                 if hot is None:
                     raise CommitRefused(f"LC {ref.id} of {agent} is missing")
-                if hot.entry.sealed.checksum != ref.checksum or hot.entry.agent != agent:
+                if hot.entry.sealed.checksum != ref.checksum or hot.entry.record.agent != agent:
                     raise CommitRefused(f"LC {ref.id} of {agent} does not match its vote")
-            self._gcs[(entry.task, entry.number)] = _HotGC(entry)
-            for ref in entry.members.values():
-                self._commit_chain(entry.task, ref.id)
-            self._drop_tentative(entry)
-            if entry.number > self._latest.get(entry.task, -1):
-                self._latest[entry.task] = entry.number
+            self._gcs[(gc.task, gc.number)] = _HotGC(entry)
+            for ref in gc.members.values():
+                self._commit_chain(gc.task, ref.id)
+            self._drop_tentative(gc)
+            if gc.number > self._latest.get(gc.task, -1):
+                self._latest[gc.task] = gc.number
+
+    def _check_epoch(self, task: str, epoch: int) -> None:
+        current = self._epochs.get(task, 0)
+        if current != epoch:
+            raise CommitRefused(f"stale epoch {epoch} (task is at {current})")
+
+    def _gc_status(self, task: str, number: int) -> GCStatus | None:
+        hot = self._gcs.get((task, number))
+        return None if hot is None else hot.entry.record.status
 
     def _commit_chain(self, task: str, lc_id: str) -> None:
         """Mark an LC committed with its tentative ancestors (a member is a delta on them)."""
         hot: _HotLC | None = self._lcs[(task, lc_id)]
         while hot is not None:
             hot.committed = True
-            if hot.entry.full or hot.entry.parent_id is None:
+            lc = hot.entry.record
+            if lc.full or lc.parent_id is None:
                 return
-            hot = self._lcs.get((task, hot.entry.parent_id))
+            hot = self._lcs.get((task, lc.parent_id))
             if hot is not None and hot.committed:
                 return
 
     def abort_gc(self, entry: GCEntry) -> None:
+        gc = entry.record
         with self._lock:
-            old = self._gcs.get((entry.task, entry.number))
-            if old is not None and old.entry.status is GCStatus.COMMITTED:
-                raise CommitRefused(f"GC {entry.number} is committed and cannot be aborted")
-            self._gcs[(entry.task, entry.number)] = _HotGC(entry)
-            self._drop_tentative(entry)
+            if self._gc_status(gc.task, gc.number) is GCStatus.COMMITTED:
+                raise CommitRefused(f"GC {gc.number} is committed and cannot be aborted")
+            self._gcs[(gc.task, gc.number)] = _HotGC(entry)
+            self._drop_tentative(gc)
 
-    def _drop_tentative(self, entry: GCEntry) -> None:
+    def _drop_tentative(self, gc: GlobalCheckpoint) -> None:
         """Forget the superstep's votes and every LC of it that no commit named."""
-        key = (entry.task, entry.epoch, entry.superstep)
+        key = (gc.task, gc.epoch, gc.superstep)
         for lc_id in self._superstep_lcs.pop(key, set()):
-            hot = self._lcs.get((entry.task, lc_id))
+            hot = self._lcs.get((gc.task, lc_id))
             if hot is not None and not hot.committed:
-                del self._lcs[(entry.task, lc_id)]
+                del self._lcs[(gc.task, lc_id)]
         self._votes.pop(key, None)
 
     def read_gc(self, task: str, number: int) -> bytes | None:
@@ -191,7 +196,7 @@ class MemoryHotStore:
     def list_gcs(self, task: str) -> list[GCInfo]:
         with self._lock:
             found = [
-                GCInfo(n, h.entry.status, h.entry.superstep, h.entry.sealed.size)
+                GCInfo(n, h.entry.record.status, h.entry.record.superstep, h.entry.sealed.size)
                 for (t, n), h in self._gcs.items()
                 if t == task
             ]
