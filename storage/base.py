@@ -91,6 +91,21 @@ class HotStore(Protocol):
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         """Return agent → voted LC for one superstep of one epoch."""
 
+    def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
+        """Return the latest tool-level LC `agent` wrote in this superstep, to resume from."""
+
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
+        """Say that `token` (a worker's step) is alive for the next `ttl_ms` milliseconds."""
+
+    def beating(self, task: str, agent: str) -> str | None:
+        """Return the token of the live heartbeat of `agent`'s step, None once it lapsed."""
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        """Store (or replace) a task-level document: the task's spec, an approval."""
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        """Return a task-level document, or None."""
+
     def prepare_gc(self, entry: GCEntry) -> None:
         """Record a PREPARING global checkpoint (refused if it is already decided)."""
 
@@ -176,6 +191,12 @@ class ColdArchive(Protocol):
 
     def delete_gc(self, task: str, number: int) -> None:
         """Remove an archived GC (retention); what it named is swept separately."""
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        """Store (or replace) a task-level document durably."""
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        """Return an archived task-level document, or None."""
 
     def tasks(self) -> list[str]:
         """Return every task with something archived."""

@@ -13,7 +13,14 @@ from typing import Any
 
 from storage.errors import CorruptCheckpoint
 from storage.ids import new_id
-from storage.records import AgentStatus, Level, LocalCheckpoint, Message, TraceRecord
+from storage.records import (
+    AgentStatus,
+    InboxMessage,
+    Level,
+    LocalCheckpoint,
+    Message,
+    TraceRecord,
+)
 
 DEFAULT_FULL_EVERY = 20
 
@@ -45,6 +52,8 @@ class AgentState:
     workspace_before: str | None = None
     workspace_after: str | None = None
     inbox_cursor: int = 0
+    changes: dict[str, str | None] = field(default_factory=dict)
+    outbox: list[InboxMessage] = field(default_factory=list)
     base: LCBase | None = None
 
 
@@ -60,6 +69,8 @@ CONTEXT_FIELDS = (
     "workspace_before",
     "workspace_after",
     "inbox_cursor",
+    "changes",
+    "outbox",
 )
 
 

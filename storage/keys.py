@@ -78,3 +78,18 @@ def blob(task: str, sha: str) -> str:
 def blobs(task: str) -> str:
     """Sorted set: blob sha → when it was last written (ms), for safe retention."""
     return task_prefix(task) + "blobs"
+
+
+def progress(task: str, epoch_: int, superstep: int) -> str:
+    """Hash agent → "lc_id checksum": the latest tool-level LC of the step, to resume from."""
+    return f"{task_prefix(task)}progress:{epoch_}:{superstep}"
+
+
+def heartbeat(task: str, agent: str) -> str:
+    """String with a TTL: alive while a worker runs the agent's step."""
+    return f"{task_prefix(task)}hb:{check_name('agent', agent)}"
+
+
+def doc(task: str, name: str) -> str:
+    """String: a task-level document in its envelope (the task's spec, an approval)."""
+    return f"{task_prefix(task)}doc:{check_name('document', name)}"

@@ -127,6 +127,23 @@ class LCRef(BaseModel):
     checksum: str
 
 
+class InboxMessage(BaseModel):
+    """A message sent in one superstep and delivered at its barrier.
+
+    `seq` numbers the messages of one recipient (1, 2, …): an agent's inbox cursor is the
+    `seq` of the last message it has read.
+    """
+
+    model_config = STRICT
+
+    id: str
+    seq: int
+    sender: str
+    recipient: str
+    superstep: int
+    content: str
+
+
 class LocalCheckpoint(Record):
     """An agent's state after a step (level step) or before a tool call (level tool).
 
@@ -160,23 +177,15 @@ class LocalCheckpoint(Record):
     workspace_before: str | None = None
     workspace_after: str | None = None
     inbox_cursor: int = 0
+    # what this step did to the world so far, for the barrier: files (path → blob sha, or
+    # None when deleted) and messages sent; both start empty at each step
+    changes: dict[str, str | None] = Field(default_factory=dict)
+    outbox: list[InboxMessage] = Field(default_factory=list)
 
     @property
     def name(self) -> str:
         """The name a person reads: `{task}_{superstep}_{agent}_{level}`."""
         return f"{self.task}_{self.superstep}_{self.agent}_{self.level.value}"
-
-
-class InboxMessage(BaseModel):
-    """A message sent in one superstep and delivered at its barrier."""
-
-    model_config = STRICT
-
-    id: str
-    sender: str
-    recipient: str
-    superstep: int
-    content: str
 
 
 class GlobalCheckpoint(Record):

@@ -21,6 +21,7 @@ from storage.records import (
     LCRef,
     Level,
     LocalCheckpoint,
+    Record,
     WorkspaceManifest,
     utcnow,
 )
@@ -28,6 +29,7 @@ from storage.records import (
 MAX_CHAIN = 10_000  # guards a read against a cycle; real chains are at most full_every long
 
 T = TypeVar("T")
+R = TypeVar("R", bound=Record)
 Source = Callable[[], bytes | None]
 
 
@@ -191,6 +193,22 @@ class CheckpointStore:
             return WorkspaceManifest.model_validate_json(content)
         except ValueError:
             raise CorruptCheckpoint(f"manifest {manifest_id}", "unparsable") from None
+
+    # task documents ----------------------------------------------------------------------
+    def put_doc(self, task: str, name: str, record: Record) -> None:
+        """Store a task-level document in Redis and, durably, in the archive."""
+        sealed = self.codec.encode(record)
+        self.cold.put_doc(task, name, sealed.data)
+        self.hot.put_doc(task, name, sealed.data)
+
+    def read_doc(self, task: str, name: str, model: type[R]) -> R:
+        """Return a verified task-level document, from Redis or else the archive."""
+        label = f"doc {task}/{name}"
+        return first_sound(
+            label,
+            (lambda: self.hot.get_doc(task, name), lambda: self.cold.get_doc(task, name)),
+            lambda data: self.codec.decode(data, model, label),
+        )
 
     # global checkpoints ------------------------------------------------------------------
     def seal_gc(self, gc: GlobalCheckpoint) -> GCEntry:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
+from storage.backends.memory import MemoryHotStore
 from storage.base import ColdArchive, HotStore, LCEntry
 from storage.chain import cut_lc
 from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
-from storage.records import GCStatus, LCRef, Level
+from storage.records import GCStatus, LCRef, Level, WorkspaceManifest
 from storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
@@ -271,3 +274,39 @@ def test_archive_contract(cold: ColdArchive) -> None:
     assert cold.get_lc("t", "a", "id1") is None
     assert not cold.has_blob(sha)
     assert cold.get_gc("t", 1) is None
+
+
+def test_tool_lcs_record_progress_for_a_retry(store: CheckpointStore) -> None:
+    """The latest tool-level LC of a step is findable by a retry; the commit clears it."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    assert store.hot.get_progress(TASK, 1, 1, "coder") is None
+    store.write_lc(state, Level.TOOL)
+    take_step(state, 2)
+    second = store.write_lc(state, Level.TOOL)
+    assert second == store.hot.get_progress(TASK, 1, 1, "coder")
+    step = store.write_lc(state, vote=True)
+    assert second == store.hot.get_progress(TASK, 1, 1, "coder")  # step LCs do not move it
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": step}, manifest(store, TASK, {})))
+    assert store.hot.get_progress(TASK, 1, 1, "coder") is None
+
+
+def test_heartbeats_lapse(store: CheckpointStore) -> None:
+    """A heartbeat is visible while its TTL runs and gone after."""
+    store.hot.beat(TASK, "coder", "worker-1:attempt-1", ttl_ms=150)
+    assert "worker-1:attempt-1" == store.hot.beating(TASK, "coder")
+    time.sleep(0.3)
+    assert store.hot.beating(TASK, "coder") is None
+
+
+def test_documents_are_stored_hot_and_cold(store: CheckpointStore) -> None:
+    """A task document reads back from Redis, and from the archive once Redis lost it."""
+    doc = WorkspaceManifest(files={"spec": "0" * 64})
+    store.put_doc(TASK, "spec", doc)
+    assert doc.files == store.read_doc(TASK, "spec", WorkspaceManifest).files
+    assert store.cold.get_doc(TASK, "spec") is not None
+    newer = WorkspaceManifest(files={"spec": "1" * 64})
+    store.put_doc(TASK, "spec", newer)
+    assert newer.files == store.read_doc(TASK, "spec", WorkspaceManifest).files
+    cold_only = CheckpointStore(MemoryHotStore(), store.cold, store.codec)
+    assert newer.files == cold_only.read_doc(TASK, "spec", WorkspaceManifest).files

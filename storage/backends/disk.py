@@ -215,6 +215,17 @@ class DiskArchive:
     def delete_gc(self, task: str, number: int) -> None:
         self._delete(self._gc_path(task, number))
 
+    # task documents ----------------------------------------------------------------------
+    def _doc_path(self, task: str, name: str) -> Path:
+        return self._task_dir(task) / "doc" / f"{check_name('document', name)}{SUFFIX}"
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        self._write(self._doc_path(task, name), data)  # the rename replaces an older one
+        self.sync()
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        return self._read(self._doc_path(task, name))
+
     def tasks(self) -> list[str]:
         base = self.root / "tasks"
         return sorted(p.name for p in base.iterdir()) if base.exists() else []

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import check_name
-from storage.records import GCStatus, GlobalCheckpoint, LCRef
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
 
 
 @dataclass(slots=True)
@@ -45,6 +45,9 @@ class MemoryHotStore:
         self._latest: dict[str, int] = {}
         self._blobs: dict[tuple[str, str], bytes] = {}
         self._blob_times: dict[tuple[str, str], float] = {}
+        self._progress: dict[tuple[str, int, int], dict[str, LCRef]] = {}
+        self._beats: dict[tuple[str, str], tuple[str, float]] = {}
+        self._docs: dict[tuple[str, str], bytes] = {}
 
     def init_task(self, task: str) -> int:
         check_name("task", task)  # as storage.keys does for Redis
@@ -81,8 +84,10 @@ class MemoryHotStore:
             if old is None:
                 self._lcs[(lc.task, lc.id)] = _HotLC(entry)
                 self._superstep_lcs.setdefault(superstep, set()).add(lc.id)
+            ref = LCRef(id=lc.id, checksum=entry.sealed.checksum)
+            if lc.level is Level.TOOL:
+                self._progress.setdefault(superstep, {})[lc.agent] = ref
             if vote:
-                ref = LCRef(id=lc.id, checksum=entry.sealed.checksum)
                 self._votes.setdefault(superstep, {})[lc.agent] = ref
 
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
@@ -114,6 +119,30 @@ class MemoryHotStore:
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         with self._lock:
             return dict(self._votes.get((task, epoch, superstep), {}))
+
+    def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
+        with self._lock:
+            return self._progress.get((task, epoch, superstep), {}).get(agent)
+
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
+        check_name("agent", agent)
+        with self._lock:
+            self._beats[(task, agent)] = (token, time.monotonic() + ttl_ms / 1000)
+
+    def beating(self, task: str, agent: str) -> str | None:
+        with self._lock:
+            token, until = self._beats.get((task, agent), ("", 0.0))
+            return token if until > time.monotonic() else None
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        check_name("task", task)
+        check_name("document", name)
+        with self._lock:
+            self._docs[(task, name)] = data
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        with self._lock:
+            return self._docs.get((task, name))
 
     def prepare_gc(self, entry: GCEntry) -> None:
         gc = entry.record
@@ -187,6 +216,7 @@ class MemoryHotStore:
             if hot is not None and not hot.committed:
                 del self._lcs[(gc.task, lc_id)]
         self._votes.pop(key, None)
+        self._progress.pop(key, None)
 
     def read_gc(self, task: str, number: int) -> bytes | None:
         with self._lock:
@@ -245,6 +275,15 @@ class MemoryArchive:
         self._blob_times: dict[str, float] = {}
         self._lcs: dict[tuple[str, str, str], bytes] = {}
         self._gcs: dict[tuple[str, int], bytes] = {}
+        self._docs: dict[tuple[str, str], bytes] = {}
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        with self._lock:
+            self._docs[(task, name)] = data
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        with self._lock:
+            return self._docs.get((task, name))
 
     def put_blob(self, sha: str, data: bytes) -> None:
         with self._lock:
@@ -313,4 +352,5 @@ class MemoryArchive:
     def tasks(self) -> list[str]:
         with self._lock:
             names = {t for (t, _, _) in self._lcs} | {t for (t, _) in self._gcs}
+            names |= {t for (t, _) in self._docs}
         return sorted(names)

@@ -117,6 +117,7 @@ class RedisHotStore:
                     keys.lc(t, lc.id),
                     keys.superstep_lcs(t, lc.epoch, lc.superstep),
                     keys.votes(t, lc.epoch, lc.superstep),
+                    keys.progress(t, lc.epoch, lc.superstep),
                 ],
                 args=[
                     lc.epoch,
@@ -159,6 +160,26 @@ class RedisHotStore:
             votes[agent.decode()] = LCRef(id=lc_id, checksum=checksum)
         return votes
 
+    def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
+        value = cast(bytes | None, self.redis.hget(keys.progress(task, epoch, superstep), agent))
+        if value is None:
+            return None
+        lc_id, checksum = value.decode().split(" ")
+        return LCRef(id=lc_id, checksum=checksum)
+
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
+        self.redis.set(keys.heartbeat(task, agent), token, px=ttl_ms)
+
+    def beating(self, task: str, agent: str) -> str | None:
+        value = cast(bytes | None, self.redis.get(keys.heartbeat(task, agent)))
+        return None if value is None else value.decode()
+
+    def put_doc(self, task: str, name: str, data: bytes) -> None:
+        self.redis.set(keys.doc(task, name), data)
+
+    def get_doc(self, task: str, name: str) -> bytes | None:
+        return cast(bytes | None, self.redis.get(keys.doc(task, name)))
+
     def prepare_gc(self, entry: GCEntry) -> None:
         gc = entry.record
         t = gc.task
@@ -192,6 +213,7 @@ class RedisHotStore:
                     keys.blob(t, gc.workspace),
                     keys.superstep_lcs(t, gc.epoch, gc.superstep),
                     keys.votes(t, gc.epoch, gc.superstep),
+                    keys.progress(t, gc.epoch, gc.superstep),
                     *member_keys,
                 ],
                 args=[
@@ -216,6 +238,7 @@ class RedisHotStore:
                     keys.gcs(t),
                     keys.superstep_lcs(t, gc.epoch, gc.superstep),
                     keys.votes(t, gc.epoch, gc.superstep),
+                    keys.progress(t, gc.epoch, gc.superstep),
                 ],
                 args=[
                     gc.number,

@@ -1,5 +1,5 @@
 -- Abort a global checkpoint: mark it ABORTED, drop the superstep's tentative LCs and votes.
--- KEYS: 1 gc, 2 gcs, 3 superstep set, 4 votes
+-- KEYS: 1 gc, 2 gcs, 3 superstep set, 4 votes, 5 progress
 -- ARGV: 1 number, 2 sealed bytes, 3 checksum, 4 superstep, 5 lc key prefix
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'COMMITTED' then
@@ -11,5 +11,5 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
   local key = ARGV[5] .. id
   if redis.call('HGET', key, 'state') ~= 'committed' then redis.call('DEL', key) end
 end
-redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 return 'OK'

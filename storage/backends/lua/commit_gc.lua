@@ -1,8 +1,8 @@
 -- Commit a global checkpoint: the single write that is the commit point of the 2PC.
 -- KEYS: 1 epoch, 2 gc, 3 gcs, 4 latest, 5 workspace manifest blob, 6 superstep set,
---       7 votes, 8.. one lc key per member
+--       7 votes, 8 progress, 9.. one lc key per member
 -- ARGV: 1 number, 2 epoch, 3 sealed bytes, 4 checksum, 5 superstep, 6 lc key prefix,
---       7.. (agent, checksum) per member, in the order of KEYS 8..
+--       7.. (agent, checksum) per member, in the order of KEYS 9..
 -- Every check runs before the first write, so a refused commit writes nothing.
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[2] then
@@ -19,16 +19,16 @@ end
 if redis.call('EXISTS', KEYS[5]) == 0 then
   return redis.error_reply('REFUSED workspace manifest ' .. KEYS[5] .. ' is not stored')
 end
-local members = #KEYS - 7
+local members = #KEYS - 8
 for i = 1, members do
   local agent = ARGV[5 + 2 * i]
   local sum = ARGV[6 + 2 * i]
-  local f = redis.call('HMGET', KEYS[7 + i], 'sum', 'agent')
+  local f = redis.call('HMGET', KEYS[8 + i], 'sum', 'agent')
   if not f[1] then
-    return redis.error_reply('REFUSED LC ' .. KEYS[7 + i] .. ' of ' .. agent .. ' is missing')
+    return redis.error_reply('REFUSED LC ' .. KEYS[8 + i] .. ' of ' .. agent .. ' is missing')
   end
   if f[1] ~= sum or f[2] ~= agent then
-    return redis.error_reply('REFUSED LC ' .. KEYS[7 + i] .. ' of ' .. agent .. ' does not match its vote')
+    return redis.error_reply('REFUSED LC ' .. KEYS[8 + i] .. ' of ' .. agent .. ' does not match its vote')
   end
 end
 redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
@@ -36,7 +36,7 @@ redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
 -- Mark each member committed, with its tentative ancestors: an agent that wrote several
 -- step LCs in this superstep needs them all, since its member is a delta on them.
 for i = 1, members do
-  local key = KEYS[7 + i]
+  local key = KEYS[8 + i]
   while true do
     redis.call('HSET', key, 'state', 'committed')
     local f = redis.call('HMGET', key, 'parent', 'full')
@@ -50,7 +50,7 @@ for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
   local key = ARGV[6] .. id
   if redis.call('HGET', key, 'state') == 'tentative' then redis.call('DEL', key) end
 end
-redis.call('DEL', KEYS[6], KEYS[7])
+redis.call('DEL', KEYS[6], KEYS[7], KEYS[8])
 local latest = tonumber(redis.call('GET', KEYS[4]) or '-1')
 if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[4], ARGV[1]) end
 return 'OK'

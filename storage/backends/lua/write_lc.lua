@@ -1,5 +1,5 @@
 -- Fenced write of a local checkpoint (and its vote), the prepare phase of the 2PC.
--- KEYS: 1 epoch, 2 attempts, 3 lc, 4 superstep set, 5 votes
+-- KEYS: 1 epoch, 2 attempts, 3 lc, 4 superstep set, 5 votes, 6 progress
 -- ARGV: 1 epoch, 2 agent, 3 "superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
 --       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0"
 -- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
@@ -21,6 +21,10 @@ else
   redis.call('HSET', KEYS[3], 'data', ARGV[6], 'sum', ARGV[5], 'agent', ARGV[2],
     'parent', ARGV[7], 'full', ARGV[8], 'level', ARGV[9], 'state', 'tentative')
   redis.call('SADD', KEYS[4], ARGV[4])
+end
+-- A retry of this step resumes from the latest tool-level LC an earlier attempt wrote.
+if ARGV[9] == 'tool' then
+  redis.call('HSET', KEYS[6], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
 end
 if ARGV[10] == '1' then
   redis.call('HSET', KEYS[5], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
