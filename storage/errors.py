@@ -50,3 +50,23 @@ class ArchiveError(CairnError, OSError):
 
     Whatever was archived before stays whole: files appear only by atomic rename.
     """
+
+
+class InvalidSpec(CairnError, ValueError):
+    """Raised when a task or agent spec is invalid; the message names the field and why."""
+
+
+class ModelError(CairnError):
+    """Raised when a model call fails.
+
+    `retryable` is True for what may pass on a retry (timeout, 429, 5xx, a dropped
+    connection) and False for what will not (bad credentials, a malformed request).
+    """
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ToolError(CairnError):
+    """Raised inside a tool when its call cannot be done; the model reads the message."""

@@ -197,8 +197,12 @@ class GlobalCheckpoint(Record):
     status: GCStatus = GCStatus.PREPARING
     epoch: int
     members: dict[str, LCRef] = Field(default_factory=dict)
+    # agent → its status in its member LC, so a coordinator can pick who runs next
+    statuses: dict[str, AgentStatus] = Field(default_factory=dict)
     workspace: str
     inbox: list[InboxMessage] = Field(default_factory=list)
+    # agent → seq of the last message ever delivered to it (the next one gets seq + 1)
+    delivered: dict[str, int] = Field(default_factory=dict)
     created_at: datetime = Field(default_factory=utcnow)
     committed_at: datetime | None = None
 

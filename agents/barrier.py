@@ -1,0 +1,126 @@
+"""What happens at a barrier, as data: merge the steps' files, deliver their messages.
+
+`build_gc` reads the LCs voted in a superstep and returns the global checkpoint that
+commits them; it writes only the merged manifest (a content-addressed blob). Committing it
+is the coordinator's single atomic write.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from agents.approval import decision_for
+from agents.workspace import Conflict, merge
+from storage.ids import new_id
+from storage.records import (
+    AgentStatus,
+    GlobalCheckpoint,
+    InboxMessage,
+    LCRef,
+    Message,
+    Role,
+    ToolCall,
+    WorkspaceManifest,
+)
+from storage.store import CheckpointStore
+
+SYSTEM_SENDER = "cairn"
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """A barrier's outcome: the GC to commit and the write conflicts it resolved."""
+
+    gc: GlobalCheckpoint
+    conflicts: list[Conflict]
+
+
+def build_gc(
+    store: CheckpointStore,
+    previous: GlobalCheckpoint,
+    votes: dict[str, LCRef],
+    order: list[str],
+    *,
+    number: int,
+    superstep: int,
+    epoch: int,
+) -> Barrier:
+    """Return the GC after `previous` that takes in the voted LCs of `superstep`.
+
+    Change sets merge in `order` (the team's agent order): the later agent wins a path two
+    agents wrote, and the earlier one gets a message naming the conflict. Messages sent in
+    the superstep join the inbox, numbered per recipient; messages each voter has read
+    leave it. Agents that did not vote keep their LC from `previous`.
+    """
+    task = previous.task
+    stored = {
+        agent: store.read_lc(task, agent, votes[agent].id) for agent in order if agent in votes
+    }
+    base = store.read_manifest(task, previous.workspace).files
+    files, conflicts = merge(base, [(agent, lc.changes) for agent, lc in stored.items()])
+    workspace = store.put_manifest(task, WorkspaceManifest(files=files))
+
+    read = {agent: lc.inbox_cursor for agent, lc in stored.items()}
+    inbox = [m for m in previous.inbox if m.seq > read.get(m.recipient, -1)]
+    delivered = dict(previous.delivered)
+    sent = [m for lc in stored.values() for m in lc.outbox]
+    sent += [
+        InboxMessage(
+            id=new_id(),
+            seq=0,
+            sender=SYSTEM_SENDER,
+            recipient=c.loser,
+            superstep=superstep,
+            content=(
+                f"Write conflict in superstep {superstep}: you and {c.winner} both wrote "
+                f"{c.path}; {c.winner}'s version was kept. Check it before going on."
+            ),
+        )
+        for c in conflicts
+    ]
+    for message in sent:
+        seq = delivered.get(message.recipient, 0) + 1
+        delivered[message.recipient] = seq
+        inbox.append(message.model_copy(update={"seq": seq}))
+    gc = GlobalCheckpoint(
+        task=task,
+        number=number,
+        superstep=superstep,
+        epoch=epoch,
+        members={**previous.members, **votes},
+        statuses={**previous.statuses, **{agent: lc.status for agent, lc in stored.items()}},
+        workspace=workspace,
+        inbox=inbox,
+        delivered=delivered,
+    )
+    return Barrier(gc, conflicts)
+
+
+def pending_calls(messages: list[Message]) -> list[ToolCall]:
+    """Return the last assistant turn's tool calls that have no result yet."""
+    for i in range(len(messages) - 1, -1, -1):
+        if messages[i].role is Role.ASSISTANT:
+            done = {m.tool_call_id for m in messages[i + 1 :] if m.role is Role.TOOL}
+            return [call for call in messages[i].tool_calls if call.id not in done]
+    return []
+
+
+def runnable(store: CheckpointStore, gc: GlobalCheckpoint, order: list[str]) -> list[str]:
+    """Return the agents that take a step in the superstep after `gc`, in team order.
+
+    Active agents run; halted and finished ones run when a message waits for them; one
+    waiting for approval runs once a person decided on its pending tool call.
+    """
+    waiting = {m.recipient for m in gc.inbox}
+    chosen = []
+    for agent in order:
+        status = gc.statuses.get(agent, AgentStatus.ACTIVE)
+        if status is AgentStatus.WAITING_APPROVAL:
+            ref = gc.members[agent]
+            state = store.read_state(gc.task, agent, ref.id, ref.checksum)
+            calls = pending_calls(state.messages)
+            if calls and decision_for(store, gc.task, agent, calls[0].id) is not None:
+                chosen.append(agent)
+        elif status is AgentStatus.ACTIVE or agent in waiting:
+            chosen.append(agent)
+    return chosen

@@ -1,0 +1,59 @@
+"""The heartbeat a step keeps alive, so a coordinator sees a dead worker within seconds."""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+from types import TracebackType
+
+import redis
+import structlog
+
+from storage.base import HotStore
+
+log = structlog.get_logger(__name__)
+
+
+def worker_token(attempt: int) -> str:
+    """Name this process's attempt of a step: `host:pid:attempt`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{attempt}"
+
+
+class Heartbeat:
+    """While entered, beat every `interval_ms` with a TTL of three intervals.
+
+    The first beat happens on entry, before any work. If a beat fails (a Redis blip) the
+    thread logs and tries again next interval; a coordinator seeing the key lapse treats
+    the step as dead, which is the safe reading.
+    """
+
+    def __init__(self, hot: HotStore, task: str, agent: str, token: str, interval_ms: int) -> None:
+        self._hot, self._task, self._agent, self._token = hot, task, agent, token
+        self._interval_ms = interval_ms
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"heartbeat-{agent}", daemon=True)
+
+    def _beat(self) -> None:
+        self._hot.beat(self._task, self._agent, self._token, 3 * self._interval_ms)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._interval_ms / 1000):
+            try:
+                self._beat()
+            except redis.RedisError as exc:
+                log.warning("heartbeat failed", error=str(exc))
+
+    def __enter__(self) -> Heartbeat:
+        self._beat()
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._stop.set()
+        self._thread.join()

@@ -1,0 +1,39 @@
+"""structlog set-up: console in a terminal, JSON otherwise; context bound per step."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+
+import structlog
+
+
+def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
+    """Configure structlog from arguments, else `CAIRN_LOG_FORMAT` and `CAIRN_LOG_LEVEL`.
+
+    `fmt` is `console` or `json` (default: console when stderr is a terminal). Context
+    bound with `structlog.contextvars` (task, agent, superstep, epoch, attempt) is merged
+    into every event.
+    """
+    fmt = (
+        fmt or os.environ.get("CAIRN_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
+    )
+    name = (level or os.environ.get("CAIRN_LOG_LEVEL") or "info").upper()
+    numeric = logging.getLevelNamesMapping().get(name)
+    if numeric is None:
+        raise ValueError(f"unknown log level {name!r}")
+    renderer: structlog.typing.Processor = (
+        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
+        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        cache_logger_on_first_use=False,
+    )

@@ -1,0 +1,1 @@
+"""Models an agent can think with: the protocol, the scripted model and OpenAI-compatible."""

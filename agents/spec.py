@@ -1,0 +1,186 @@
+"""What a step needs to know about its task: agents, their models and tools, the policy.
+
+`TaskRecord` is stored with the task (document "spec") and read by every step; the
+coordinator's user-facing `TaskSpec` (issue 4) produces it. Invalid input is refused with
+`InvalidSpec` naming the field and the reason.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, TypeVar
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+from storage.errors import InvalidSpec
+from storage.keys import check_name
+from storage.records import Record
+
+TOOL_NAMES = (
+    "list_files",
+    "read_file",
+    "write_file",
+    "apply_patch",
+    "run_command",
+    "send_message",
+    "finish",
+)
+SPEC_DOC = "spec"
+M = TypeVar("M", bound=BaseModel)
+
+
+class Strict(BaseModel):
+    """Base of spec models: unknown fields are mistakes, not extensions."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class FailSpec(Strict):
+    """Make the scripted model raise on some attempts of a step."""
+
+    attempts: list[int] = Field(min_length=1)
+    error: Literal["retryable", "fatal"] = "retryable"
+    message: str = "injected model failure"
+
+
+class CrashSpec(Strict):
+    """Make the worker SIGKILL itself mid-step, after `after_tools` tool calls ran."""
+
+    attempts: list[int] = Field(min_length=1)
+    after_tools: int = Field(default=1, ge=0)
+
+
+class ToolRequest(Strict):
+    """A tool call a scripted turn makes."""
+
+    name: str
+    args: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class Turn(Strict):
+    """One scripted model turn."""
+
+    say: str | None = None
+    tools: list[ToolRequest] = Field(default_factory=list)
+    latency: float = Field(default=0.0, ge=0.0, le=3600.0)
+    fail: FailSpec | None = None
+    crash: CrashSpec | None = None
+
+
+class AgentSpec(Strict):
+    """One member of the team."""
+
+    name: str
+    system: str = ""
+    model: str = "scripted"
+    script: list[Turn] = Field(default_factory=list)
+    base_url: str | None = None
+    tools: list[str] = Field(default_factory=lambda: list(TOOL_NAMES))
+    approve: list[str] = Field(default_factory=list)
+    max_retries: int = Field(default=3, ge=0, le=100)
+
+    @field_validator("name")
+    @classmethod
+    def _safe_name(cls, value: str) -> str:
+        return check_name("agent", value)
+
+    @field_validator("model")
+    @classmethod
+    def _known_model(cls, value: str) -> str:
+        if value != "scripted" and not (
+            value.startswith("openai:") and len(value) > len("openai:")
+        ):
+            raise ValueError("must be 'scripted' or 'openai:<model name>'")
+        return value
+
+    @field_validator("tools", "approve")
+    @classmethod
+    def _known_tools(cls, value: list[str]) -> list[str]:
+        unknown = sorted(set(value) - set(TOOL_NAMES))
+        if unknown:
+            raise ValueError(f"unknown tools {unknown}; known: {list(TOOL_NAMES)}")
+        return value
+
+    @model_validator(mode="after")
+    def _approve_only_own_tools(self) -> AgentSpec:
+        missing = sorted(set(self.approve) - set(self.tools))
+        if missing:
+            raise ValueError(f"approve names tools the agent does not have: {missing}")
+        return self
+
+
+class CheckpointTriggers(Strict):
+    """Which events inside a step take a tool-level LC (the step's LC is always taken).
+
+    `tool_call` is the design's `tool_level` policy: `none`, `side_effects` (before each
+    tool that changes the world) or `all` (before every tool). `model_reply` takes one
+    right after the model answers, so a crash never pays for that model call twice.
+    """
+
+    model_reply: bool = False
+    tool_call: Literal["none", "side_effects", "all"] = "side_effects"
+
+
+class StepPolicy(Strict):
+    """How steps run and checkpoint."""
+
+    triggers: CheckpointTriggers = Field(default_factory=CheckpointTriggers)
+    full_every: int = Field(default=20, ge=1, le=10_000)
+    command_timeout: float = Field(default=60.0, gt=0, le=24 * 3600)
+    output_limit: int = Field(default=16_000, ge=256, le=10_000_000)
+    heartbeat_ms: int = Field(default=1_000, ge=50, le=60_000)
+
+
+class TaskRecord(Record):
+    """A task as its steps see it: the goal, the team and the policy."""
+
+    task: str
+    goal: str
+    agents: list[AgentSpec] = Field(min_length=1)
+    policy: StepPolicy = Field(default_factory=StepPolicy)
+
+    @field_validator("task")
+    @classmethod
+    def _safe_task(cls, value: str) -> str:
+        return check_name("task", value)
+
+    @model_validator(mode="after")
+    def _unique_agents(self) -> TaskRecord:
+        names = [a.name for a in self.agents]
+        if len(names) != len(set(names)):
+            raise ValueError(f"agent names must be unique: {names}")
+        return self
+
+    def agent(self, name: str) -> AgentSpec:
+        """Return the spec of agent `name`, or raise `InvalidSpec`."""
+        for spec in self.agents:
+            if spec.name == name:
+                return spec
+        raise InvalidSpec(f"task {self.task} has no agent {name!r}")
+
+
+def parse_model(model: type[M], data: object, what: str) -> M:
+    """Validate `data` as `model`, or raise `InvalidSpec` naming the first bad field."""
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or what
+        raise InvalidSpec(f"invalid {what}: {where}: {first['msg']}") from None
+
+
+def load_policy(text: str) -> StepPolicy:
+    """Parse a step policy from YAML (e.g. `triggers: {model_reply: true}`)."""
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise InvalidSpec(f"invalid policy YAML: {exc}".splitlines()[0]) from None
+    return parse_model(StepPolicy, data, "policy")

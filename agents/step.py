@@ -1,0 +1,339 @@
+"""`run_step`: one agent iteration, as a worker runs it.
+
+Load the agent's state (from the latest GC, or from the tool-level LC an earlier attempt
+left), deliver its inbox, take one model turn, run the tool calls it asked for (with
+tool-level LCs as the triggers say), then write the step's LC and vote, in one fenced
+write. A retry after a crash resumes where the last tool-level LC left off: the model is
+not asked again for a turn it already took, and tools already done are not run again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import structlog
+from pydantic import JsonValue
+from structlog.contextvars import bound_contextvars
+
+from agents.approval import decision_for
+from agents.barrier import pending_calls
+from agents.heartbeat import Heartbeat, worker_token
+from agents.models.base import Model, ModelReply, ModelRequest
+from agents.models.openai import OpenAIModel
+from agents.models.scripted import ScriptedModel
+from agents.spec import SPEC_DOC, AgentSpec, StepPolicy, TaskRecord
+from agents.tools import TOOLS, Tool, ToolContext
+from agents.workspace import Workspace, apply_changes, net_changes
+from storage.errors import FencedWrite, ToolError
+from storage.records import (
+    AgentStatus,
+    GlobalCheckpoint,
+    LCRef,
+    Level,
+    Message,
+    Role,
+    ToolCall,
+    TraceRecord,
+    WorkspaceManifest,
+)
+from storage.store import CheckpointStore
+
+log = structlog.get_logger(__name__)
+ModelFactory = Callable[[AgentSpec], Model]
+
+
+def build_model(spec: AgentSpec) -> Model:
+    """Return the model an agent's spec names."""
+    if spec.model == "scripted":
+        return ScriptedModel(spec.script)
+    name = spec.model.removeprefix("openai:")
+    return OpenAIModel(name, base_url=spec.base_url) if spec.base_url else OpenAIModel(name)
+
+
+@dataclass(frozen=True, slots=True)
+class StepResult:
+    """What a step left: its LC (voted), the agent's status, what ran."""
+
+    lc: LCRef
+    status: AgentStatus
+    tools_run: int
+    model_called: bool
+    resumed: bool
+
+
+def run_step(
+    task: str,
+    agent: str,
+    superstep: int,
+    epoch: int,
+    attempt: int,
+    *,
+    store: CheckpointStore,
+    cache: Path,
+    models: ModelFactory = build_model,
+) -> StepResult:
+    """Run `agent`'s step of `superstep` as attempt `attempt` of `epoch`; return its outcome.
+
+    Raises `FencedWrite` (and changes nothing) when the epoch or attempt is not current or
+    the superstep does not follow the latest GC, and `ModelError` when the model fails.
+    """
+    record = store.read_doc(task, SPEC_DOC, TaskRecord)
+    spec = record.agent(agent)
+    with (
+        bound_contextvars(
+            task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
+        ),
+        Heartbeat(store.hot, task, agent, worker_token(attempt), record.policy.heartbeat_ms),
+    ):
+        gc = _starting_gc(store, task, superstep, epoch)
+        step = _Step(store, record, spec, gc, superstep, epoch, attempt, cache)
+        return step.run(models(spec))
+
+
+def _starting_gc(store: CheckpointStore, task: str, superstep: int, epoch: int) -> GlobalCheckpoint:
+    current = store.hot.get_epoch(task)
+    if current != epoch:
+        raise FencedWrite(f"stale epoch {epoch} (task is at {current})")
+    gc = store.latest_gc(task)
+    if gc is None or gc.superstep != superstep - 1:
+        at = "none" if gc is None else gc.superstep
+        raise FencedWrite(f"superstep {superstep} does not follow the latest GC (superstep {at})")
+    return gc
+
+
+class _Step:
+    """One run of one step; its fields are what the phases share."""
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        record: TaskRecord,
+        spec: AgentSpec,
+        gc: GlobalCheckpoint,
+        superstep: int,
+        epoch: int,
+        attempt: int,
+        cache: Path,
+    ) -> None:
+        self.store, self.spec, self.gc = store, spec, gc
+        self.task, self.agent = record.task, spec.name
+        self.policy: StepPolicy = record.policy
+        self.attempt = attempt
+        progress = store.hot.get_progress(self.task, epoch, superstep, self.agent)
+        self.resumed = progress is not None
+        if progress is not None:
+            self.state = store.read_state(self.task, self.agent, progress.id, progress.checksum)
+            log.info("resuming from tool-level checkpoint", lc=progress.id)
+        else:
+            ref = gc.members[self.agent]
+            self.state = store.read_state(self.task, self.agent, ref.id, ref.checksum)
+            self.state.step += 1
+            self.state.changes, self.state.outbox = {}, []
+            self.state.workspace_before = gc.workspace
+        self.state.superstep, self.state.epoch, self.state.attempt = superstep, epoch, attempt
+        self.base_files = store.read_manifest(self.task, gc.workspace).files
+        self.workspace = Workspace(cache, self.task, self.agent)
+        self.workspace.sync(store, apply_changes(self.base_files, self.state.changes))
+        self.crash_at: int | None = None
+        self.dirty = False  # a side effect ran since the last tool-level checkpoint
+        self.ctx = ToolContext(
+            workspace=self.workspace,
+            agent=self.agent,
+            team=[a.name for a in record.agents],
+            superstep=superstep,
+            policy=self.policy,
+            outbox=self.state.outbox,
+        )
+
+    def run(self, model: Model) -> StepResult:
+        state = self.state
+        pending = pending_calls(state.messages)
+        start = state.base.message_count if state.base else 0
+        turn_taken = any(m.role is Role.ASSISTANT for m in state.messages[start:])
+        reply: ModelReply | None = None
+        if not pending and not turn_taken:
+            self._deliver_inbox()
+            reply = self._ask(model)
+            pending = list(reply.tool_calls)
+            if self.policy.triggers.model_reply:
+                self._checkpoint_tools()
+        # Fault injection: die during tool `crash_at` (0-based), after its checkpoint.
+        self.crash_at = reply.crash_after_tools if reply is not None else None
+        ran = 0
+        for index, call in enumerate(pending):
+            if not self._call(call, index):
+                break  # waiting for a person's approval
+            ran += 1
+        if self.crash_at is not None:
+            _crash()  # past the last tool: die before the step's checkpoint
+        return self._finish(reply, ran)
+
+    def _deliver_inbox(self) -> None:
+        state = self.state
+        mine = sorted(
+            (m for m in self.gc.inbox if m.recipient == self.agent and m.seq > state.inbox_cursor),
+            key=lambda m: m.seq,
+        )
+        for message in mine:
+            state.messages.append(
+                Message(
+                    role=Role.USER,
+                    name=message.sender,
+                    content=f"Message from {message.sender}: {message.content}",
+                )
+            )
+            state.inbox_cursor = message.seq
+
+    def _ask(self, model: Model) -> ModelReply:
+        tools = [TOOLS[name].schema for name in self.spec.tools]
+        started = datetime.now(UTC)
+        clock = time.perf_counter()
+        reply = model.complete(
+            ModelRequest(self.state.messages, tools, agent=self.agent, attempt=self.attempt)
+        )
+        self.state.messages.append(
+            Message(role=Role.ASSISTANT, content=reply.content, tool_calls=reply.tool_calls)
+        )
+        self._trace(None, {}, reply.content, False, None, started, clock, reply)
+        log.info("model answered", tool_calls=len(reply.tool_calls))
+        return reply
+
+    def _call(self, call: ToolCall, index: int) -> bool:
+        """Run one tool call and record it; False when it must wait for approval."""
+        tool = TOOLS.get(call.name) if call.name in self.spec.tools else None
+        if tool is not None and call.name in self.spec.approve:
+            decision = decision_for(self.store, self.task, self.agent, call.id)
+            if decision is None:
+                self.state.status = AgentStatus.WAITING_APPROVAL
+                log.info("waiting for approval", tool=call.name, call=call.id)
+                return False
+            if not decision.approved:
+                self._result(call, tool, None, f"rejected by a person: {decision.reason}")
+                return True
+        if tool is not None and self._wants_checkpoint(tool):
+            self._checkpoint_tools()
+        if self.crash_at == index:
+            _crash()
+        started, clock = datetime.now(UTC), time.perf_counter()
+        if tool is None:
+            self._result(call, None, None, f"unknown tool {call.name!r}", started, clock)
+            return True
+        self.dirty = self.dirty or tool.side_effect
+        try:
+            result = tool.run(self.ctx, call.args)
+        except ToolError as exc:
+            self._result(call, tool, None, str(exc), started, clock)
+        except (OSError, ValueError) as exc:  # e.g. a file that is not UTF-8 text
+            self._result(call, tool, None, f"{type(exc).__name__}: {exc}", started, clock)
+        else:
+            self._result(call, tool, result, None, started, clock)
+        return True
+
+    def _wants_checkpoint(self, tool: Tool) -> bool:
+        """Say whether to checkpoint before `tool`.
+
+        `all`: before every tool. `side_effects`: before each tool with side effects and
+        before any tool that follows one, so a finished side effect is on record before
+        anything else runs, and a crash repeats at most the tool it interrupted.
+        """
+        level = self.policy.triggers.tool_call
+        return level == "all" or (level == "side_effects" and (tool.side_effect or self.dirty))
+
+    def _result(
+        self,
+        call: ToolCall,
+        tool: Tool | None,
+        result: str | None,
+        error: str | None,
+        started: datetime | None = None,
+        clock: float | None = None,
+    ) -> None:
+        content = result if error is None else f"error: {error}"
+        self.state.messages.append(
+            Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
+        )
+        side_effect = tool.side_effect if tool is not None else False
+        self._trace(call.name, call.args, result, side_effect, error, started, clock, None)
+        if error is not None:
+            log.info("tool failed", tool=call.name, error=error)
+
+    def _trace(
+        self,
+        tool: str | None,
+        args: dict[str, JsonValue],
+        result: str | None,
+        side_effect: bool,
+        error: str | None,
+        started: datetime | None,
+        clock: float | None,
+        reply: ModelReply | None,
+    ) -> None:
+        now = datetime.now(UTC)
+        self.state.trace.append(
+            TraceRecord.model_validate(
+                {
+                    "step": self.state.step,
+                    "superstep": self.state.superstep,
+                    "tool": tool,
+                    "arguments": args,
+                    "result": result,
+                    "side_effect": side_effect,
+                    "error": error,
+                    "started_at": started or now,
+                    "finished_at": now,
+                    "duration_ms": 0.0 if clock is None else (time.perf_counter() - clock) * 1000,
+                    "usage": reply.usage if reply is not None else None,
+                }
+            )
+        )
+
+    def _capture(self) -> None:
+        """Fold what the tools changed on disk into the state's change set."""
+        self.workspace.capture(self.store)
+        self.state.changes = net_changes(self.base_files, self.workspace.files())
+
+    def _checkpoint_tools(self) -> None:
+        self._capture()
+        self.dirty = False
+        ref = self.store.write_lc(self.state, Level.TOOL)
+        log.debug("tool-level checkpoint", lc=ref.id)
+
+    def _finish(self, reply: ModelReply | None, ran: int) -> StepResult:
+        state = self.state
+        state.status = _status(state.messages)
+        self._capture()
+        state.workspace_after = self.store.put_manifest(
+            self.task, WorkspaceManifest(files=apply_changes(self.base_files, state.changes))
+        )
+        ref = self.store.write_lc(state, Level.STEP, vote=True)
+        log.info("step done", status=state.status.value, tools=ran, lc=ref.id)
+        return StepResult(ref, state.status, ran, reply is not None, self.resumed)
+
+
+def _status(messages: list[Message]) -> AgentStatus:
+    """Where an agent stands after its step, read from its history alone.
+
+    Waiting while a call of its last turn awaits approval; finished once that turn called
+    `finish`; active while the turn asked for tools (it goes on next superstep); else
+    halted until a message wakes it.
+    """
+    if pending_calls(messages):
+        return AgentStatus.WAITING_APPROVAL
+    last = next((m for m in reversed(messages) if m.role is Role.ASSISTANT), None)
+    if last is None or not last.tool_calls:
+        return AgentStatus.HALTED
+    if any(call.name == "finish" for call in last.tool_calls):
+        return AgentStatus.FINISHED
+    return AgentStatus.ACTIVE
+
+
+def _crash() -> None:
+    """Fault injection: die as a killed worker dies, with no chance to clean up."""
+    log.warning("scripted crash: SIGKILL")
+    os.kill(os.getpid(), signal.SIGKILL)

@@ -1,0 +1,57 @@
+"""Starting a task: its spec, its initial workspace and global checkpoint 0."""
+
+from __future__ import annotations
+
+from agents.spec import SPEC_DOC, TaskRecord
+from agents.workspace import check_path
+from storage.chain import AgentState
+from storage.errors import InvalidSpec, ToolError
+from storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
+from storage.store import CheckpointStore
+
+
+def start_task(
+    store: CheckpointStore, record: TaskRecord, files: dict[str, bytes]
+) -> GlobalCheckpoint:
+    """Store the task and commit GC 0: every agent's history is its system prompt and the goal.
+
+    Raises `InvalidSpec` for a workspace path that leaves the workspace or a task id in use.
+    """
+    for path in files:
+        try:
+            check_path(path)
+        except ToolError as exc:
+            raise InvalidSpec(f"invalid workspace file: {exc}") from None
+    task = record.task
+    if store.hot.get_epoch(task) or store.cold.list_gcs(task):
+        raise InvalidSpec(f"task {task} exists already")
+    epoch = store.hot.init_task(task)
+    store.put_doc(task, SPEC_DOC, record)
+    manifest = WorkspaceManifest(files={p: store.put_blob(task, c) for p, c in files.items()})
+    workspace = store.put_manifest(task, manifest)
+    members = {}
+    for spec in record.agents:
+        store.hot.begin_attempt(task, spec.name, 0, 1)
+        state = AgentState(
+            task=task,
+            agent=spec.name,
+            epoch=epoch,
+            messages=[
+                Message(role=Role.SYSTEM, content=spec.system or f"You are {spec.name}."),
+                Message(role=Role.USER, content=record.goal),
+            ],
+            workspace_before=workspace,
+            workspace_after=workspace,
+        )
+        members[spec.name] = store.write_lc(state, vote=True)
+    gc = GlobalCheckpoint(
+        task=task,
+        number=0,
+        superstep=0,
+        epoch=epoch,
+        members=members,
+        statuses=dict.fromkeys(members, AgentStatus.ACTIVE),
+        workspace=workspace,
+    )
+    store.prepare_gc(gc)
+    return store.commit_gc(gc)

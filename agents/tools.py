@@ -1,0 +1,217 @@
+"""The tools an agent can call, each declaring whether it has side effects.
+
+A tool takes its arguments and a `ToolContext` and returns text for the model. Anything
+that goes wrong in a way the model can fix (a bad path, a patch that does not apply, a
+missing argument) raises `ToolError`, and its message goes back to the model as the
+tool's result; the step goes on.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from pydantic import JsonValue
+
+from agents.models.base import ToolSchema
+from agents.patch import apply_file_patch, parse_patch
+from agents.spec import StepPolicy
+from agents.workspace import Workspace
+from storage.errors import ToolError
+from storage.ids import new_id
+from storage.records import InboxMessage
+
+MAX_LISTED = 2_000
+MAX_READ = 1_000_000
+SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # all a command inherits: no secrets
+
+
+@dataclass(slots=True)
+class ToolContext:
+    """What a tool call may touch: the workspace, the team, and the step's outputs."""
+
+    workspace: Workspace
+    agent: str
+    team: list[str]
+    superstep: int
+    policy: StepPolicy
+    outbox: list[InboxMessage] = field(default_factory=list)
+    finished: str | None = None  # the summary, once `finish` was called
+
+
+Args = dict[str, JsonValue]
+
+
+@dataclass(frozen=True, slots=True)
+class Tool:
+    """A tool: how a model sees it, whether it changes the world, and what it does."""
+
+    name: str
+    description: str
+    parameters: dict[str, JsonValue]
+    side_effect: bool
+    run: Callable[[ToolContext, Args], str]
+
+    @property
+    def schema(self) -> ToolSchema:
+        """The tool as a model sees it."""
+        return ToolSchema(self.name, self.description, self.parameters)
+
+
+def _text(args: Args, name: str, default: str | None = None) -> str:
+    value = args.get(name, default)
+    if not isinstance(value, str):
+        raise ToolError(f"argument {name!r} must be a string")
+    return value
+
+
+def _object(optional: tuple[str, ...] = (), **properties: str) -> dict[str, JsonValue]:
+    """Return the JSON schema of an object of string arguments, described for the model."""
+    described: dict[str, JsonValue] = {
+        name: {"type": "string", "description": text} for name, text in properties.items()
+    }
+    required: list[JsonValue] = [name for name in properties if name not in optional]
+    return {"type": "object", "properties": described, "required": required}
+
+
+def list_files(ctx: ToolContext, args: Args) -> str:
+    """List the files under a directory of the workspace, one path a line."""
+    top = ctx.workspace.resolve(_text(args, "path", "."))
+    if not top.exists():
+        raise ToolError(f"no such directory: {_text(args, 'path', '.')}")
+    paths = sorted(
+        ctx.workspace.relative(p) for p in top.rglob("*") if p.is_file() and not p.is_symlink()
+    )
+    shown = paths[:MAX_LISTED]
+    more = f"\n… and {len(paths) - MAX_LISTED} more" if len(paths) > MAX_LISTED else ""
+    return "\n".join(shown) + more if shown else "(no files)"
+
+
+def read_file(ctx: ToolContext, args: Args) -> str:
+    """Return a file's text."""
+    path = ctx.workspace.resolve(_text(args, "path"))
+    if not path.is_file():
+        raise ToolError(f"no such file: {_text(args, 'path')}")
+    data = path.read_bytes()
+    if len(data) > MAX_READ:
+        raise ToolError(f"file is {len(data)} bytes; read_file returns at most {MAX_READ}")
+    return data.decode("utf-8", errors="replace")
+
+
+def write_file(ctx: ToolContext, args: Args) -> str:
+    """Write a file (creating its directories), replacing what was there."""
+    path = ctx.workspace.resolve(_text(args, "path"))
+    content = _text(args, "content")
+    if path.is_dir():
+        raise ToolError(f"{_text(args, 'path')} is a directory")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(content, encoding="utf-8")
+    return f"wrote {len(content.encode())} bytes to {_text(args, 'path')}"
+
+
+def apply_patch(ctx: ToolContext, args: Args) -> str:
+    """Apply a unified diff to the workspace: all of it, or none of it."""
+    patches = parse_patch(_text(args, "patch"))
+    if not patches:
+        raise ToolError("the patch holds no file changes")
+    results: list[tuple[str, str | None]] = []
+    for patch in patches:
+        source = ctx.workspace.resolve(patch.old_path) if patch.old_path else None
+        original = source.read_text(encoding="utf-8") if source and source.is_file() else None
+        target = patch.new_path or patch.old_path
+        assert target is not None  # parse_patch never yields a patch with neither path
+        results.append((target, apply_file_patch(original, patch)))
+        if patch.new_path and patch.old_path and patch.new_path != patch.old_path:
+            results.append((patch.old_path, None))  # a rename removes the old name
+    # Everything applied in memory: only now touch the files.
+    for target, content in results:
+        path = ctx.workspace.resolve(target)
+        if content is None:
+            path.unlink(missing_ok=True)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_text(content, encoding="utf-8")
+    return "applied to " + ", ".join(sorted({t for t, _ in results}))
+
+
+def run_command(ctx: ToolContext, args: Args) -> str:
+    """Run a shell command in the workspace; return its exit code and output (truncated)."""
+    command = _text(args, "command")
+    env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
+    env["HOME"] = str(ctx.workspace.tree)
+    proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job
+        ["/bin/sh", "-c", command],
+        cwd=ctx.workspace.tree,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,  # its own process group, so a timeout kills it all
+    )
+    try:
+        out, _ = proc.communicate(timeout=ctx.policy.command_timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.communicate()
+        raise ToolError(
+            f"command timed out after {ctx.policy.command_timeout:g} s and was killed"
+        ) from None
+    text = out.decode("utf-8", errors="replace")
+    limit = ctx.policy.output_limit
+    if len(text) > limit:
+        text = (
+            text[: limit // 2]
+            + f"\n… [{len(text) - limit} characters cut] …\n"
+            + text[-limit // 2 :]
+        )
+    return f"exit code {proc.returncode}\n{text}"
+
+
+def send_message(ctx: ToolContext, args: Args) -> str:
+    """Send a message to a teammate; it is delivered at the end of this superstep."""
+    to = _text(args, "to")
+    if to not in ctx.team or to == ctx.agent:
+        raise ToolError(
+            f"unknown recipient {to!r}; the team is {[a for a in ctx.team if a != ctx.agent]}"
+        )
+    ctx.outbox.append(
+        InboxMessage(
+            id=new_id(),
+            seq=0,  # numbered per recipient when the barrier delivers it
+            sender=ctx.agent,
+            recipient=to,
+            superstep=ctx.superstep,
+            content=_text(args, "content"),
+        )
+    )
+    return f"message to {to} will be delivered at the end of this superstep"
+
+
+def finish(ctx: ToolContext, args: Args) -> str:
+    """Say the agent's part is done; it rests until a message wakes it."""
+    ctx.finished = _text(args, "summary", "")
+    return "finished"
+
+
+TOOLS: dict[str, Tool] = {
+    t.name: t
+    for t in (
+        Tool("list_files", "List files under a directory of the workspace.",
+             _object(("path",), path="directory to list (default: all)"), False, list_files),
+        Tool("read_file", "Read a text file of the workspace.",
+             _object(path="file to read"), False, read_file),
+        Tool("write_file", "Create or replace a file of the workspace.",
+             _object(path="file to write", content="the whole new content"), True, write_file),
+        Tool("apply_patch", "Apply a unified diff (as `diff -u` or `git diff` print it).",
+             _object(patch="the unified diff"), True, apply_patch),
+        Tool("run_command", "Run a shell command in the workspace; returns exit code and output.",
+             _object(command="the command line"), True, run_command),
+        Tool("send_message", "Send a message to a teammate (delivered at the end of the round).",
+             _object(to="the teammate's name", content="the message"), True, send_message),
+        Tool("finish", "Say your part is done, with a short summary.",
+             _object(("summary",), summary="what you did"), False, finish),
+    )
+}  # fmt: skip

@@ -1,0 +1,79 @@
+"""A minimal superstep loop for agent tests: run steps, build and commit each barrier's GC.
+
+The coordinator (issue 4) adds retries, timeouts, 2PC bookkeeping and restore; this loop
+is only what the agents runtime needs to be exercised end to end on real Redis.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from agents.barrier import build_gc, runnable
+from agents.spec import SPEC_DOC, AgentSpec, StepPolicy, TaskRecord, Turn
+from agents.step import ModelFactory, build_model, run_step
+from storage.records import GlobalCheckpoint
+from storage.store import CheckpointStore
+
+
+def record(task: str, *agents: AgentSpec, policy: StepPolicy | None = None) -> TaskRecord:
+    """A task record with a fixed goal."""
+    return TaskRecord(
+        task=task,
+        goal="Make the project pass its tests.",
+        agents=list(agents),
+        policy=policy or StepPolicy(),
+    )
+
+
+def scripted(name: str, turns: Sequence[Mapping[str, object]], **extra: object) -> AgentSpec:
+    """A scripted agent from plain turn dicts (as a YAML spec would give them)."""
+    return AgentSpec.model_validate(
+        {"name": name, "script": [Turn.model_validate(t) for t in turns], **extra}
+    )
+
+
+def superstep(
+    store: CheckpointStore, task: str, cache: Path, models: ModelFactory = build_model
+) -> GlobalCheckpoint | None:
+    """Run one superstep (attempt 1 for each runnable agent) and commit its GC; None if idle."""
+    spec = store.read_doc(task, SPEC_DOC, TaskRecord)
+    order = [a.name for a in spec.agents]
+    gc = store.latest_gc(task)
+    assert gc is not None
+    agents = runnable(store, gc, order)
+    if not agents:
+        return None
+    s, epoch = gc.superstep + 1, store.hot.get_epoch(task)
+    votes = {}
+    for agent in agents:
+        store.hot.begin_attempt(task, agent, s, 1)
+        votes[agent] = run_step(
+            task, agent, s, epoch, 1, store=store, cache=cache, models=models
+        ).lc
+    barrier = build_gc(store, gc, votes, order, number=gc.number + 1, superstep=s, epoch=epoch)
+    store.prepare_gc(barrier.gc)
+    return store.commit_gc(barrier.gc)
+
+
+def drive(
+    store: CheckpointStore,
+    task: str,
+    cache: Path,
+    *,
+    limit: int = 60,
+    models: ModelFactory = build_model,
+) -> GlobalCheckpoint:
+    """Run supersteps until no agent is runnable; return the last GC."""
+    for _ in range(limit):
+        if superstep(store, task, cache, models) is None:
+            gc = store.latest_gc(task)
+            assert gc is not None
+            return gc
+    raise AssertionError(f"task {task} still running after {limit} supersteps")
+
+
+def files_of(store: CheckpointStore, gc: GlobalCheckpoint) -> dict[str, bytes]:
+    """Return the workspace of a GC as path → content."""
+    manifest = store.read_manifest(gc.task, gc.workspace)
+    return {path: store.get_blob(gc.task, sha) for path, sha in manifest.files.items()}
