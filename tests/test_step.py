@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -365,3 +368,26 @@ def test_bad_workspace_paths_are_refused_at_start(real_store: CheckpointStore) -
     with pytest.raises(InvalidSpec, match="leaves the workspace"):
         start_task(real_store, record("bad", scripted("coder", [])), {"../x": b""})
     assert 0 == real_store.hot.get_epoch("bad")
+
+
+def test_heartbeat_is_alive_while_the_step_runs(
+    real_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """During a slow model turn the step's heartbeat key is there, naming this process."""
+    policy = StepPolicy(heartbeat_ms=100)
+    start_task(
+        real_store,
+        record("hb", scripted("coder", [{"say": "x", "latency": 1.0}]), policy=policy),
+        {},
+    )
+    real_store.hot.begin_attempt("hb", "coder", 1, 1)
+    seen: list[str | None] = []
+    watcher = threading.Thread(
+        target=lambda: [
+            seen.append(real_store.hot.beating("hb", "coder")) or time.sleep(0.1) for _ in range(8)
+        ]
+    )
+    watcher.start()
+    run_step("hb", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
+    watcher.join()
+    assert all(token == f"{socket.gethostname()}:{os.getpid()}:1" for token in seen[1:7]), seen
