@@ -71,3 +71,11 @@ def real_store(redis_client: redis.Redis, tmp_path: Path) -> CheckpointStore:
     return CheckpointStore(
         RedisHotStore(redis_client), DiskArchive(tmp_path / "archive"), Codec(), full_every=20
     )
+
+
+@pytest.fixture
+def own_store(own_redis: RedisServer, tmp_path: Path) -> Iterator[CheckpointStore]:
+    """A checkpoint store on the test's own redis-server (which the test may kill)."""
+    client = connect(own_redis.url)
+    yield CheckpointStore(RedisHotStore(client), DiskArchive(tmp_path / "archive"), Codec())
+    client.close()

@@ -21,9 +21,6 @@ from agents.models.scripted import ScriptedModel
 from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy
 from agents.step import run_step
 from agents.task import start_task
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
 from storage.errors import FencedWrite, InvalidSpec, ModelError
 from storage.records import AgentStatus, Role
 from storage.redis_server import RedisServer
@@ -160,13 +157,11 @@ def run_in_process(
 
 
 def test_sigkill_mid_step_then_retry_gives_the_fault_free_result(
-    own_redis: RedisServer, tmp_path: Path
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
 ) -> None:
     """A worker killed mid-step: the retry resumes; each model turn and each done tool ran once."""
     kills = 0
-    store = CheckpointStore(
-        RedisHotStore(connect(own_redis.url)), DiskArchive(tmp_path / "archive"), Codec()
-    )
+    store = own_store
     outcomes = {}
     for task, crash in (("clean", False), ("crashy", True)):
         ledger, log = tmp_path / f"{task}.ledger", tmp_path / f"{task}.log"
@@ -219,11 +214,11 @@ def test_sigkill_mid_step_then_retry_gives_the_fault_free_result(
     assert ["coder 0 attempt 1", "coder 1 attempt 1"] == crashy[3].splitlines()
 
 
-def test_model_reply_trigger_saves_the_model_call(own_redis: RedisServer, tmp_path: Path) -> None:
+def test_model_reply_trigger_saves_the_model_call(
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
+) -> None:
     """With model_reply, a worker killed before its first tool retries without a model call."""
-    store = CheckpointStore(
-        RedisHotStore(connect(own_redis.url)), DiskArchive(tmp_path / "archive"), Codec()
-    )
+    store = own_store
     turns = [{"say": "hi", "tools": [{"name": "read_file", "args": {"path": "README.md"}}],
               "crash": {"attempts": [1], "after_tools": 0}}]  # fmt: skip
     policy = StepPolicy(triggers=CheckpointTriggers(model_reply=True, tool_call="none"))
@@ -382,11 +377,13 @@ def test_heartbeat_is_alive_while_the_step_runs(
     )
     real_store.hot.begin_attempt("hb", "coder", 1, 1)
     seen: list[str | None] = []
-    watcher = threading.Thread(
-        target=lambda: [
-            seen.append(real_store.hot.beating("hb", "coder")) or time.sleep(0.1) for _ in range(8)
-        ]
-    )
+
+    def watch() -> None:
+        for _ in range(8):
+            seen.append(real_store.hot.beating("hb", "coder"))
+            time.sleep(0.1)
+
+    watcher = threading.Thread(target=watch)
     watcher.start()
     run_step("hb", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
     watcher.join()

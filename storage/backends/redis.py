@@ -59,7 +59,7 @@ def connect(url: str, **kwargs: object) -> redis.Redis:
     scheme = url.split("://", 1)[0]
     connection_class = {"rediss": _TLS, "unix": _Unix}.get(scheme, _TCP)
     pool = ConnectionPool.from_url(url, connection_class=connection_class, **kwargs)
-    return redis.Redis(connection_pool=pool)
+    return redis.Redis.from_pool(pool)  # closing the client closes its connections
 
 
 def _script(r: redis.Redis, name: str) -> Script:

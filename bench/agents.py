@@ -1,0 +1,498 @@
+"""The agents benchmark: what a checkpointed step costs on top of its model and tools.
+
+One scripted agent rewrites one small file per turn. The task's spec holds no script
+(every step reads the spec; a long script in it would be a cost no real task has): the
+turns come from a `ScriptedModel` the bench hands `run_step` through its model factory.
+Logs render as JSON at level info into /dev/null, so their cost counts as in production.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import statistics
+import tempfile
+import threading
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from functools import partial
+from pathlib import Path
+from typing import cast
+from unittest import mock
+
+import redis
+import structlog
+from redis.connection import AbstractConnection
+
+from agents import step as step_module
+from agents.barrier import build_gc
+from agents.heartbeat import Heartbeat
+from agents.logs import configure_logging
+from agents.models.base import Model, ModelReply, ModelRequest
+from agents.models.scripted import ScriptedModel
+from agents.spec import AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
+from agents.step import run_step
+from agents.task import start_task
+from agents.tools import TOOLS, Args, ToolContext
+from agents.workspace import Workspace
+from bench.report import Samples, Target, clock, duration, now_ns, ratio, size, table
+from bench.storage import Text, filesystem, floor_write
+from storage import store as store_module
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec, canonical_bytes
+from storage.records import GlobalCheckpoint, LCRef, Message, Role
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+
+AGENT = "coder"
+SYSTEM = "You are a careful Python programmer."
+GOAL = "Make the project pass its tests."
+FILES = 20  # the workspace: this many small files, one rewritten per turn
+FILE_CHARS = 400
+SAY_CHARS = 200
+HISTORY = 200  # messages before the timed steps (each turn adds two)
+STEPS = 200  # timed supersteps of measurement 1
+PROFILE_EVERY = 4  # after every 4th timed superstep, one more with every phase timed
+LATENCY = 0.02  # measurement 2's model latency, seconds
+ON_OFF_STEPS = 100
+ON_OFF_RUNS = 3
+MODEL, TOOL = "model call (scripted, excluded)", "tool write_file (excluded)"
+SEND, READ = "Redis I/O: send", "Redis I/O: wait + read reply"
+HOT = "redis-py: build commands, parse replies"
+ToolRun = Callable[[ToolContext, Args], str]
+
+
+# timing phases -------------------------------------------------------------------------
+class Phases:
+    """Exclusive time per labelled function: a wrapped call's time minus its wrapped callees.
+
+    Only calls on the thread that built it count (the heartbeat's thread is not timed).
+    """
+
+    def __init__(self) -> None:
+        self.ns: Counter[str] = Counter()
+        self.calls: Counter[str] = Counter()
+        self._stack: list[int] = []
+        self._thread = threading.get_ident()
+
+    def wrap(self, label: str, fn: Callable[..., object]) -> Callable[..., object]:
+        """Return `fn` timed under `label`."""
+
+        def timed(*args: object, **kwargs: object) -> object:
+            if threading.get_ident() != self._thread:
+                return fn(*args, **kwargs)
+            self._stack.append(0)
+            started = now_ns()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                took = now_ns() - started
+                self.ns[label] += took - self._stack.pop()
+                self.calls[label] += 1
+                if self._stack:
+                    self._stack[-1] += took
+
+        return timed
+
+    def reset(self) -> None:
+        """Forget the last step's times."""
+        self.ns.clear()
+        self.calls.clear()
+
+    @contextlib.contextmanager
+    def instrumented(self) -> Iterator[None]:
+        """Time every phase of a step (and each hot-store call) while inside."""
+        targets: list[tuple[object, str, str]] = [
+            (AbstractConnection, "send_packed_command", SEND),
+            (AbstractConnection, "read_response", READ),
+            (Heartbeat, "__enter__", "heartbeat: start thread (first beat is I/O)"),
+            (Heartbeat, "__exit__", "heartbeat: stop and join thread"),
+            (CheckpointStore, "read_doc", "read task spec: open + validate"),
+            (CheckpointStore, "latest_gc", "latest GC: open + validate"),
+            (CheckpointStore, "read_state", "read_state: open + validate + rebuild chain"),
+            (CheckpointStore, "read_manifest", "read_manifest: open + validate"),
+            (Workspace, "sync", "workspace.sync: scan tree, write index"),
+            (step_module._Step, "_trace", "trace records: pydantic validate"),
+            (Workspace, "capture", "workspace.capture: scan, hash, write index"),
+            (CheckpointStore, "put_blob", "put_blob: sha256 (+zstd) seal"),
+            (CheckpointStore, "put_manifest", "put_manifest: canonical JSON"),
+            (store_module, "cut_lc", "cut_lc: build the LC record"),
+            (Codec, "encode", "encode LC: canonical JSON + sha256 + zstd"),
+        ]
+        targets += [
+            (RedisHotStore, name, f"hot.{name}")
+            for name in vars(RedisHotStore)
+            if not name.startswith("_") and callable(getattr(RedisHotStore, name))
+        ]
+        with contextlib.ExitStack() as stack:
+            for owner, name, label in targets:
+                if hasattr(owner, name):  # others refactor concurrently: skip what is gone
+                    wrapped = self.wrap(label, getattr(owner, name))
+                    stack.enter_context(mock.patch.object(owner, name, wrapped))
+            yield
+
+
+class TimedModel:
+    """A model whose calls `phases` times under MODEL."""
+
+    def __init__(self, inner: Model, phases: Phases) -> None:
+        self._complete = phases.wrap(MODEL, inner.complete)
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer through the wrapped model."""
+        return cast(ModelReply, self._complete(request))
+
+
+# the team ------------------------------------------------------------------------------
+def turns(text: Text, n: int, latency: float = 0.0) -> list[Turn]:
+    """`n` turns, each saying a little and rewriting one of the FILES files."""
+    return [
+        Turn(
+            say=text.words(SAY_CHARS),
+            latency=latency,
+            tools=[
+                ToolRequest(
+                    name="write_file",
+                    args={"path": f"src/module_{i % FILES}.py", "content": text.words(FILE_CHARS)},
+                )
+            ],
+        )
+        for i in range(n)
+    ]
+
+
+def initial_files(text: Text) -> dict[str, bytes]:
+    """The workspace the task starts from."""
+    return {f"src/module_{j}.py": text.words(FILE_CHARS).encode() for j in range(FILES)}
+
+
+@dataclass(slots=True)
+class Team:
+    """One scripted agent's task on Redis, driven superstep by superstep as a coordinator."""
+
+    store: CheckpointStore
+    cache: Path
+    model: Model
+    gc: GlobalCheckpoint
+
+    @classmethod
+    def start(cls, store: CheckpointStore, root: Path, task: str, model: Model, text: Text) -> Team:
+        """Start `task` (GC 0) with one agent whose turns `model` plays."""
+        record = TaskRecord(task=task, goal=GOAL, agents=[AgentSpec(name=AGENT, system=SYSTEM)])
+        gc = start_task(store, record, initial_files(text))
+        return cls(store, root / "cache", model, gc)
+
+    def begin(self) -> None:
+        """Open attempt 1 of the next superstep (the coordinator's write)."""
+        self.store.hot.begin_attempt(self.gc.task, AGENT, self.gc.superstep + 1, 1)
+
+    def step(self) -> LCRef:
+        """Run the agent's step of the next superstep; return its voted LC."""
+        gc = self.gc
+        return run_step(
+            gc.task,
+            AGENT,
+            gc.superstep + 1,
+            gc.epoch,
+            1,
+            store=self.store,
+            cache=self.cache,
+            models=lambda _spec: self.model,
+        ).lc
+
+    def barrier(self, vote: LCRef) -> None:
+        """Build, prepare and commit the superstep's GC."""
+        gc = self.gc
+        built = build_gc(
+            self.store,
+            gc,
+            {AGENT: vote},
+            [AGENT],
+            number=gc.number + 1,
+            superstep=gc.superstep + 1,
+            epoch=gc.epoch,
+        )
+        self.store.prepare_gc(built.gc)
+        self.gc = self.store.commit_gc(built.gc)
+
+    def superstep(self) -> None:
+        """Begin, step and commit the next superstep."""
+        self.begin()
+        self.barrier(self.step())
+
+    def new_bytes(self, vote: LCRef) -> bytes:
+        """Canonical JSON of what the step added: two messages and two trace records."""
+        lc = self.store.read_lc(self.gc.task, AGENT, vote.id)
+        return b"".join(canonical_bytes(r) for r in [*lc.messages[-2:], *lc.trace[-2:]])
+
+
+@dataclass(slots=True)
+class Env:
+    """What both measurements use: the store over a private Redis, text, the targets."""
+
+    root: Path
+    client: redis.Redis
+    store: CheckpointStore
+    text: Text
+    targets: list[Target] = field(default_factory=list)
+
+
+# 1. step overhead ------------------------------------------------------------------------
+@dataclass(slots=True)
+class StepTimes:
+    """Measurement 1's samples."""
+
+    step: Samples = field(default_factory=Samples)
+    durable: Samples = field(default_factory=Samples)
+    model: Samples = field(default_factory=Samples)
+    tool: Samples = field(default_factory=Samples)
+    barrier: Samples = field(default_factory=Samples)
+    superstep: Samples = field(default_factory=Samples)
+    floor: Samples = field(default_factory=Samples)
+    new_bytes: list[int] = field(default_factory=list)
+    profiled: Samples = field(default_factory=Samples)
+    phases: dict[str, Samples] = field(default_factory=dict)
+    calls: Counter[str] = field(default_factory=Counter)
+
+
+def timed_superstep(env: Env, team: Team, phases: Phases, into: StepTimes) -> None:
+    """Time one superstep's run_step and barrier, then the floor for its new bytes."""
+    team.begin()
+    phases.reset()
+    vote, took = clock(team.step)
+    model, tool = phases.ns[MODEL], phases.ns[TOOL]
+    into.step.add(took)
+    into.model.add(model)
+    into.tool.add(tool)
+    into.durable.add(took - model - tool)
+    barrier = clock(partial(team.barrier, vote))[1]
+    into.barrier.add(barrier)
+    into.superstep.add(took - model - tool + barrier)
+    payload = team.new_bytes(vote)
+    into.new_bytes.append(len(payload))
+    into.floor.add(clock(partial(floor_write, env.client, payload, team.gc.number))[1])
+
+
+def profiled_superstep(team: Team, phases: Phases, into: StepTimes) -> None:
+    """Run one superstep with every phase of its run_step timed (exclusive times)."""
+    team.begin()
+    with phases.instrumented():
+        phases.reset()
+        vote, took = clock(team.step)
+        per_step = dict(phases.ns)
+        into.calls.update(phases.calls)
+    team.barrier(vote)
+    into.profiled.add(took)
+    hot = sum(ns for label, ns in per_step.items() if label.startswith("hot."))
+    per_step = {k: v for k, v in per_step.items() if not k.startswith("hot.")} | {HOT: hot}
+    per_step["rest of run_step (unwrapped code)"] = took - sum(per_step.values())
+    for label, ns in per_step.items():
+        into.phases.setdefault(label, Samples()).add(ns)
+
+
+def step_overhead(env: Env) -> None:
+    """Measurement 1: run_step and the barrier at a 200-message history, against the floor."""
+    phases = Phases()
+    tool = TOOLS["write_file"]
+    profiled = STEPS // PROFILE_EVERY
+    fill = (HISTORY - 2) // 2
+    model = TimedModel(ScriptedModel(turns(env.text, fill + STEPS + profiled + 10)), phases)
+    times = StepTimes()
+    timed_tool = replace(tool, run=cast(ToolRun, phases.wrap(TOOL, tool.run)))
+    with mock.patch.dict(TOOLS, {"write_file": timed_tool}):
+        team = Team.start(env.store, env.root, "steps", model, env.text)
+        for _ in range(fill):  # builds the history the way a team does, and warms up
+            team.superstep()
+        for i in range(1, STEPS + 1):
+            timed_superstep(env, team, phases, times)
+            if i % PROFILE_EVERY == 0:
+                profiled_superstep(team, phases, times)
+    grown = 2 + 2 * (fill + STEPS + profiled)
+    base = times.floor.p50
+    rows = [
+        ("floor: MULTI/EXEC RPUSH new bytes + HSET", times.floor),
+        ("run_step, whole (zero-latency model)", times.step),
+        ("  model call (excluded)", times.model),
+        ("  tool write_file (excluded)", times.tool),
+        ("run_step minus model and tool (durable part)", times.durable),
+        ("barrier: build_gc + prepare_gc + commit_gc", times.barrier),
+        ("durable part + barrier, per superstep", times.superstep),
+    ]
+    table(
+        f"1. One step of one agent, {HISTORY} msgs of history growing to {grown} "
+        f"({STEPS} timed supersteps; floor timed after each)",
+        ["operation", "p50", "p99", "mean", "p50 vs floor"],
+        [
+            [name, duration(s.p50), duration(s.p99), duration(s.mean), ratio(s.p50, base)]
+            for name, s in rows
+        ],
+    )
+    early, late = (Samples(times.durable.ns[part]) for part in (slice(20), slice(-20, None)))
+    print(
+        f"(the history was built by {fill} untimed supersteps run as above, so the LC chain "
+        f"has a real one's shape: a full LC every {env.store.full_every}. A step adds "
+        f"{size(statistics.fmean(times.new_bytes))} of canonical JSON: the assistant message, "
+        "the tool message and two trace records, the model's and the tool's. Durable part "
+        f"p50 over the first 20 timed steps {duration(early.p50)}, over the last 20 "
+        f"{duration(late.p50)}: reading the state back grows with the history)"
+    )
+    for name, s in (("run_step durable part", times.durable), ("barrier", times.barrier)):
+        env.targets.append(Target(f"{name} p50 / storage floor p50", s.p50 / base, None).report())
+    phase_table(times, profiled)
+
+
+def phase_table(times: StepTimes, profiled: int) -> None:
+    """Print where an instrumented run_step's time goes, largest share first."""
+    whole = times.profiled.mean
+    ordered = sorted(times.phases.items(), key=lambda item: -item[1].mean)
+    table(
+        f"1b. Where run_step's time goes ({profiled} instrumented supersteps taking turns with "
+        "the timed ones; exclusive time: a phase's own, not its wrapped callees')",
+        ["phase", "calls/step", "mean", "p50", "share of mean"],
+        [
+            [
+                label,
+                calls_per_step(times.calls, label, profiled),
+                duration(s.mean),
+                duration(s.p50),
+                f"{100 * s.mean / whole:.0f}%",
+            ]
+            for label, s in ordered
+        ],
+    )
+    hot = sorted(
+        (label.removeprefix("hot."), n) for label, n in times.calls.items() if label[:4] == "hot."
+    )
+    print(
+        f"(instrumented run_step mean {duration(whole)}, p50 {duration(times.profiled.p50)}; "
+        f"uninstrumented p50 {duration(times.step.p50)}. "
+        f"Redis round trips per step: {times.calls[SEND] / profiled:g}, from hot-store calls "
+        + ", ".join(f"{name} x{n / profiled:g}" for name, n in hot)
+        + ")"
+    )
+
+
+def calls_per_step(calls: Counter[str], label: str, steps: int) -> str:
+    """Calls per step of one phase, or "-" for rows that are not one function."""
+    if label == HOT:
+        return f"{sum(n for k, n in calls.items() if k.startswith('hot.')) / steps:g}"
+    return f"{calls[label] / steps:g}" if label in calls else "-"
+
+
+# 2. checkpointing on vs off ------------------------------------------------------------
+def run_on(env: Env, run: int, script: list[Turn]) -> Samples:
+    """ON_OFF_STEPS supersteps through run_step and the barrier on Redis; one sample each."""
+    team = Team.start(env.store, env.root, f"on{run}", ScriptedModel(script), env.text)
+    out = Samples()
+    for _ in range(ON_OFF_STEPS):
+        out.add(clock(team.superstep)[1])
+    return out
+
+
+def plain_turn(model: Model, messages: list[Message], ctx: ToolContext, tools: list[str]) -> None:
+    """One turn of an agent loop that checkpoints nothing: ask, run the tools, append."""
+    reply: ModelReply = model.complete(
+        ModelRequest(messages, [TOOLS[t].schema for t in tools], agent=AGENT)
+    )
+    messages.append(
+        Message(role=Role.ASSISTANT, content=reply.content, tool_calls=reply.tool_calls)
+    )
+    for call in reply.tool_calls:
+        result = TOOLS[call.name].run(ctx, call.args)
+        messages.append(
+            Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=result)
+        )
+
+
+def run_off(env: Env, run: int, script: list[Turn]) -> Samples:
+    """The same turns in memory: no Redis, no checkpoints; one sample per turn."""
+    workspace = Workspace(env.root / "off", f"off{run}", AGENT)
+    for path, content in initial_files(env.text).items():
+        workspace.resolve(path).parent.mkdir(parents=True, exist_ok=True)
+        workspace.resolve(path).write_bytes(content)
+    spec = AgentSpec(name=AGENT, system=SYSTEM)
+    ctx = ToolContext(workspace, AGENT, [AGENT], 1, StepPolicy())
+    messages = [Message(role=Role.SYSTEM, content=SYSTEM), Message(role=Role.USER, content=GOAL)]
+    model = ScriptedModel(script)
+    out = Samples()
+    for _ in range(ON_OFF_STEPS):
+        out.add(clock(partial(plain_turn, model, messages, ctx, spec.tools))[1])
+    return out
+
+
+def on_off(env: Env) -> None:
+    """Measurement 2: checkpointing on vs off, ON_OFF_STEPS turns at LATENCY s each."""
+    script = turns(env.text, ON_OFF_STEPS, LATENCY)
+    on: list[Samples] = []
+    off: list[Samples] = []
+    for run in range(1, ON_OFF_RUNS + 1):
+        on.append(run_on(env, run, script))
+        off.append(run_off(env, run, script))
+    totals = {name: [sum(s.ns) for s in runs] for name, runs in (("off", off), ("on", on))}
+    base, steps = statistics.median(totals["off"]), ON_OFF_STEPS
+    rows = [
+        ("off: plain loop in memory (model, tools, list)", "off", off),
+        ("on: run_step + barrier commit on Redis", "on", on),
+    ]
+    table(
+        f"2. Checkpointing on vs off: {ON_OFF_STEPS} turns, model latency "
+        f"{LATENCY * 1000:g} ms, one write_file each ({ON_OFF_RUNS} runs each, taking turns)",
+        ["variant", "median total", "runs", "step p50", "overhead/step", "vs off"],
+        [
+            [
+                name,
+                duration(statistics.median(totals[key])),
+                " / ".join(f"{t / 1e9:.3f} s" for t in totals[key]),
+                duration(statistics.median(s.p50 for s in runs)),
+                "-" if key == "off" else duration((statistics.median(totals[key]) - base) / steps),
+                ratio(statistics.median(totals[key]), base),
+            ]
+            for name, key, runs in rows
+        ],
+    )
+    env.targets.append(
+        Target(
+            f"checkpointing on / off, {ON_OFF_STEPS} steps at {LATENCY * 1000:g} ms latency",
+            statistics.median(totals["on"]) / base,
+            1.03,
+        ).report()
+    )
+
+
+# the part ------------------------------------------------------------------------------
+def run() -> list[Target]:
+    """Run both agents measurements on a private Redis; return the targets."""
+    saved = structlog.get_config()
+    with (
+        tempfile.TemporaryDirectory(prefix="cairn-bench-agents-") as tmp,
+        open(os.devnull, "w") as sink,  # noqa: PTH123 - a sink for the log renderer
+    ):
+        root = Path(tmp)
+        with contextlib.redirect_stderr(sink):
+            configure_logging("json", "info")  # binds the sink as the log's stream
+        server = RedisServer(root / "redis", appendonly=False)
+        try:
+            server.start()
+            client = connect(server.url)
+            try:
+                store = CheckpointStore(
+                    RedisHotStore(client), DiskArchive(root / "archive"), Codec()
+                )
+                env = Env(root, client, store, Text(seed=2027))
+                print("\n== agents ==")
+                print(
+                    f"redis-server private (port {server.port}, no AOF); workspaces on "
+                    f"{filesystem(root)}. CheckpointStore: Codec() unsigned, "
+                    f"full_every={store.full_every}; default policy (a tool-level LC before "
+                    "each side-effecting tool); logs rendered as JSON into /dev/null"
+                )
+                step_overhead(env)
+                on_off(env)
+                return env.targets
+            finally:
+                client.close()
+        finally:
+            server.stop()
+            structlog.configure(**saved)
