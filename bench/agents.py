@@ -1,9 +1,9 @@
 """The agents benchmark: what a checkpointed step costs on top of its model and tools.
 
-One scripted agent rewrites one small file per turn. The task's spec holds no script
-(every step reads the spec; a long script in it would be a cost no real task has): the
-turns come from a `ScriptedModel` the bench hands `run_step` through its model factory.
-Logs render as JSON at level info into /dev/null, so their cost counts as in production.
+One scripted agent rewrites one small file per turn. Its turns come from a `ScriptedModel`
+handed to `run_step` by the model factory, not from the task's spec: every step reads the
+spec, and a long script in it would be a cost no real task has. Logs render as JSON at
+level info into /dev/null, so their cost counts as in production.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from agents import step as step_module
 from agents.barrier import build_gc
 from agents.heartbeat import Heartbeat
 from agents.logs import configure_logging
-from agents.models.base import Model, ModelReply, ModelRequest
+from agents.models.base import Model, ModelRequest
 from agents.models.scripted import ScriptedModel
-from agents.spec import AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
+from agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
 from agents.step import run_step
 from agents.task import start_task
 from agents.tools import TOOLS, Args, ToolContext
@@ -59,7 +59,8 @@ LATENCY = 0.02  # measurement 2's model latency, seconds
 ON_OFF_STEPS = 100
 ON_OFF_RUNS = 3
 MODEL, TOOL = "model call (scripted, excluded)", "tool write_file (excluded)"
-SEND, READ = "Redis I/O: send", "Redis I/O: wait + read reply"
+SEND, READ = "send", "read"  # one row, IO; its calls are round trips (sends)
+IO = "Redis I/O: send, wait, read replies"
 HOT = "redis-py: build commands, parse replies"
 ToolRun = Callable[[ToolContext, Args], str]
 
@@ -98,8 +99,7 @@ class Phases:
 
     def reset(self) -> None:
         """Forget the last step's times."""
-        self.ns.clear()
-        self.calls.clear()
+        self.ns, self.calls = Counter(), Counter()
 
     @contextlib.contextmanager
     def instrumented(self) -> Iterator[None]:
@@ -114,7 +114,7 @@ class Phases:
             (CheckpointStore, "read_state", "read_state: open + validate + rebuild chain"),
             (CheckpointStore, "read_manifest", "read_manifest: open + validate"),
             (Workspace, "sync", "workspace.sync: scan tree, write index"),
-            (step_module._Step, "_trace", "trace records: pydantic validate"),
+            (getattr(step_module, "_Step", None), "_trace", "trace records: pydantic validate"),
             (Workspace, "capture", "workspace.capture: scan, hash, write index"),
             (CheckpointStore, "put_blob", "put_blob: sha256 (+zstd) seal"),
             (CheckpointStore, "put_manifest", "put_manifest: canonical JSON"),
@@ -134,33 +134,15 @@ class Phases:
             yield
 
 
-class TimedModel:
-    """A model whose calls `phases` times under MODEL."""
-
-    def __init__(self, inner: Model, phases: Phases) -> None:
-        self._complete = phases.wrap(MODEL, inner.complete)
-
-    def complete(self, request: ModelRequest) -> ModelReply:
-        """Answer through the wrapped model."""
-        return cast(ModelReply, self._complete(request))
-
-
 # the team ------------------------------------------------------------------------------
 def turns(text: Text, n: int, latency: float = 0.0) -> list[Turn]:
     """`n` turns, each saying a little and rewriting one of the FILES files."""
-    return [
-        Turn(
-            say=text.words(SAY_CHARS),
-            latency=latency,
-            tools=[
-                ToolRequest(
-                    name="write_file",
-                    args={"path": f"src/module_{i % FILES}.py", "content": text.words(FILE_CHARS)},
-                )
-            ],
-        )
-        for i in range(n)
-    ]
+    out = []
+    for i in range(n):
+        args: Args = {"path": f"src/module_{i % FILES}.py", "content": text.words(FILE_CHARS)}
+        tools = [ToolRequest(name="write_file", args=args)]
+        out.append(Turn(say=text.words(SAY_CHARS), latency=latency, tools=tools))
+    return out
 
 
 def initial_files(text: Text) -> dict[str, bytes]:
@@ -181,8 +163,7 @@ class Team:
     def start(cls, store: CheckpointStore, root: Path, task: str, model: Model, text: Text) -> Team:
         """Start `task` (GC 0) with one agent whose turns `model` plays."""
         record = TaskRecord(task=task, goal=GOAL, agents=[AgentSpec(name=AGENT, system=SYSTEM)])
-        gc = start_task(store, record, initial_files(text))
-        return cls(store, root / "cache", model, gc)
+        return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
     def begin(self) -> None:
         """Open attempt 1 of the next superstep (the coordinator's write)."""
@@ -190,42 +171,24 @@ class Team:
 
     def step(self) -> LCRef:
         """Run the agent's step of the next superstep; return its voted LC."""
-        gc = self.gc
+        gc, models = self.gc, lambda _spec: self.model
+        s = gc.superstep + 1
         return run_step(
-            gc.task,
-            AGENT,
-            gc.superstep + 1,
-            gc.epoch,
-            1,
-            store=self.store,
-            cache=self.cache,
-            models=lambda _spec: self.model,
+            gc.task, AGENT, s, gc.epoch, 1, store=self.store, cache=self.cache, models=models
         ).lc
 
     def barrier(self, vote: LCRef) -> None:
         """Build, prepare and commit the superstep's GC."""
         gc = self.gc
-        built = build_gc(
-            self.store,
-            gc,
-            {AGENT: vote},
-            [AGENT],
-            number=gc.number + 1,
-            superstep=gc.superstep + 1,
-            epoch=gc.epoch,
-        )
-        self.store.prepare_gc(built.gc)
-        self.gc = self.store.commit_gc(built.gc)
+        where = {"number": gc.number + 1, "superstep": gc.superstep + 1, "epoch": gc.epoch}
+        built = build_gc(self.store, gc, {AGENT: vote}, [AGENT], **where).gc
+        self.store.prepare_gc(built)
+        self.gc = self.store.commit_gc(built)
 
     def superstep(self) -> None:
         """Begin, step and commit the next superstep."""
         self.begin()
         self.barrier(self.step())
-
-    def new_bytes(self, vote: LCRef) -> bytes:
-        """Canonical JSON of what the step added: two messages and two trace records."""
-        lc = self.store.read_lc(self.gc.task, AGENT, vote.id)
-        return b"".join(canonical_bytes(r) for r in [*lc.messages[-2:], *lc.trace[-2:]])
 
 
 @dataclass(slots=True)
@@ -240,17 +203,20 @@ class Env:
 
 
 # 1. step overhead ------------------------------------------------------------------------
+FLOOR = "floor: MULTI/EXEC RPUSH new bytes + HSET"
+WHOLE = "run_step, whole (zero-latency model)"
+DURABLE = "run_step minus model and tool (durable part)"
+BARRIER = "barrier: build_gc + prepare_gc + commit_gc"
+MODEL_ROW, TOOL_ROW = "  model call (excluded)", "  tool write_file (excluded)"
+SUPERSTEP = "durable part + barrier, per superstep"
+ROWS = (FLOOR, WHOLE, MODEL_ROW, TOOL_ROW, DURABLE, BARRIER, SUPERSTEP)
+
+
 @dataclass(slots=True)
 class StepTimes:
-    """Measurement 1's samples."""
+    """Measurement 1's samples: ROWS, then the instrumented steps' phases."""
 
-    step: Samples = field(default_factory=Samples)
-    durable: Samples = field(default_factory=Samples)
-    model: Samples = field(default_factory=Samples)
-    tool: Samples = field(default_factory=Samples)
-    barrier: Samples = field(default_factory=Samples)
-    superstep: Samples = field(default_factory=Samples)
-    floor: Samples = field(default_factory=Samples)
+    rows: dict[str, Samples] = field(default_factory=lambda: {row: Samples() for row in ROWS})
     new_bytes: list[int] = field(default_factory=list)
     profiled: Samples = field(default_factory=Samples)
     phases: dict[str, Samples] = field(default_factory=dict)
@@ -263,16 +229,15 @@ def timed_superstep(env: Env, team: Team, phases: Phases, into: StepTimes) -> No
     phases.reset()
     vote, took = clock(team.step)
     model, tool = phases.ns[MODEL], phases.ns[TOOL]
-    into.step.add(took)
-    into.model.add(model)
-    into.tool.add(tool)
-    into.durable.add(took - model - tool)
     barrier = clock(partial(team.barrier, vote))[1]
-    into.barrier.add(barrier)
-    into.superstep.add(took - model - tool + barrier)
-    payload = team.new_bytes(vote)
+    lc = env.store.read_lc(team.gc.task, AGENT, vote.id)  # what the step added, untimed:
+    payload = b"".join(canonical_bytes(r) for r in [*lc.messages[-2:], *lc.trace[-2:]])
     into.new_bytes.append(len(payload))
-    into.floor.add(clock(partial(floor_write, env.client, payload, team.gc.number))[1])
+    floor = clock(partial(floor_write, env.client, payload, team.gc.number))[1]
+    durable = took - model - tool
+    values = (floor, took, model, tool, durable, barrier, durable + barrier)
+    for row, ns in zip(ROWS, values, strict=True):
+        into.rows[row].add(ns)
 
 
 def profiled_superstep(team: Team, phases: Phases, into: StepTimes) -> None:
@@ -281,27 +246,27 @@ def profiled_superstep(team: Team, phases: Phases, into: StepTimes) -> None:
     with phases.instrumented():
         phases.reset()
         vote, took = clock(team.step)
-        per_step = dict(phases.ns)
         into.calls.update(phases.calls)
     team.barrier(vote)
     into.profiled.add(took)
-    hot = sum(ns for label, ns in per_step.items() if label.startswith("hot."))
-    per_step = {k: v for k, v in per_step.items() if not k.startswith("hot.")} | {HOT: hot}
-    per_step["rest of run_step (unwrapped code)"] = took - sum(per_step.values())
-    for label, ns in per_step.items():
+    rows: Counter[str] = Counter()
+    for label, ns in phases.ns.items():
+        rows[HOT if label.startswith("hot.") else IO if label in (SEND, READ) else label] += ns
+    rows["rest of run_step (unwrapped code)"] = took - sum(rows.values())
+    for label, ns in rows.items():
         into.phases.setdefault(label, Samples()).add(ns)
 
 
 def step_overhead(env: Env) -> None:
     """Measurement 1: run_step and the barrier at a 200-message history, against the floor."""
-    phases = Phases()
-    tool = TOOLS["write_file"]
-    profiled = STEPS // PROFILE_EVERY
-    fill = (HISTORY - 2) // 2
-    model = TimedModel(ScriptedModel(turns(env.text, fill + STEPS + profiled + 10)), phases)
-    times = StepTimes()
+    phases, times, tool = Phases(), StepTimes(), TOOLS["write_file"]
+    profiled, fill = STEPS // PROFILE_EVERY, (HISTORY - 2) // 2
+    model = ScriptedModel(turns(env.text, fill + STEPS + profiled + 10))
     timed_tool = replace(tool, run=cast(ToolRun, phases.wrap(TOOL, tool.run)))
-    with mock.patch.dict(TOOLS, {"write_file": timed_tool}):
+    with (
+        mock.patch.dict(TOOLS, {"write_file": timed_tool}),
+        mock.patch.object(ScriptedModel, "complete", phases.wrap(MODEL, ScriptedModel.complete)),
+    ):
         team = Team.start(env.store, env.root, "steps", model, env.text)
         for _ in range(fill):  # builds the history the way a team does, and warms up
             team.superstep()
@@ -309,27 +274,18 @@ def step_overhead(env: Env) -> None:
             timed_superstep(env, team, phases, times)
             if i % PROFILE_EVERY == 0:
                 profiled_superstep(team, phases, times)
-    grown = 2 + 2 * (fill + STEPS + profiled)
-    base = times.floor.p50
-    rows = [
-        ("floor: MULTI/EXEC RPUSH new bytes + HSET", times.floor),
-        ("run_step, whole (zero-latency model)", times.step),
-        ("  model call (excluded)", times.model),
-        ("  tool write_file (excluded)", times.tool),
-        ("run_step minus model and tool (durable part)", times.durable),
-        ("barrier: build_gc + prepare_gc + commit_gc", times.barrier),
-        ("durable part + barrier, per superstep", times.superstep),
-    ]
+    base = times.rows[FLOOR].p50
     table(
-        f"1. One step of one agent, {HISTORY} msgs of history growing to {grown} "
-        f"({STEPS} timed supersteps; floor timed after each)",
+        f"1. One step of one agent, {HISTORY} msgs of history growing to "
+        f"{2 + 2 * (fill + STEPS + profiled)} ({STEPS} timed supersteps; floor timed after each)",
         ["operation", "p50", "p99", "mean", "p50 vs floor"],
         [
             [name, duration(s.p50), duration(s.p99), duration(s.mean), ratio(s.p50, base)]
-            for name, s in rows
+            for name, s in times.rows.items()
         ],
     )
-    early, late = (Samples(times.durable.ns[part]) for part in (slice(20), slice(-20, None)))
+    durable = times.rows[DURABLE]
+    early, late = (Samples(durable.ns[part]) for part in (slice(20), slice(-20, None)))
     print(
         f"(the history was built by {fill} untimed supersteps run as above, so the LC chain "
         f"has a real one's shape: a full LC every {env.store.full_every}. A step adds "
@@ -338,64 +294,48 @@ def step_overhead(env: Env) -> None:
         f"p50 over the first 20 timed steps {duration(early.p50)}, over the last 20 "
         f"{duration(late.p50)}: reading the state back grows with the history)"
     )
-    for name, s in (("run_step durable part", times.durable), ("barrier", times.barrier)):
-        env.targets.append(Target(f"{name} p50 / storage floor p50", s.p50 / base, None).report())
+    for name, row in (("run_step durable part", DURABLE), ("barrier", BARRIER)):
+        measured = times.rows[row].p50 / base
+        env.targets.append(Target(f"{name} p50 / storage floor p50", measured, None).report())
     phase_table(times, profiled)
 
 
 def phase_table(times: StepTimes, profiled: int) -> None:
     """Print where an instrumented run_step's time goes, largest share first."""
     whole = times.profiled.mean
-    ordered = sorted(times.phases.items(), key=lambda item: -item[1].mean)
+    hot = sorted((k.removeprefix("hot."), n) for k, n in times.calls.items() if k[:4] == "hot.")
+    calls = {label: f"{n / profiled:g}" for label, n in times.calls.items()}
+    calls[HOT] = f"{sum(n for _, n in hot) / profiled:g}"
+    calls[IO] = calls[SEND]
     table(
         f"1b. Where run_step's time goes ({profiled} instrumented supersteps taking turns with "
         "the timed ones; exclusive time: a phase's own, not its wrapped callees')",
         ["phase", "calls/step", "mean", "p50", "share of mean"],
         [
-            [
-                label,
-                calls_per_step(times.calls, label, profiled),
-                duration(s.mean),
-                duration(s.p50),
-                f"{100 * s.mean / whole:.0f}%",
-            ]
-            for label, s in ordered
+            [label, calls.get(label, "-"), *map(duration, (s.mean, s.p50)), f"{s.mean / whole:.0%}"]
+            for label, s in sorted(times.phases.items(), key=lambda item: -item[1].mean)
         ],
-    )
-    hot = sorted(
-        (label.removeprefix("hot."), n) for label, n in times.calls.items() if label[:4] == "hot."
     )
     print(
         f"(instrumented run_step mean {duration(whole)}, p50 {duration(times.profiled.p50)}; "
-        f"uninstrumented p50 {duration(times.step.p50)}. "
-        f"Redis round trips per step: {times.calls[SEND] / profiled:g}, from hot-store calls "
+        f"uninstrumented p50 {duration(times.rows[WHOLE].p50)}. Redis round trips per step: "
+        f"{times.calls[SEND] / profiled:g}, from hot-store calls "
         + ", ".join(f"{name} x{n / profiled:g}" for name, n in hot)
         + ")"
     )
-
-
-def calls_per_step(calls: Counter[str], label: str, steps: int) -> str:
-    """Calls per step of one phase, or "-" for rows that are not one function."""
-    if label == HOT:
-        return f"{sum(n for k, n in calls.items() if k.startswith('hot.')) / steps:g}"
-    return f"{calls[label] / steps:g}" if label in calls else "-"
 
 
 # 2. checkpointing on vs off ------------------------------------------------------------
 def run_on(env: Env, run: int, script: list[Turn]) -> Samples:
     """ON_OFF_STEPS supersteps through run_step and the barrier on Redis; one sample each."""
     team = Team.start(env.store, env.root, f"on{run}", ScriptedModel(script), env.text)
-    out = Samples()
-    for _ in range(ON_OFF_STEPS):
-        out.add(clock(team.superstep)[1])
-    return out
+    return Samples([clock(team.superstep)[1] for _ in range(ON_OFF_STEPS)])
 
 
-def plain_turn(model: Model, messages: list[Message], ctx: ToolContext, tools: list[str]) -> None:
+def plain_turn(model: Model, messages: list[Message], ctx: ToolContext) -> None:
     """One turn of an agent loop that checkpoints nothing: ask, run the tools, append."""
-    reply: ModelReply = model.complete(
-        ModelRequest(messages, [TOOLS[t].schema for t in tools], agent=AGENT)
-    )
+    tools = [TOOLS[name].schema for name in TOOL_NAMES]
+    reply = model.complete(ModelRequest(messages, tools, agent=AGENT))
     messages.append(
         Message(role=Role.ASSISTANT, content=reply.content, tool_calls=reply.tool_calls)
     )
@@ -410,89 +350,68 @@ def run_off(env: Env, run: int, script: list[Turn]) -> Samples:
     """The same turns in memory: no Redis, no checkpoints; one sample per turn."""
     workspace = Workspace(env.root / "off", f"off{run}", AGENT)
     for path, content in initial_files(env.text).items():
-        workspace.resolve(path).parent.mkdir(parents=True, exist_ok=True)
-        workspace.resolve(path).write_bytes(content)
-    spec = AgentSpec(name=AGENT, system=SYSTEM)
+        (workspace.tree / path).parent.mkdir(parents=True, exist_ok=True)
+        (workspace.tree / path).write_bytes(content)
     ctx = ToolContext(workspace, AGENT, [AGENT], 1, StepPolicy())
     messages = [Message(role=Role.SYSTEM, content=SYSTEM), Message(role=Role.USER, content=GOAL)]
-    model = ScriptedModel(script)
-    out = Samples()
-    for _ in range(ON_OFF_STEPS):
-        out.add(clock(partial(plain_turn, model, messages, ctx, spec.tools))[1])
-    return out
+    turn = partial(plain_turn, ScriptedModel(script), messages, ctx)
+    return Samples([clock(turn)[1] for _ in range(ON_OFF_STEPS)])
 
 
 def on_off(env: Env) -> None:
     """Measurement 2: checkpointing on vs off, ON_OFF_STEPS turns at LATENCY s each."""
     script = turns(env.text, ON_OFF_STEPS, LATENCY)
-    on: list[Samples] = []
-    off: list[Samples] = []
+    runs: dict[str, list[Samples]] = {"off": [], "on": []}
     for run in range(1, ON_OFF_RUNS + 1):
-        on.append(run_on(env, run, script))
-        off.append(run_off(env, run, script))
-    totals = {name: [sum(s.ns) for s in runs] for name, runs in (("off", off), ("on", on))}
-    base, steps = statistics.median(totals["off"]), ON_OFF_STEPS
-    rows = [
-        ("off: plain loop in memory (model, tools, list)", "off", off),
-        ("on: run_step + barrier commit on Redis", "on", on),
-    ]
+        runs["on"].append(run_on(env, run, script))
+        runs["off"].append(run_off(env, run, script))
+    total = {key: statistics.median(sum(s.ns) for s in samples) for key, samples in runs.items()}
+    names = {
+        "off": "off: plain loop in memory (model, tools, list)",
+        "on": "on: run_step + barrier commit on Redis",
+    }
     table(
         f"2. Checkpointing on vs off: {ON_OFF_STEPS} turns, model latency "
         f"{LATENCY * 1000:g} ms, one write_file each ({ON_OFF_RUNS} runs each, taking turns)",
         ["variant", "median total", "runs", "step p50", "overhead/step", "vs off"],
         [
             [
-                name,
-                duration(statistics.median(totals[key])),
-                " / ".join(f"{t / 1e9:.3f} s" for t in totals[key]),
-                duration(statistics.median(s.p50 for s in runs)),
-                "-" if key == "off" else duration((statistics.median(totals[key]) - base) / steps),
-                ratio(statistics.median(totals[key]), base),
+                names[key],
+                duration(total[key]),
+                " / ".join(f"{sum(s.ns) / 1e9:.3f} s" for s in samples),
+                duration(statistics.median(s.p50 for s in samples)),
+                "-" if key == "off" else duration((total[key] - total["off"]) / ON_OFF_STEPS),
+                ratio(total[key], total["off"]),
             ]
-            for name, key, runs in rows
+            for key, samples in runs.items()
         ],
     )
-    env.targets.append(
-        Target(
-            f"checkpointing on / off, {ON_OFF_STEPS} steps at {LATENCY * 1000:g} ms latency",
-            statistics.median(totals["on"]) / base,
-            1.03,
-        ).report()
-    )
+    name = f"checkpointing on / off, {ON_OFF_STEPS} steps at {LATENCY * 1000:g} ms latency"
+    env.targets.append(Target(name, total["on"] / total["off"], 1.03).report())
 
 
 # the part ------------------------------------------------------------------------------
 def run() -> list[Target]:
     """Run both agents measurements on a private Redis; return the targets."""
-    saved = structlog.get_config()
-    with (
-        tempfile.TemporaryDirectory(prefix="cairn-bench-agents-") as tmp,
-        open(os.devnull, "w") as sink,  # noqa: PTH123 - a sink for the log renderer
-    ):
-        root = Path(tmp)
+    with contextlib.ExitStack() as stack:
+        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cairn-bench-")))
+        sink = stack.enter_context(open(os.devnull, "w"))  # noqa: PTH123 - the log's sink
+        stack.callback(partial(structlog.configure, **structlog.get_config()))
         with contextlib.redirect_stderr(sink):
             configure_logging("json", "info")  # binds the sink as the log's stream
         server = RedisServer(root / "redis", appendonly=False)
-        try:
-            server.start()
-            client = connect(server.url)
-            try:
-                store = CheckpointStore(
-                    RedisHotStore(client), DiskArchive(root / "archive"), Codec()
-                )
-                env = Env(root, client, store, Text(seed=2027))
-                print("\n== agents ==")
-                print(
-                    f"redis-server private (port {server.port}, no AOF); workspaces on "
-                    f"{filesystem(root)}. CheckpointStore: Codec() unsigned, "
-                    f"full_every={store.full_every}; default policy (a tool-level LC before "
-                    "each side-effecting tool); logs rendered as JSON into /dev/null"
-                )
-                step_overhead(env)
-                on_off(env)
-                return env.targets
-            finally:
-                client.close()
-        finally:
-            server.stop()
-            structlog.configure(**saved)
+        stack.callback(server.stop)
+        server.start()
+        client = stack.enter_context(connect(server.url))
+        store = CheckpointStore(RedisHotStore(client), DiskArchive(root / "archive"), Codec())
+        env = Env(root, client, store, Text(seed=2027))
+        print("\n== agents ==")
+        print(
+            f"redis-server private (port {server.port}, no AOF); workspaces on "
+            f"{filesystem(root)}. CheckpointStore: Codec() unsigned, full_every="
+            f"{store.full_every}; default policy (a tool-level LC before each side-effecting "
+            "tool); logs rendered as JSON at level info into /dev/null"
+        )
+        step_overhead(env)
+        on_off(env)
+        return env.targets
