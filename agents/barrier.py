@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from pydantic import ConfigDict, Field
+
 from agents.approval import decision_for
 from agents.workspace import Conflict, merge
 from storage.ids import new_id
@@ -18,6 +20,7 @@ from storage.records import (
     InboxMessage,
     LCRef,
     Message,
+    Record,
     Role,
     ToolCall,
     WorkspaceManifest,
@@ -25,6 +28,17 @@ from storage.records import (
 from storage.store import CheckpointStore
 
 SYSTEM_SENDER = "cairn"
+
+
+class StepOutputs(Record):
+    """The part of a step's LC a barrier needs: what it changed, sent, read, and became."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    status: AgentStatus
+    inbox_cursor: int = 0
+    changes: dict[str, str | None] = Field(default_factory=dict)
+    outbox: list[InboxMessage] = Field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,7 +68,9 @@ def build_gc(
     """
     task = previous.task
     stored = {
-        agent: store.read_lc(task, agent, votes[agent].id) for agent in order if agent in votes
+        agent: store.read_lc_fields(task, agent, votes[agent], StepOutputs)
+        for agent in order
+        if agent in votes
     }
     base = store.read_manifest(task, previous.workspace).files
     files, conflicts = merge(base, [(agent, lc.changes) for agent, lc in stored.items()])

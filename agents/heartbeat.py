@@ -23,13 +23,23 @@ def worker_token(attempt: int) -> str:
 class Heartbeat:
     """While entered, beat every `interval_ms` with a TTL of three intervals.
 
-    The first beat happens on entry, before any work. If a beat fails (a Redis blip) the
-    thread logs and tries again next interval; a coordinator seeing the key lapse treats
-    the step as dead, which is the safe reading.
+    The first beat happens on entry (unless the caller beat already). If a beat fails (a
+    Redis blip) the thread logs and tries again next interval; a coordinator seeing the
+    key lapse treats the step as dead, which is the safe reading.
     """
 
-    def __init__(self, hot: HotStore, task: str, agent: str, token: str, interval_ms: int) -> None:
+    def __init__(
+        self,
+        hot: HotStore,
+        task: str,
+        agent: str,
+        token: str,
+        interval_ms: int,
+        *,
+        beat_now: bool = True,
+    ) -> None:
         self._hot, self._task, self._agent, self._token = hot, task, agent, token
+        self._beat_now = beat_now
         self._interval_ms = interval_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{agent}", daemon=True)
@@ -45,7 +55,8 @@ class Heartbeat:
                 log.warning("heartbeat failed", error=str(exc))
 
     def __enter__(self) -> Heartbeat:
-        self._beat()
+        if self._beat_now:  # else the caller has just beaten (step_start does)
+            self._beat()
         self._thread.start()
         return self
 

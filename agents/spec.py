@@ -33,7 +33,6 @@ TOOL_NAMES = (
     "send_message",
     "finish",
 )
-SPEC_DOC = "spec"
 M = TypeVar("M", bound=BaseModel)
 
 

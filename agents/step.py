@@ -23,14 +23,16 @@ from structlog.contextvars import bound_contextvars
 
 from agents.approval import decision_for
 from agents.barrier import pending_calls
+from agents.cache import WORKER, WorkerCache
 from agents.heartbeat import Heartbeat, worker_token
 from agents.models.base import Model, ModelReply, ModelRequest
 from agents.models.openai import OpenAIModel
 from agents.models.scripted import ScriptedModel
-from agents.spec import SPEC_DOC, AgentSpec, StepPolicy, TaskRecord
+from agents.spec import AgentSpec, StepPolicy, TaskRecord
 from agents.tools import TOOLS, Tool, ToolContext
-from agents.workspace import Workspace, apply_changes, net_changes
+from agents.workspace import apply_changes, net_changes
 from storage.errors import FencedWrite, ToolError
+from storage.keys import SPEC_DOC
 from storage.records import (
     AgentStatus,
     GlobalCheckpoint,
@@ -45,6 +47,7 @@ from storage.records import (
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
+FIRST_BEAT_MS = 3_000  # the TTL of the first beat, sent before the task's policy is read
 ModelFactory = Callable[[AgentSpec], Model]
 
 
@@ -77,34 +80,22 @@ def run_step(
     store: CheckpointStore,
     cache: Path,
     models: ModelFactory = build_model,
+    warm: WorkerCache = WORKER,
 ) -> StepResult:
     """Run `agent`'s step of `superstep` as attempt `attempt` of `epoch`; return its outcome.
 
     Raises `FencedWrite` (and changes nothing) when the epoch or attempt is not current or
     the superstep does not follow the latest GC, and `ModelError` when the model fails.
+    `warm` is what this worker keeps between steps (states it wrote, manifests, workspace
+    directories); a miss reads from the store.
     """
-    record = store.read_doc(task, SPEC_DOC, TaskRecord)
-    spec = record.agent(agent)
-    with (
-        bound_contextvars(
-            task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
-        ),
-        Heartbeat(store.hot, task, agent, worker_token(attempt), record.policy.heartbeat_ms),
+    token = worker_token(attempt)
+    with bound_contextvars(
+        task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
     ):
-        gc = _starting_gc(store, task, superstep, epoch)
-        step = _Step(store, record, spec, gc, superstep, epoch, attempt, cache)
-        return step.run(models(spec))
-
-
-def _starting_gc(store: CheckpointStore, task: str, superstep: int, epoch: int) -> GlobalCheckpoint:
-    current = store.hot.get_epoch(task)
-    if current != epoch:
-        raise FencedWrite(f"stale epoch {epoch} (task is at {current})")
-    gc = store.latest_gc(task)
-    if gc is None or gc.superstep != superstep - 1:
-        at = "none" if gc is None else gc.superstep
-        raise FencedWrite(f"superstep {superstep} does not follow the latest GC (superstep {at})")
-    return gc
+        step = _Step(store, task, agent, superstep, epoch, attempt, cache, warm, token)
+        with Heartbeat(store.hot, task, agent, token, step.policy.heartbeat_ms, beat_now=False):
+            return step.run(models(step.spec))
 
 
 class _Step:
@@ -113,38 +104,57 @@ class _Step:
     def __init__(
         self,
         store: CheckpointStore,
-        record: TaskRecord,
-        spec: AgentSpec,
-        gc: GlobalCheckpoint,
+        task: str,
+        agent: str,
         superstep: int,
         epoch: int,
         attempt: int,
         cache: Path,
+        warm: WorkerCache,
+        token: str,
     ) -> None:
-        self.store, self.spec, self.gc = store, spec, gc
-        self.task, self.agent = record.task, spec.name
+        # One round trip: the first heartbeat, the epoch, the latest GC, progress, the spec.
+        start = store.hot.step_start(task, agent, epoch, superstep, token, FIRST_BEAT_MS)
+        if start.epoch != epoch:
+            raise FencedWrite(f"stale epoch {epoch} (task is at {start.epoch})")
+        record = warm.record(store, task, start.spec, TaskRecord, f"doc {task}/{SPEC_DOC}")
+        if record is None:
+            record = store.read_doc(task, SPEC_DOC, TaskRecord)
+        gc = warm.record(store, task, start.gc, GlobalCheckpoint, f"gc {task}/{start.latest}")
+        if gc is None:
+            gc = store.latest_gc(task)
+        if gc is None or gc.superstep != superstep - 1:
+            at = "none" if gc is None else gc.superstep
+            raise FencedWrite(
+                f"superstep {superstep} does not follow the latest GC (superstep {at})"
+            )
+        self.store, self.warm, self.gc = store, warm, gc
+        self.spec = record.agent(agent)
+        self.task, self.agent = task, agent
         self.policy: StepPolicy = record.policy
         self.attempt = attempt
-        progress = store.hot.get_progress(self.task, epoch, superstep, self.agent)
+        progress = start.progress
         self.resumed = progress is not None
         if progress is not None:
-            self.state = store.read_state(self.task, self.agent, progress.id, progress.checksum)
+            self.state = store.read_state(task, agent, progress.id, progress.checksum)
             log.info("resuming from tool-level checkpoint", lc=progress.id)
         else:
-            ref = gc.members[self.agent]
-            self.state = store.read_state(self.task, self.agent, ref.id, ref.checksum)
+            ref = gc.members[agent]
+            cached = warm.state(task, agent, ref)
+            self.state = cached or store.read_state(task, agent, ref.id, ref.checksum)
             self.state.step += 1
             self.state.changes, self.state.outbox = {}, []
             self.state.workspace_before = gc.workspace
         self.state.superstep, self.state.epoch, self.state.attempt = superstep, epoch, attempt
-        self.base_files = store.read_manifest(self.task, gc.workspace).files
-        self.workspace = Workspace(cache, self.task, self.agent)
+        self.base_files = warm.manifest(store, task, gc.workspace)
+        self.workspace = warm.workspace(cache, task, agent)
         self.workspace.sync(store, apply_changes(self.base_files, self.state.changes))
         self.crash_at: int | None = None
         self.dirty = False  # a side effect ran since the last tool-level checkpoint
+        self.touched = False  # a tool ran since the tree was last synced or captured
         self.ctx = ToolContext(
             workspace=self.workspace,
-            agent=self.agent,
+            agent=agent,
             team=[a.name for a in record.agents],
             superstep=superstep,
             policy=self.policy,
@@ -225,6 +235,7 @@ class _Step:
             self._result(call, None, None, f"unknown tool {call.name!r}", started, clock)
             return True
         self.dirty = self.dirty or tool.side_effect
+        self.touched = True
         try:
             result = tool.run(self.ctx, call.args)
         except ToolError as exc:
@@ -295,7 +306,10 @@ class _Step:
 
     def _capture(self) -> None:
         """Fold what the tools changed on disk into the state's change set."""
+        if not self.touched:
+            return  # no tool ran since the last sync or capture: the tree is as recorded
         self.workspace.capture(self.store)
+        self.touched = False
         self.state.changes = net_changes(self.base_files, self.workspace.files())
 
     def _checkpoint_tools(self) -> None:
@@ -308,10 +322,12 @@ class _Step:
         state = self.state
         state.status = _status(state.messages)
         self._capture()
-        state.workspace_after = self.store.put_manifest(
-            self.task, WorkspaceManifest(files=apply_changes(self.base_files, state.changes))
-        )
+        files = apply_changes(self.base_files, state.changes)
+        state.workspace_after = self.store.put_manifest(self.task, WorkspaceManifest(files=files))
+        self.warm.keep_manifest(self.task, state.workspace_after, files)
         ref = self.store.write_lc(state, Level.STEP, vote=True)
+        self.warm.keep_state(state, ref)
+        self.workspace.save_index()
         log.info("step done", status=state.status.value, tools=ran, lc=ref.id)
         return StepResult(ref, state.status, ran, reply is not None, self.resumed)
 

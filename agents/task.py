@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from agents.spec import SPEC_DOC, TaskRecord
+from agents.spec import TaskRecord
 from agents.workspace import check_path
 from storage.chain import AgentState
 from storage.errors import InvalidSpec, ToolError
+from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
 from storage.store import CheckpointStore
 

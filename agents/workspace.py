@@ -64,7 +64,10 @@ class Workspace:
 
     # syncing -----------------------------------------------------------------------------
     def sync(self, store: CheckpointStore, files: Files) -> None:
-        """Make the tree hold exactly `files`, writing only what differs from the index."""
+        """Make the tree hold exactly `files`, writing only what differs from the index.
+
+        Call `save_index` once the step is done to keep the work for the next process.
+        """
         current = self._scan()
         for path in current.keys() - files.keys():
             (self.tree / path).unlink()
@@ -82,7 +85,6 @@ class Workspace:
             st = target.stat()
             self._index[path] = (sha, st.st_mtime_ns, st.st_size)
         self._prune_empty_dirs()
-        self._save_index()
 
     def capture(self, store: CheckpointStore) -> Changes:
         """Store what changed in the tree since the last sync or capture; return the change set.
@@ -105,7 +107,6 @@ class Workspace:
                 store.put_blob(self.task, content)
                 changes[path] = sha
             self._index[path] = (sha, mtime, size)
-        self._save_index()
         return changes
 
     def files(self) -> Files:
@@ -115,13 +116,16 @@ class Workspace:
     def _scan(self) -> dict[str, tuple[int, int]]:
         """Return path → (mtime_ns, size) of every regular file; symlinks are not files."""
         found: dict[str, tuple[int, int]] = {}
-        for directory, _, names in os.walk(self.tree):
-            for name in names:
-                full = Path(directory) / name
-                st = full.lstat()
-                if full.is_symlink() or not full.is_file():
-                    continue
-                found[full.relative_to(self.tree).as_posix()] = (st.st_mtime_ns, st.st_size)
+        stack = [("", str(self.tree))]
+        while stack:
+            prefix, directory = stack.pop()
+            with os.scandir(directory) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        stack.append((f"{prefix}{entry.name}/", entry.path))
+                    elif entry.is_file(follow_symlinks=False):
+                        st = entry.stat(follow_symlinks=False)
+                        found[prefix + entry.name] = (st.st_mtime_ns, st.st_size)
         return found
 
     def _prune_empty_dirs(self) -> None:
@@ -138,7 +142,12 @@ class Workspace:
             # No index, or a damaged one: everything is re-checked against its blob.
             return {}
 
-    def _save_index(self) -> None:
+    def save_index(self) -> None:
+        """Keep the index on disk for the next worker process (once a step, at its end).
+
+        An index older than the tree is harmless: a file whose mtime or size disagrees
+        with it is checked against its blob again.
+        """
         tmp = self.root / f"{INDEX}.tmp"
         tmp.write_text(json.dumps(self._index))
         tmp.replace(self.root / INDEX)

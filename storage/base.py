@@ -43,6 +43,20 @@ class GCEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class StepStart:
+    """What a step reads to begin: the epoch, the latest GC, its progress, the task spec.
+
+    Bytes are sealed records (None when Redis does not have them: read the archive).
+    """
+
+    epoch: int
+    latest: int | None
+    gc: bytes | None
+    progress: LCRef | None
+    spec: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
 class GCInfo:
     """A global checkpoint as listed, without reading its body."""
 
@@ -90,6 +104,11 @@ class HotStore(Protocol):
 
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         """Return agent → voted LC for one superstep of one epoch."""
+
+    def step_start(
+        self, task: str, agent: str, epoch: int, superstep: int, token: str, ttl_ms: int
+    ) -> StepStart:
+        """Beat the step's heartbeat and read what it needs to begin, in one round trip."""
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
         """Return the latest tool-level LC `agent` wrote in this superstep, to resume from."""

@@ -12,6 +12,7 @@ import re
 from storage.errors import InvalidName
 
 PREFIX = "cairn"
+SPEC_DOC = "spec"  # the task document every step reads
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 

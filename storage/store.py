@@ -152,6 +152,19 @@ class CheckpointStore:
         """Return one verified LC as stored (a delta unless full)."""
         return self._load_one(task, agent, lc_id, None, self._hot_lc(task, lc_id)).record
 
+    def read_lc_fields(self, task: str, agent: str, ref: LCRef, view: type[R]) -> R:
+        """Return some fields of a verified LC, parsed into `view` (a model ignoring the rest).
+
+        The whole record is still verified; only the history is not built, which is what
+        makes a full LC of a long conversation cheap to look into.
+        """
+        name = f"lc {task}/{agent}/{ref.id}"
+        return first_sound(
+            name,
+            (lambda: self._hot_lc(task, ref.id), lambda: self.cold.get_lc(task, agent, ref.id)),
+            lambda data: self.codec.decode(data, view, name, expect_digest=ref.checksum),
+        )
+
     def _hot_lc(self, task: str, lc_id: str) -> bytes | None:
         found = self.hot.read_chain(task, lc_id, 1)
         return found[0] if found else None

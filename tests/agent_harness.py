@@ -10,8 +10,9 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from agents.barrier import build_gc, runnable
-from agents.spec import SPEC_DOC, AgentSpec, StepPolicy, TaskRecord, Turn
+from agents.spec import AgentSpec, StepPolicy, TaskRecord, Turn
 from agents.step import ModelFactory, build_model, run_step
+from storage.keys import SPEC_DOC
 from storage.records import GlobalCheckpoint
 from storage.store import CheckpointStore
 

@@ -7,6 +7,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from agents.cache import WorkerCache
 from agents.heartbeat import Heartbeat
 from agents.models.base import ModelRequest
 from agents.models.scripted import FINISHED, ScriptedModel
@@ -16,7 +17,7 @@ from storage.backends.memory import MemoryHotStore
 from storage.base import HotStore
 from storage.chain import AgentState
 from storage.errors import InvalidSpec, ModelError
-from storage.records import Message, Role, ToolCall, TraceRecord
+from storage.records import LCRef, Message, Role, ToolCall, TraceRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -142,3 +143,23 @@ def test_heartbeat_lives_while_entered_and_lapses_after() -> None:
         assert "w:1:1" == hot.beating("t", "coder")
     time.sleep(0.3)
     assert hot.beating("t", "coder") is None
+
+
+def test_worker_cache_hands_out_private_copies_of_exact_lcs() -> None:
+    """A kept state comes back only for the same LC, and changing the copy changes nothing kept."""
+    warm = WorkerCache()
+    state = AgentState(
+        task="t", agent="a", epoch=1, messages=[Message(role=Role.USER, content="hi")]
+    )
+    ref = LCRef(id="lc-1", checksum="ab" * 32)
+    warm.keep_state(state, ref)
+    state.messages.append(Message(role=Role.USER, content="after keeping"))
+    copy = warm.state("t", "a", ref)
+    assert copy is not None
+    assert 1 == len(copy.messages)
+    copy.messages.append(Message(role=Role.USER, content="mutated"))
+    again = warm.state("t", "a", ref)
+    assert again is not None
+    assert 1 == len(again.messages)
+    assert warm.state("t", "a", LCRef(id="lc-1", checksum="cd" * 32)) is None
+    assert warm.state("t", "b", ref) is None

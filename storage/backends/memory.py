@@ -11,9 +11,9 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink
+from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
 from storage.errors import CommitRefused, FencedWrite
-from storage.keys import check_name
+from storage.keys import SPEC_DOC, check_name
 from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
 
 
@@ -119,6 +119,21 @@ class MemoryHotStore:
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         with self._lock:
             return dict(self._votes.get((task, epoch, superstep), {}))
+
+    def step_start(
+        self, task: str, agent: str, epoch: int, superstep: int, token: str, ttl_ms: int
+    ) -> StepStart:
+        self.beat(task, agent, token, ttl_ms)
+        with self._lock:
+            latest = self._latest.get(task)
+            gc = None if latest is None else self._gcs.get((task, latest))
+            return StepStart(
+                epoch=self._epochs.get(task, 0),
+                latest=latest,
+                gc=None if gc is None else gc.entry.sealed.data,
+                progress=self._progress.get((task, epoch, superstep), {}).get(agent),
+                spec=self._docs.get((task, SPEC_DOC)),
+            )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
         with self._lock:

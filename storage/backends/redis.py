@@ -22,8 +22,9 @@ from redis.connection import (
 )
 
 from storage import keys
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink
+from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
 from storage.errors import CommitRefused, FencedWrite
+from storage.keys import SPEC_DOC
 from storage.records import GCStatus, LCRef
 
 
@@ -80,6 +81,14 @@ def _translating(call: Callable[[], object]) -> object:
         raise
 
 
+def _ref(value: bytes | None) -> LCRef | None:
+    """Parse an "lc_id checksum" pair as stored for votes and progress."""
+    if value is None:
+        return None
+    lc_id, checksum = value.decode().split(" ")
+    return LCRef(id=lc_id, checksum=checksum)
+
+
 class RedisHotStore:
     """A `HotStore` on one Redis (or a cluster: each script touches one slot)."""
 
@@ -91,6 +100,7 @@ class RedisHotStore:
         self._commit_gc = _script(client, "commit_gc")
         self._abort_gc = _script(client, "abort_gc")
         self._raise_epoch = _script(client, "raise_epoch")
+        self._step_start = _script(client, "step_start")
 
     def init_task(self, task: str) -> int:
         self.redis.set(keys.epoch(task), 1, nx=True)
@@ -154,18 +164,37 @@ class RedisHotStore:
 
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.votes(task, epoch, superstep)))
-        votes = {}
-        for agent, value in raw.items():
-            lc_id, checksum = value.decode().split(" ")
-            votes[agent.decode()] = LCRef(id=lc_id, checksum=checksum)
-        return votes
+        return {agent.decode(): cast(LCRef, _ref(value)) for agent, value in raw.items()}
+
+    def step_start(
+        self, task: str, agent: str, epoch: int, superstep: int, token: str, ttl_ms: int
+    ) -> StepStart:
+        reply = cast(
+            list[bytes | None],
+            self._step_start(
+                keys=[
+                    keys.heartbeat(task, agent),
+                    keys.epoch(task),
+                    keys.latest(task),
+                    keys.progress(task, epoch, superstep),
+                    keys.doc(task, SPEC_DOC),
+                ],
+                args=[token, ttl_ms, agent, keys.gc(task, 0).removesuffix("0")],
+            ),
+        )
+        current, latest, gc, progress, spec = reply
+        return StepStart(
+            epoch=int(current or 0),
+            latest=None if latest is None else int(latest),
+            gc=gc,
+            progress=_ref(progress),
+            spec=spec,
+        )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
-        value = cast(bytes | None, self.redis.hget(keys.progress(task, epoch, superstep), agent))
-        if value is None:
-            return None
-        lc_id, checksum = value.decode().split(" ")
-        return LCRef(id=lc_id, checksum=checksum)
+        return _ref(
+            cast(bytes | None, self.redis.hget(keys.progress(task, epoch, superstep), agent))
+        )
 
     def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
         self.redis.set(keys.heartbeat(task, agent), token, px=ttl_ms)

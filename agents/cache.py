@@ -1,0 +1,117 @@
+"""What a worker keeps between steps, so the next step of the same agent starts warm.
+
+Only what cannot go stale is kept: states under the id and checksum of the LC they were
+written as (LCs never change), manifests under their content address, and the workspace
+directories (their index is checked against the files on every sync). Everything is
+bounded; a miss just reads from the store.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import replace
+from pathlib import Path
+from typing import Generic, TypeVar
+
+from agents.workspace import Files, Workspace
+from storage.chain import AgentState
+from storage.codec import HEADER_SIZE
+from storage.records import LCRef, Record
+from storage.store import CheckpointStore
+
+K = TypeVar("K")
+R = TypeVar("R", bound=Record)
+V = TypeVar("V")
+
+
+class _LRU(Generic[K, V]):
+    def __init__(self, size: int) -> None:
+        self._size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+
+    def get(self, key: K) -> V | None:
+        value = self._items.get(key)
+        if value is not None:
+            self._items.move_to_end(key)
+        return value
+
+    def put(self, key: K, value: V) -> None:
+        self._items[key] = value
+        self._items.move_to_end(key)
+        while len(self._items) > self._size:
+            self._items.popitem(last=False)
+
+
+def _copy(state: AgentState) -> AgentState:
+    """A copy a step may change without touching the original (messages are immutable)."""
+    return replace(
+        state,
+        messages=list(state.messages),
+        trace=list(state.trace),
+        changes=dict(state.changes),
+        outbox=list(state.outbox),
+        base=None if state.base is None else replace(state.base),
+    )
+
+
+class WorkerCache:
+    """A worker's warm state: agent states it wrote, manifests, workspace directories."""
+
+    def __init__(self, states: int = 64, manifests: int = 256, workspaces: int = 256) -> None:
+        self._states: _LRU[tuple[str, str], tuple[LCRef, AgentState]] = _LRU(states)
+        self._manifests: _LRU[tuple[str, str], Files] = _LRU(manifests)
+        self._workspaces: _LRU[tuple[Path, str, str], Workspace] = _LRU(workspaces)
+        self._records: _LRU[tuple[str, type, bytes], Record] = _LRU(manifests)
+
+    def state(self, task: str, agent: str, ref: LCRef) -> AgentState | None:
+        """Return a private copy of the state written as LC `ref`, if this worker wrote it."""
+        found = self._states.get((task, agent))
+        if found is None or found[0] != ref:
+            return None
+        return _copy(found[1])
+
+    def keep_state(self, state: AgentState, ref: LCRef) -> None:
+        """Remember `state` as written as step LC `ref`."""
+        self._states.put((state.task, state.agent), (ref, _copy(state)))
+
+    def manifest(self, store: CheckpointStore, task: str, manifest_id: str) -> Files:
+        """Return a manifest's files, read once per worker (a manifest never changes)."""
+        files = self._manifests.get((task, manifest_id))
+        if files is None:
+            files = store.read_manifest(task, manifest_id).files
+            self._manifests.put((task, manifest_id), files)
+        return dict(files)
+
+    def keep_manifest(self, task: str, manifest_id: str, files: Files) -> None:
+        """Remember a manifest this worker just stored (the next GC often names it)."""
+        self._manifests.put((task, manifest_id), dict(files))
+
+    def record(
+        self, store: CheckpointStore, task: str, data: bytes | None, model: type[R], name: str
+    ) -> R | None:
+        """Return the record sealed in `data` (None for None), opening each digest once.
+
+        The digest in the envelope commits to the content, so bytes carrying a digest this
+        worker already verified hold that same record. Treat what it returns as read-only.
+        """
+        if data is None:
+            return None
+        key = (task, model, data[5:HEADER_SIZE])
+        found = self._records.get(key)
+        if found is None:
+            found = store.codec.decode(data, model, name)
+            self._records.put(key, found)
+        assert isinstance(found, model)
+        return found
+
+    def workspace(self, root: Path, task: str, agent: str) -> Workspace:
+        """Return the worker's workspace directory object for one agent of one task."""
+        key = (Path(root), task, agent)
+        workspace = self._workspaces.get(key)
+        if workspace is None:
+            workspace = Workspace(root, task, agent)
+            self._workspaces.put(key, workspace)
+        return workspace
+
+
+WORKER = WorkerCache()

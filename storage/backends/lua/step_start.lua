@@ -1,0 +1,16 @@
+-- Everything a step needs from Redis to begin, in one round trip, first beat included.
+-- KEYS: 1 heartbeat, 2 epoch, 3 latest, 4 progress, 5 spec document
+-- ARGV: 1 heartbeat token, 2 heartbeat TTL (ms), 3 agent, 4 gc key prefix ("cairn:{task}:gc:")
+-- Returns {epoch, latest GC number, latest GC sealed bytes, progress "id checksum", spec}.
+-- The GC key is built from `latest`; it carries the task's hash tag like KEYS.
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+local latest = redis.call('GET', KEYS[3])
+local gc = false
+if latest then gc = redis.call('HGET', ARGV[4] .. latest, 'data') end
+return {
+  redis.call('GET', KEYS[2]),
+  latest,
+  gc,
+  redis.call('HGET', KEYS[4], ARGV[3]),
+  redis.call('GET', KEYS[5]),
+}
