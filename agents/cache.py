@@ -15,7 +15,7 @@ from typing import Generic, TypeVar
 
 from agents.workspace import Files, Workspace
 from storage.chain import AgentState
-from storage.codec import HEADER_SIZE
+from storage.codec import DIGEST_END
 from storage.records import LCRef, Record
 from storage.store import CheckpointStore
 
@@ -96,7 +96,7 @@ class WorkerCache:
         """
         if data is None:
             return None
-        key = (task, model, data[5:HEADER_SIZE])
+        key = (task, model, data[5:DIGEST_END])
         found = self._records.get(key)
         if found is None:
             found = store.codec.decode(data, model, name)

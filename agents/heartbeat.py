@@ -37,9 +37,12 @@ class Heartbeat:
         interval_ms: int,
         *,
         beat_now: bool = True,
+        first_wait_ms: int | None = None,
     ) -> None:
         self._hot, self._task, self._agent, self._token = hot, task, agent, token
         self._beat_now = beat_now
+        # When the caller's own first beat had a shorter TTL, renew before it lapses.
+        self._first_wait_ms = min(interval_ms, first_wait_ms or interval_ms)
         self._interval_ms = interval_ms
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{agent}", daemon=True)
@@ -48,7 +51,9 @@ class Heartbeat:
         self._hot.beat(self._task, self._agent, self._token, 3 * self._interval_ms)
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_ms / 1000):
+        wait = self._first_wait_ms
+        while not self._stop.wait(wait / 1000):
+            wait = self._interval_ms
             try:
                 self._beat()
             except redis.RedisError as exc:

@@ -94,7 +94,16 @@ def run_step(
         task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
     ):
         step = _Step(store, task, agent, superstep, epoch, attempt, cache, warm, token)
-        with Heartbeat(store.hot, task, agent, token, step.policy.heartbeat_ms, beat_now=False):
+        beats = Heartbeat(
+            store.hot,
+            task,
+            agent,
+            token,
+            step.policy.heartbeat_ms,
+            beat_now=False,  # step_start beat, with a TTL of FIRST_BEAT_MS
+            first_wait_ms=FIRST_BEAT_MS // 3,
+        )
+        with beats:
             return step.run(models(step.spec))
 
 

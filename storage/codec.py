@@ -2,12 +2,14 @@
 
 The stored form of every record and blob is an envelope:
 
-    b"CRN1" | flags (1 byte) | digest (32 bytes) | body
+    b"CRN1" | flags (1 byte) | digest (32 bytes) | crc32 of body (4 bytes) | body
 
 `digest` is SHA-256 of the canonical bytes, or HMAC-SHA256 with `CAIRN_SIGNING_KEY`
 (flag bit 1). `body` is the canonical bytes, zstd-compressed (flag bit 0) when larger than
-`compress_above`. Opening verifies the frame, decompresses with a size cap, recomputes the
-digest and compares in constant time: any changed byte is refused, never half-used.
+`compress_above`. Opening checks the CRC of the stored body (so even a changed byte that
+would decompress to the same content, such as an unused bit of a zstd frame header, is
+refused), decompresses with a size cap, recomputes the digest and compares it in constant
+time: any changed byte is refused, never half-used.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hmac
 import json
 import os
 import threading
+import zlib
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -30,7 +33,8 @@ from storage.records import SCHEMA_VERSION, Record
 MAGIC = b"CRN1"
 FLAG_ZSTD = 0x01
 FLAG_HMAC = 0x02
-HEADER_SIZE = len(MAGIC) + 1 + 32
+DIGEST_END = len(MAGIC) + 1 + 32
+HEADER_SIZE = DIGEST_END + 4
 MAX_RECORD_BYTES = 512 * 1024 * 1024  # refuse to inflate anything larger (a zstd bomb)
 # A delta LC (one message, ~1.3 KB) is cheaper to store plainly than to compress; a full
 # one (hundreds of KB of repetitive JSON) shrinks ~5x. 4 KiB separates them.
@@ -109,7 +113,8 @@ class Codec:
         if len(payload) > self._compress_above:
             body = self._zstd.compressor.compress(payload)
             flags |= FLAG_ZSTD
-        return Sealed(MAGIC + bytes((flags,)) + digest + body, digest.hex())
+        crc = zlib.crc32(body).to_bytes(4, "big")
+        return Sealed(MAGIC + bytes((flags,)) + digest + crc + body, digest.hex())
 
     def open(self, data: bytes, name: str, *, expect_digest: str | None = None) -> bytes:
         """Return the verified payload of an envelope, or raise `CorruptCheckpoint`.
@@ -122,8 +127,10 @@ class Codec:
         flags = data[4]
         if flags & ~(FLAG_ZSTD | FLAG_HMAC):
             raise CorruptCheckpoint(name, f"unknown flags {flags:#04x}")
-        digest = data[5:HEADER_SIZE]
+        digest = data[5:DIGEST_END]
         body = data[HEADER_SIZE:]
+        if zlib.crc32(body).to_bytes(4, "big") != data[DIGEST_END:HEADER_SIZE]:
+            raise CorruptCheckpoint(name, "stored bytes damaged (CRC mismatch)")
         payload = self._decompress(body, name) if flags & FLAG_ZSTD else body
         if flags & FLAG_HMAC:
             if self._key is None:
@@ -145,8 +152,12 @@ class Codec:
 
     def _decompress(self, body: bytes, name: str) -> bytes:
         try:
+            # A damaged frame header can declare any size: check it before allocating it.
+            declared = zstandard.frame_content_size(body)
+            if declared > MAX_RECORD_BYTES:
+                raise CorruptCheckpoint(name, f"frame declares {declared} bytes")
             return self._zstd.decompressor.decompress(body, max_output_size=MAX_RECORD_BYTES)
-        except zstandard.ZstdError as exc:
+        except (zstandard.ZstdError, MemoryError) as exc:
             raise CorruptCheckpoint(name, f"cannot decompress: {exc}") from None
 
     def encode(self, record: Record) -> Sealed:
@@ -168,6 +179,6 @@ class Codec:
             raise CorruptCheckpoint(
                 name, f"schema version {record.schema_version} is newer than {SCHEMA_VERSION}"
             )
-        record.checksum = data[5:HEADER_SIZE].hex()
+        record.checksum = data[5:DIGEST_END].hex()
         record.size = len(data)
         return record

@@ -235,3 +235,16 @@ def test_ids_sort_by_time_and_are_unique() -> None:
     assert ids == sorted(ids)
     assert len(ids) == len(set(ids))
     assert all(i[14] == "7" for i in ids)
+
+
+def test_a_damaged_zstd_header_cannot_make_us_allocate() -> None:
+    """Every value of the zstd frame's header byte is refused as corrupt, never a MemoryError."""
+    codec = Codec(compress_above=0)
+    record = WorkspaceManifest(files={"0": "0" * 64, "\x1f": "0" * 64, "000\x1f": "0" * 64})
+    sealed = codec.encode(record).data
+    position = HEADER_SIZE + 4  # the frame header descriptor, after zstd's 4-byte magic
+    for flip in range(1, 256):
+        damaged = bytearray(sealed)
+        damaged[position] ^= flip
+        with pytest.raises(CorruptCheckpoint):
+            codec.decode(bytes(damaged), WorkspaceManifest, "damaged")
