@@ -20,7 +20,10 @@ def test_connect_packs_large_values_in_python_and_round_trips(redis_server: Redi
     assert value == client.get("cairn-test-large")
     connection = client.connection_pool.get_connection()
     try:
-        assert "PythonRespSerializer" == type(connection._command_packer).__name__
+        packer = connection._command_packer
+        assert "_HybridPacker" == type(packer).__name__
+        assert 3 == len(packer.pack("SET", "k", value))  # header, the value alone, CRLF
+        assert 1 == len(packer.pack("SET", "k", b"small"))  # one buffer, from hiredis
     finally:
         client.connection_pool.release(connection)
     client.delete("cairn-test-large")
