@@ -54,6 +54,7 @@ class StepStart:
     gc: bytes | None
     progress: LCRef | None
     spec: bytes | None
+    current: str | None  # the agent's current "superstep:attempt", as begin_attempt set it
 
 
 @dataclass(frozen=True, slots=True)

@@ -94,3 +94,24 @@ def heartbeat(task: str, agent: str) -> str:
 def doc(task: str, name: str) -> str:
     """String: a task-level document in its envelope (the task's spec, an approval)."""
     return f"{task_prefix(task)}doc:{check_name('document', name)}"
+
+
+def run(task: str) -> str:
+    """Hash: the coordinator's view of a running task (status, superstep in flight, …)."""
+    return task_prefix(task) + "run"
+
+
+def steps(task: str) -> str:
+    """Hash agent → JSON: the step of the superstep in flight (attempt, job, times)."""
+    return task_prefix(task) + "steps"
+
+
+def outcomes(task: str, epoch_: int, superstep: int) -> str:
+    """Hash agent → JSON: why an attempt of a step ended without a vote (error kind, text)."""
+    return f"{task_prefix(task)}outcomes:{epoch_}:{superstep}"
+
+
+# Not task-scoped on purpose: indexes across tasks, each on its own slot.
+ACTIVE_TASKS = f"{PREFIX}:tasks:active"
+LEASE = f"{PREFIX}:coordinator:lease"
+LEASE_TOKEN = f"{PREFIX}:coordinator:token"

@@ -245,8 +245,10 @@ def test_zombie_attempt_is_fenced_before_it_calls_the_model(
         run_step("fence", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
     with pytest.raises(FencedWrite, match="stale epoch"):
         run_step("fence", "coder", 1, 7, 2, store=real_store, cache=tmp_path)
+    real_store.hot.begin_attempt("fence", "coder", 3, 2)
     with pytest.raises(FencedWrite, match="does not follow"):
         run_step("fence", "coder", 3, 1, 2, store=real_store, cache=tmp_path)
+    real_store.hot.begin_attempt("fence", "coder", 1, 2)
     assert (
         2
         == len(

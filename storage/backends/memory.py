@@ -127,12 +127,14 @@ class MemoryHotStore:
         with self._lock:
             latest = self._latest.get(task)
             gc = None if latest is None else self._gcs.get((task, latest))
+            current = self._attempts.get((task, agent))
             return StepStart(
                 epoch=self._epochs.get(task, 0),
                 latest=latest,
                 gc=None if gc is None else gc.entry.sealed.data,
                 progress=self._progress.get((task, epoch, superstep), {}).get(agent),
                 spec=self._docs.get((task, SPEC_DOC)),
+                current=None if current is None else f"{current[0]}:{current[1]}",
             )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:

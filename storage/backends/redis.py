@@ -201,17 +201,19 @@ class RedisHotStore:
                     keys.latest(task),
                     keys.progress(task, epoch, superstep),
                     keys.doc(task, SPEC_DOC),
+                    keys.attempts(task),
                 ],
                 args=[token, ttl_ms, agent, keys.gc(task, 0).removesuffix("0")],
             ),
         )
-        current, latest, gc, progress, spec = reply
+        epoch_, latest, gc, progress, spec, current = reply
         return StepStart(
-            epoch=int(current or 0),
+            epoch=int(epoch_ or 0),
             latest=None if latest is None else int(latest),
             gc=gc,
             progress=_ref(progress),
             spec=spec,
+            current=None if current is None else current.decode(),
         )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:

@@ -1,7 +1,8 @@
 -- Everything a step needs from Redis to begin, in one round trip, first beat included.
--- KEYS: 1 heartbeat, 2 epoch, 3 latest, 4 progress, 5 spec document
+-- KEYS: 1 heartbeat, 2 epoch, 3 latest, 4 progress, 5 spec document, 6 attempts
 -- ARGV: 1 heartbeat token, 2 heartbeat TTL (ms), 3 agent, 4 gc key prefix ("cairn:{task}:gc:")
--- Returns {epoch, latest GC number, latest GC sealed bytes, progress "id checksum", spec}.
+-- Returns {epoch, latest GC number, latest GC sealed bytes, progress "id checksum", spec,
+--          the agent's current "superstep:attempt"}.
 -- The GC key is built from `latest`; it carries the task's hash tag like KEYS.
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 local latest = redis.call('GET', KEYS[3])
@@ -13,4 +14,5 @@ return {
   gc,
   redis.call('HGET', KEYS[4], ARGV[3]),
   redis.call('GET', KEYS[5]),
+  redis.call('HGET', KEYS[6], ARGV[3]),
 }
