@@ -36,6 +36,7 @@ class StepOutputs(Record):
     model_config = ConfigDict(extra="ignore")
 
     status: AgentStatus
+    step: int = 0
     inbox_cursor: int = 0
     changes: dict[str, str | None] = Field(default_factory=dict)
     outbox: list[InboxMessage] = Field(default_factory=list)
@@ -58,13 +59,15 @@ def build_gc(
     number: int,
     superstep: int,
     epoch: int,
+    notices: list[InboxMessage] | None = None,
 ) -> Barrier:
     """Return the GC after `previous` that takes in the voted LCs of `superstep`.
 
     Change sets merge in `order` (the team's agent order): the later agent wins a path two
     agents wrote, and the earlier one gets a message naming the conflict. Messages sent in
     the superstep join the inbox, numbered per recipient; messages each voter has read
-    leave it. Agents that did not vote keep their LC from `previous`.
+    leave it. Agents that did not vote keep their LC from `previous`. `notices` are more
+    messages to deliver (a failed verification's output, say).
     """
     task = previous.task
     stored = {
@@ -94,6 +97,7 @@ def build_gc(
         )
         for c in conflicts
     ]
+    sent += notices or []
     for message in sent:
         seq = delivered.get(message.recipient, 0) + 1
         delivered[message.recipient] = seq

@@ -15,9 +15,9 @@ from storage.base import HotStore
 log = structlog.get_logger(__name__)
 
 
-def worker_token(attempt: int) -> str:
-    """Name this process's attempt of a step: `host:pid:attempt`."""
-    return f"{socket.gethostname()}:{os.getpid()}:{attempt}"
+def worker_token(superstep: int, attempt: int) -> str:
+    """Name this process's attempt of a step: `host:pid:superstep:attempt`."""
+    return f"{socket.gethostname()}:{os.getpid()}:{superstep}:{attempt}"
 
 
 class Heartbeat:

@@ -89,7 +89,7 @@ def run_step(
     `warm` is what this worker keeps between steps (states it wrote, manifests, workspace
     directories); a miss reads from the store.
     """
-    token = worker_token(attempt)
+    token = worker_token(superstep, attempt)
     with bound_contextvars(
         task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
     ):

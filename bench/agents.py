@@ -180,8 +180,15 @@ class Team:
     def barrier(self, vote: LCRef) -> None:
         """Build, prepare and commit the superstep's GC."""
         gc = self.gc
-        where = {"number": gc.number + 1, "superstep": gc.superstep + 1, "epoch": gc.epoch}
-        built = build_gc(self.store, gc, {AGENT: vote}, [AGENT], **where).gc
+        built = build_gc(
+            self.store,
+            gc,
+            {AGENT: vote},
+            [AGENT],
+            number=gc.number + 1,
+            superstep=gc.superstep + 1,
+            epoch=gc.epoch,
+        ).gc
         self.store.prepare_gc(built)
         self.gc = self.store.commit_gc(built)
 

@@ -389,4 +389,4 @@ def test_heartbeat_is_alive_while_the_step_runs(
     watcher.start()
     run_step("hb", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
     watcher.join()
-    assert all(token == f"{socket.gethostname()}:{os.getpid()}:1" for token in seen[1:7]), seen
+    assert all(token == f"{socket.gethostname()}:{os.getpid()}:1:1" for token in seen[1:7]), seen

@@ -1,0 +1,437 @@
+"""The coordinator: drives every running task superstep by superstep, on RQ workers.
+
+Per superstep: write the GC as PREPARING, launch one step job per runnable agent, watch
+their votes, retry a step whose attempt failed, timed out or whose worker died (the
+heartbeat lapsed), and commit the GC in one atomic write once every vote is in; then
+archive per policy. When no agent is runnable, run `verify`. All of it lives in Redis
+(the task's `run` and `steps` hashes): a coordinator that dies is replaced by one that
+reads the same state and carries on, and only the holder of the lease acts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+import threading
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import cast
+
+import redis
+import structlog
+from rq import Queue
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
+from rq.serializers import JSONSerializer
+
+from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, runnable
+from agents.spec import TaskRecord
+from agents.task import start_task
+from coordinator.jobs import STEP_JOB, STEPS_QUEUE
+from coordinator.lease import Lease
+from coordinator.spec import CheckpointPolicy, TaskSpec
+from coordinator.verify import verify
+from storage import keys
+from storage.archive import archive_gc, trim_cold, trim_hot
+from storage.errors import ArchiveError, CairnError, InvalidSpec
+from storage.ids import new_id
+from storage.keys import SPEC_DOC
+from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
+from storage.store import CheckpointStore
+
+log = structlog.get_logger(__name__)
+TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unrecoverable"})
+LIMITS_DOC = "limits"
+HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
+MAX_BACKOFF = 30.0
+
+
+class Limits(Record):
+    """The part of a task's spec the coordinator enforces."""
+
+    verify: str | None = None
+    verify_timeout: float = 300.0
+    max_supersteps: int = 50
+    step_timeout: float = 300.0
+    checkpoints: CheckpointPolicy = CheckpointPolicy()
+
+
+@dataclass(slots=True)
+class StepRun:
+    """One agent's step of the superstep in flight, as kept in the task's `steps` hash."""
+
+    attempt: int
+    job: str = ""
+    retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
+
+    def dump(self) -> str:
+        """The JSON kept in Redis."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def load(cls, raw: bytes) -> StepRun:
+        """Read the JSON kept in Redis."""
+        return cls(**json.loads(raw))
+
+
+def task_id(name: str) -> str:
+    """A task id people can read: the spec's name, made safe, plus a unique suffix."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "task"
+    return f"{slug}-{new_id().replace('-', '')[-12:]}"
+
+
+class Coordinator:
+    """Submits tasks and drives them; `run` loops while holding the leader lease."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        store: CheckpointStore,
+        cache: Path,
+        *,
+        name: str = "coordinator",
+        heartbeat_grace: float = HEARTBEAT_GRACE,
+        lease_ttl_ms: int = 5_000,
+    ) -> None:
+        self.redis = client
+        self.store = store
+        self.cache = Path(cache)
+        self.heartbeat_grace = heartbeat_grace
+        self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
+        self.lease = Lease(client, name, lease_ttl_ms)
+
+    # the API ------------------------------------------------------------------------------
+    def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
+        """Store a task, commit its GC 0 and queue it to run; return its id."""
+        task = task_id(spec.name)
+        files = spec.workspace_files(base)
+        start_task(self.store, spec.record(task), files)
+        limits = Limits(
+            verify=spec.verify,
+            verify_timeout=spec.verify_timeout,
+            max_supersteps=spec.max_supersteps,
+            step_timeout=spec.step_timeout,
+            checkpoints=spec.checkpoints,
+        )
+        self.store.put_doc(task, LIMITS_DOC, limits)
+        self.redis.hset(keys.run(task), mapping={"status": "running", "superstep": 0})
+        self.redis.sadd(keys.ACTIVE_TASKS, task)
+        log.info("task submitted", task=task, agents=len(spec.agents))
+        return task
+
+    def status(self, task: str) -> dict[str, object]:
+        """The task's status, as `cairn status --json` prints it."""
+        run = self._run(task)
+        if not run:
+            raise InvalidSpec(f"unknown task {task!r}")
+        gc = self.store.latest_gc(task)
+        agents = []
+        if gc is not None:
+            for agent, ref in gc.members.items():
+                step = self.store.read_lc_fields(task, agent, ref, StepOutputs).step
+                agents.append(
+                    {"name": agent, "status": gc.statuses.get(agent, "active"), "step": step}
+                )
+        status = run["status"]
+        if status == "running" and any(a["status"] == AgentStatus.WAITING_APPROVAL for a in agents):
+            status = "waiting_approval"
+        return {
+            "task_id": task,
+            "status": status,
+            "superstep": 0 if gc is None else gc.superstep,
+            "epoch": self.store.hot.get_epoch(task),
+            "latest_checkpoint": None if gc is None else gc.number,
+            "agents": agents,
+            "reason": run.get("reason"),
+            "verify_output": run.get("verify_output"),
+        }
+
+    def pause(self, task: str) -> None:
+        """Stop starting supersteps; the one in flight finishes and commits."""
+        self._set_status(task, "paused", only_from={"running"})
+
+    def resume(self, task: str) -> None:
+        """Start supersteps again."""
+        self._set_status(task, "running", only_from={"paused"})
+
+    def cancel(self, task: str) -> None:
+        """End the task now: fence its running steps and abort the superstep in flight."""
+        run = self._run(task)
+        self.store.hot.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
+        if int(run.get("superstep", "0")):
+            self._abort_gc(task, run)
+        self._finish(task, "cancelled", "cancelled by a person")
+
+    # the loop -----------------------------------------------------------------------------
+    def run(self, stop: threading.Event, poll: float = 0.05) -> None:
+        """Drive tasks until `stop` is set, acting only while holding the leader lease."""
+        try:
+            while not stop.is_set():
+                if self.lease.acquire():
+                    self.tick()
+                stop.wait(poll)
+        finally:
+            self.lease.release()
+
+    def tick(self) -> None:
+        """Advance every active task by what is due now."""
+        for raw in cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS)):
+            task = raw.decode()
+            try:
+                self.advance(task)
+            except (CairnError, redis.RedisError) as exc:
+                log.warning("task not advanced", task=task, error=str(exc))
+
+    def advance(self, task: str) -> None:
+        """Do what is due for one task: start a superstep, watch one, or finish."""
+        run = self._run(task)
+        status = run.get("status", "")
+        if status in TERMINAL or not status:
+            self.redis.srem(keys.ACTIVE_TASKS, task)
+            return
+        superstep = int(run.get("superstep", "0"))
+        if superstep:
+            self._watch(task, superstep, run)
+        elif status == "running":
+            self._begin(task)
+
+    # one superstep ------------------------------------------------------------------------
+    def _begin(self, task: str) -> None:
+        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
+        gc = self.store.latest_gc(task)
+        if gc is None:
+            self._finish(task, "unrecoverable", "no committed checkpoint is left")
+            return
+        order = [a.name for a in record.agents]
+        agents = runnable(self.store, gc, order)
+        if not agents:
+            if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
+                return  # waiting for a person
+            self._verify(task, gc, order, limits)
+            return
+        if gc.superstep >= limits.max_supersteps:
+            self._finish(task, "failed", f"reached max_supersteps ({limits.max_supersteps})")
+            return
+        superstep, epoch = gc.superstep + 1, self.store.hot.get_epoch(task)
+        intent = gc.model_copy(
+            update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
+        )
+        self.store.prepare_gc(intent)
+        for agent in agents:
+            self._launch(task, agent, superstep, epoch, 1, limits)
+        self.redis.hset(
+            keys.run(task),
+            mapping={"superstep": superstep, "number": intent.number, "epoch": epoch},
+        )
+        log.info("superstep started", task=task, superstep=superstep, agents=agents)
+
+    def _launch(
+        self, task: str, agent: str, superstep: int, epoch: int, attempt: int, limits: Limits
+    ) -> None:
+        self.store.hot.begin_attempt(task, agent, superstep, attempt)
+        job = f"cairn-{task}-{epoch}-{superstep}-{agent}-{attempt}"
+        self.queue.enqueue_call(
+            STEP_JOB,
+            args=(task, agent, superstep, epoch, attempt),
+            job_id=job,
+            timeout=int(limits.step_timeout) + 60,
+            result_ttl=3_600,
+            failure_ttl=86_400,
+        )
+        self.redis.hset(keys.steps(task), agent, StepRun(attempt, job).dump())
+
+    def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
+        epoch = int(run["epoch"])
+        votes = self.store.hot.get_votes(task, epoch, superstep)
+        steps = {
+            k.decode(): StepRun.load(v)
+            for k, v in cast(dict[bytes, bytes], self.redis.hgetall(keys.steps(task))).items()
+        }
+        if steps and steps.keys() <= votes.keys():
+            self._commit(task, superstep, run, {a: votes[a] for a in steps})
+            return
+        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
+        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        now = time.time()
+        for agent, step in steps.items():
+            if agent in votes:
+                continue
+            if step.retry_at:
+                if now >= step.retry_at:
+                    self._launch(task, agent, superstep, epoch, step.attempt, limits)
+                continue
+            failure = self._failure(task, agent, superstep, epoch, step, limits, now)
+            if failure is None:
+                continue
+            kind, message = failure
+            retries = record.agent(agent).max_retries
+            if kind == "fatal" or step.attempt > retries:
+                self._give_up(task, run, f"step of {agent} in superstep {superstep}: {message}")
+                return
+            backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
+            # Fence the failed attempt first: whatever it does from now on is refused.
+            self.store.hot.begin_attempt(task, agent, superstep, step.attempt + 1)
+            with contextlib.suppress(NoSuchJobError, redis.RedisError):
+                Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
+            retry = StepRun(step.attempt + 1, retry_at=now + backoff)
+            self.redis.hset(keys.steps(task), agent, retry.dump())
+            log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
+
+    def _failure(  # noqa: PLR0911 - one return per way a step can be over
+        self,
+        task: str,
+        agent: str,
+        superstep: int,
+        epoch: int,
+        step: StepRun,
+        limits: Limits,
+        now: float,
+    ) -> tuple[str, str] | None:
+        """Why the current attempt of a step is over without a vote, or None if it is not."""
+        raw = cast(bytes | None, self.redis.hget(keys.outcomes(task, epoch, superstep), agent))
+        if raw is not None:
+            outcome = json.loads(raw)
+            if outcome["attempt"] == step.attempt and outcome["kind"] != "fenced":
+                return str(outcome["kind"]), str(outcome["message"])
+        try:
+            job = Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer)
+        except NoSuchJobError:
+            return "retryable", "its job vanished"
+        state = job.get_status()
+        if state in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+            return "retryable", f"its job {state.value}"
+        if state == JobStatus.FINISHED:
+            return "retryable", "its job finished without a vote"
+        if state != JobStatus.STARTED or job.started_at is None:
+            return None  # still queued: waiting is not failing
+        running = now - job.started_at.timestamp()
+        if running > limits.step_timeout:
+            return "retryable", f"timed out after {limits.step_timeout:g} s"
+        beat = self.store.hot.beating(task, agent)
+        mine = f":{superstep}:{step.attempt}"  # the token of this very attempt
+        if running > self.heartbeat_grace and (beat is None or not beat.endswith(mine)):
+            return "retryable", "its worker stopped beating (dead or stalled)"
+        return None
+
+    def _commit(
+        self, task: str, superstep: int, run: dict[str, str], votes: dict[str, LCRef]
+    ) -> None:
+        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        gc = self.store.latest_gc(task)
+        assert gc is not None
+        order = [a.name for a in record.agents]
+        barrier = build_gc(
+            self.store,
+            gc,
+            votes,
+            order,
+            number=int(run["number"]),
+            superstep=superstep,
+            epoch=int(run["epoch"]),
+        )
+        committed = self.store.commit_gc(barrier.gc)
+        self.redis.delete(keys.steps(task))
+        self.redis.hset(keys.run(task), "superstep", 0)
+        log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
+                 conflicts=len(barrier.conflicts))  # fmt: skip
+        self._archive(task, committed)
+
+    def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
+        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
+        policy = limits.checkpoints
+        if gc.number % policy.archive_every and policy.durability == "async":
+            return
+        try:
+            archive_gc(self.store, task, gc.number)
+            trim_hot(self.store, task, policy.hot_keep)
+            trim_cold(self.store, task, policy.cold_keep)
+        except (ArchiveError, CairnError) as exc:
+            log.warning(
+                "archiving failed; the GC stays in Redis", task=task, gc=gc.number, error=str(exc)
+            )
+            return
+        self.redis.hset(keys.run(task), "archived", gc.number)
+
+    def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
+        if not limits.verify:
+            self._finish(task, "succeeded", "every agent rested")
+            return
+        verdict = verify(self.store, gc, limits.verify, self.cache, limits.verify_timeout)
+        self.redis.hset(keys.run(task), "verify_output", verdict.output[-4_000:])
+        if verdict.passed:
+            self._finish(task, "succeeded", "verify passed")
+            return
+        if gc.superstep + 1 > limits.max_supersteps:
+            self._finish(
+                task, "failed", f"verify failed at max_supersteps ({limits.max_supersteps})"
+            )
+            return
+        # Tell every agent, as the barrier of an empty superstep: they wake and go on.
+        text = f"`{limits.verify}` failed:\n{verdict.output[-2_000:]}"
+        notices = [
+            InboxMessage(
+                id=new_id(),
+                seq=0,
+                sender=SYSTEM_SENDER,
+                recipient=agent,
+                superstep=gc.superstep + 1,
+                content=text,
+            )
+            for agent in order
+        ]
+        epoch = self.store.hot.get_epoch(task)
+        barrier = build_gc(
+            self.store,
+            gc,
+            {},
+            order,
+            number=gc.number + 1,
+            superstep=gc.superstep + 1,
+            epoch=epoch,
+            notices=notices,
+        )
+        self.store.prepare_gc(barrier.gc)
+        self.store.commit_gc(barrier.gc)
+        log.info("verify failed; the team goes on", task=task)
+
+    def _give_up(self, task: str, run: dict[str, str], reason: str) -> None:
+        """Abort the superstep and roll back to the latest committed GC: fence, then fail."""
+        self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
+        self._abort_gc(task, run)
+        self._finish(task, "failed", f"{reason}; rolled back to the latest committed checkpoint")
+
+    def _abort_gc(self, task: str, run: dict[str, str]) -> None:
+        gc = self.store.latest_gc(task)
+        if gc is not None and "number" in run:
+            intent = gc.model_copy(
+                update={
+                    "number": int(run["number"]),
+                    "superstep": int(run["superstep"]),
+                    "epoch": int(run["epoch"]),
+                }
+            )
+            with contextlib.suppress(CairnError):
+                self.store.abort_gc(intent)
+        self.redis.delete(keys.steps(task))
+        self.redis.hset(keys.run(task), "superstep", 0)
+
+    # run state ----------------------------------------------------------------------------
+    def _run(self, task: str) -> dict[str, str]:
+        raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.run(task)))
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def _set_status(self, task: str, status: str, only_from: set[str]) -> None:
+        current = self._run(task).get("status")
+        if current not in only_from:
+            raise InvalidSpec(
+                f"task {task} is {current or 'unknown'}, not {' or '.join(sorted(only_from))}"
+            )
+        self.redis.hset(keys.run(task), "status", status)
+
+    def _finish(self, task: str, status: str, reason: str) -> None:
+        self.redis.hset(keys.run(task), mapping={"status": status, "reason": reason})
+        self.redis.srem(keys.ACTIVE_TASKS, task)
+        log.info("task ended", task=task, status=status, reason=reason)

@@ -1,0 +1,101 @@
+"""The functions RQ workers run for Cairn; a Cairn worker runs no other.
+
+Jobs carry only JSON (RQ's JSON serializer): names and numbers. A job builds its store
+from the environment once per process (`CAIRN_REDIS_URL`, `CAIRN_ARCHIVE_DIR`,
+`CAIRN_CACHE_DIR`) and reports why a step ended without a vote in the task's `outcomes`
+hash, so the coordinator can tell a fatal model error from a crash.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+
+import redis
+import structlog
+
+from agents.step import run_step
+from storage import keys
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec
+from storage.errors import CairnError, FencedWrite, ModelError
+from storage.store import CheckpointStore
+
+STEPS_QUEUE = "cairn-steps"
+CONTROL_QUEUE = "cairn-control"  # restores; workers serve it first
+STEP_JOB = "coordinator.jobs.step_job"
+ALLOWED_JOBS = frozenset({STEP_JOB})
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What a worker process needs to run steps."""
+
+    redis: redis.Redis
+    store: CheckpointStore
+    cache: Path
+
+
+def default_archive() -> Path:
+    """The archive directory: `CAIRN_ARCHIVE_DIR`, else `.cairn/archive`."""
+    return Path(os.environ.get("CAIRN_ARCHIVE_DIR", ".cairn/archive"))
+
+
+def default_cache() -> Path:
+    """Where workers keep workspace copies: `CAIRN_CACHE_DIR`, else `.cairn/cache`."""
+    return Path(os.environ.get("CAIRN_CACHE_DIR", ".cairn/cache"))
+
+
+@cache
+def environment() -> Environment:
+    """Build the process's store from the environment, once."""
+    url = os.environ.get("CAIRN_REDIS_URL")
+    if not url:
+        raise CairnError("CAIRN_REDIS_URL is not set: a worker needs to know its Redis")
+    client = connect(url)
+    store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
+    return Environment(client, store, default_cache())
+
+
+def record_outcome(
+    client: redis.Redis,
+    task: str,
+    agent: str,
+    superstep: int,
+    epoch: int,
+    attempt: int,
+    kind: str,
+    message: str,
+) -> None:
+    """Say why an attempt ended without a vote: `retryable`, `fatal` or `fenced`."""
+    value = json.dumps({"attempt": attempt, "kind": kind, "message": message[:500]})
+    client.hset(keys.outcomes(task, epoch, superstep), agent, value)
+
+
+def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) -> str:
+    """Run one attempt of one step; return the agent's status after it.
+
+    A fenced attempt (a zombie, or one the coordinator gave up on) stops quietly. A model
+    error or any other Cairn error is recorded, then raised, so RQ marks the job failed.
+    """
+    env = environment()
+    where = (env.redis, task, agent, superstep, epoch, attempt)
+    try:
+        result = run_step(task, agent, superstep, epoch, attempt, store=env.store, cache=env.cache)
+    except FencedWrite as exc:
+        record_outcome(*where, "fenced", str(exc))
+        log.info("attempt fenced", task=task, agent=agent, reason=str(exc))
+        return "fenced"
+    except ModelError as exc:
+        record_outcome(*where, "retryable" if exc.retryable else "fatal", str(exc))
+        raise
+    except CairnError as exc:
+        record_outcome(*where, "fatal", f"{type(exc).__name__}: {exc}")
+        raise
+    return result.status.value

@@ -1,0 +1,72 @@
+"""The leader lease: one coordinator acts at a time; a standby takes over when it lapses.
+
+Each holder gets a fencing token from a counter that only rises, so a coordinator that
+paused past its lease and resumed can tell (and be told) that it is no longer the leader.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import redis
+
+from storage import keys
+
+# Renew only while the lease still names us: compare and extend in one step.
+_RENEW = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('PEXPIRE', KEYS[1], ARGV[2])
+end
+return 0
+"""
+_RELEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class Lease:
+    """A leader lease named `holder`, held for `ttl_ms` unless renewed."""
+
+    def __init__(self, client: redis.Redis, holder: str, ttl_ms: int = 5_000) -> None:
+        self._redis = client
+        self.holder = holder
+        self.ttl_ms = ttl_ms
+        self.token: int | None = None
+        self._renew = client.register_script(_RENEW)
+        self._release = client.register_script(_RELEASE)
+
+    @property
+    def _value(self) -> str:
+        return f"{self.holder}:{self.token}"
+
+    def acquire(self) -> bool:
+        """Take the lease if it is free; True when this coordinator now leads."""
+        if self.token is not None and self.renew():
+            return True
+        token = int(self._redis.incr(keys.LEASE_TOKEN))
+        if self._redis.set(keys.LEASE, f"{self.holder}:{token}", nx=True, px=self.ttl_ms):
+            self.token = token
+            return True
+        self.token = None
+        return False
+
+    def renew(self) -> bool:
+        """Extend the lease; False (and no longer leading) when it lapsed or was taken."""
+        if self.token is None:
+            return False
+        if int(self._renew(keys=[keys.LEASE], args=[self._value, self.ttl_ms])) == 1:
+            return True
+        self.token = None
+        return False
+
+    def release(self) -> None:
+        """Give the lease up at once, so a standby need not wait for it to lapse."""
+        if self.token is not None:
+            self._release(keys=[keys.LEASE], args=[self._value])
+            self.token = None
+
+    def holder_now(self) -> str | None:
+        """Who holds the lease now (`holder:token`), or None."""
+        value = cast(bytes | None, self._redis.get(keys.LEASE))
+        return None if value is None else value.decode()

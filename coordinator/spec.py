@@ -1,0 +1,123 @@
+"""`TaskSpec`: a collaborative task as a user writes it, in YAML or JSON.
+
+Loading refuses an invalid spec with `InvalidSpec` naming the field and the reason; the
+spec then becomes the `TaskRecord` every step reads, the initial workspace files, and the
+limits the coordinator enforces.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import Field, model_validator
+
+from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy, Strict, TaskRecord, parse_model
+from agents.workspace import check_path
+from storage.errors import InvalidSpec, ToolError
+
+MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
+
+
+class CheckpointPolicy(Strict):
+    """How a task checkpoints: the design's `checkpoints` block."""
+
+    every: int = Field(default=1, ge=1, le=1_000)  # commit a GC every N supersteps
+    hot_keep: int = Field(default=3, ge=1, le=10_000)
+    cold_keep: int = Field(default=50, ge=1, le=1_000_000)
+    archive_every: int = Field(default=1, ge=1, le=1_000)
+    durability: Literal["async", "sync"] = "async"
+    tool_level: Literal["none", "side_effects", "all"] = "side_effects"
+    full_every: int = Field(default=20, ge=1, le=10_000)
+    model_reply: bool = False
+
+
+class TaskSpec(Strict):
+    """A task: its goal, its team, its workspace, how it is verified, its limits."""
+
+    name: str = Field(min_length=1, max_length=200)
+    goal: str = Field(min_length=1)
+    workspace: str | None = None  # a directory, relative to the spec's own
+    files: dict[str, str] = Field(default_factory=dict)  # or inline files
+    agents: list[AgentSpec] = Field(min_length=1, max_length=1_000)
+    verify: str | None = None
+    verify_timeout: float = Field(default=300.0, gt=0, le=24 * 3600)
+    max_supersteps: int = Field(default=50, ge=1, le=100_000)
+    step_timeout: float = Field(default=300.0, gt=0, le=24 * 3600)
+    checkpoints: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+
+    @model_validator(mode="after")
+    def _one_workspace(self) -> TaskSpec:
+        if self.workspace is not None and self.files:
+            raise ValueError("give either `workspace` (a directory) or `files`, not both")
+        names = [a.name for a in self.agents]
+        if len(names) != len(set(names)):
+            raise ValueError(f"agent names must be unique: {names}")
+        for path in self.files:
+            try:
+                check_path(path)
+            except ToolError as exc:
+                raise ValueError(f"files: {exc}") from None
+        return self
+
+    def policy(self) -> StepPolicy:
+        """The policy steps follow."""
+        triggers = CheckpointTriggers(
+            model_reply=self.checkpoints.model_reply, tool_call=self.checkpoints.tool_level
+        )
+        return StepPolicy(
+            triggers=triggers,
+            full_every=self.checkpoints.full_every,
+            command_timeout=min(self.step_timeout, 3600),
+        )
+
+    def record(self, task: str) -> TaskRecord:
+        """The record of task `task` that every step reads."""
+        return TaskRecord(task=task, goal=self.goal, agents=self.agents, policy=self.policy())
+
+    def workspace_files(self, base: Path) -> dict[str, bytes]:
+        """Return the initial workspace: inline files, or the directory's regular files."""
+        if self.workspace is None:
+            return {path: content.encode() for path, content in self.files.items()}
+        root = (base / self.workspace).resolve()
+        if not root.is_dir():
+            raise InvalidSpec(
+                f"invalid task spec: workspace: {self.workspace!r} is not a directory"
+            )
+        files: dict[str, bytes] = {}
+        total = 0
+        for directory, dirs, names in os.walk(root):
+            dirs[:] = sorted(d for d in dirs if not Path(directory, d).is_symlink())
+            for name in sorted(names):
+                path = Path(directory, name)
+                if path.is_symlink() or not path.is_file():
+                    continue  # links may lead anywhere; only real files are the workspace
+                content = path.read_bytes()
+                total += len(content)
+                if total > MAX_WORKSPACE_BYTES:
+                    raise InvalidSpec(
+                        f"invalid task spec: workspace is over {MAX_WORKSPACE_BYTES} bytes"
+                    )
+                files[path.relative_to(root).as_posix()] = content
+        return files
+
+
+def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
+    """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong."""
+    source = Path(path)
+    try:
+        text = source.read_text()
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read task spec {source}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        kind = "JSON" if source.suffix == ".json" else "YAML"
+        first = str(exc).splitlines()[0]
+        raise InvalidSpec(f"task spec {source} is not valid {kind}: {first}") from None
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"task spec {source} must be a mapping of fields")
+    return parse_model(TaskSpec, data, "task spec")

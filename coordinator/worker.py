@@ -1,0 +1,77 @@
+"""The Cairn worker: an RQ worker that takes JSON jobs and runs only Cairn's functions.
+
+It serves the control queue (restores) before the steps queue. Steps run in the worker's
+own process (`SimpleWorker`, ~3.4 ms a job here against ~13 ms for a forking worker); crash
+isolation comes from one worker per process, restarted by its supervisor when it dies,
+and from the fencing that makes a dead or stalled worker's writes harmless.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from rq import Queue, SimpleWorker
+from rq.job import Job
+from rq.serializers import JSONSerializer
+
+from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
+from storage.backends.redis import connect
+from storage.errors import CairnError
+
+
+class RefusedJob(CairnError):
+    """Raised when a worker is handed a function that is not one of Cairn's jobs."""
+
+
+class CairnJob(Job):
+    """A job whose function must be one of `ALLOWED_JOBS`."""
+
+    @property
+    def func(self) -> Callable[..., Any] | None:
+        """The job's function, imported only if Cairn allows it."""
+        if self.func_name not in ALLOWED_JOBS:
+            raise RefusedJob(f"refusing job function {self.func_name!r}: not a Cairn job")
+        return super().func  # type: ignore[no-any-return]
+
+
+class CairnWorker(SimpleWorker):
+    """An RQ worker on Cairn's queues, with JSON jobs and Cairn's job class."""
+
+
+def queues(url: str) -> list[Queue]:
+    """Cairn's queues on the Redis at `url`, control first."""
+    client = connect(url)
+    return [
+        Queue(name, connection=client, serializer=JSONSerializer)
+        for name in (CONTROL_QUEUE, STEPS_QUEUE)
+    ]
+
+
+def run_worker(url: str, *, burst: bool = False, name: str | None = None) -> None:
+    """Work Cairn's queues until stopped (or, with `burst`, until they are empty)."""
+    served = queues(url)
+    worker = CairnWorker(
+        served,
+        connection=served[0].connection,
+        serializer=JSONSerializer,
+        job_class=CairnJob,
+        name=name,
+    )
+    worker.work(burst=burst, logging_level="WARNING")
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m coordinator.worker REDIS_URL [--burst]`: run one worker."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--burst", action="store_true")
+    args = parser.parse_args(argv)
+    run_worker(args.url, burst=args.burst)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

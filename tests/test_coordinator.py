@@ -1,0 +1,204 @@
+"""The coordinator with real RQ worker processes on a real redis-server."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import IO
+
+import pytest
+import yaml
+
+from coordinator.coordinator import Coordinator
+from coordinator.spec import TaskSpec
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+from tests.agent_harness import files_of
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class Cluster:
+    """A private Redis, N worker processes and a coordinator driven by the test."""
+
+    def __init__(self, server: RedisServer, tmp: Path) -> None:
+        self.server, self.tmp = server, tmp
+        self.client = connect(server.url)
+        self.store = CheckpointStore(
+            RedisHotStore(self.client), DiskArchive(tmp / "archive"), Codec()
+        )
+        self.coordinator = Coordinator(
+            self.client, self.store, tmp / "coordinator-cache", heartbeat_grace=1.0
+        )
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self._logs: list[IO[bytes]] = []
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        """Start one more worker process, with a workspace cache of its own."""
+        n = len(self.workers)
+        env = {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CAIRN_REDIS_URL": self.server.url,
+            "CAIRN_ARCHIVE_DIR": str(self.tmp / "archive"),
+            "CAIRN_CACHE_DIR": str(self.tmp / f"worker-{n}"),  # as if on another machine
+        }
+        log = (self.tmp / f"worker-{n}.log").open("wb")
+        self._logs.append(log)
+        worker = subprocess.Popen(
+            [sys.executable, "-m", "coordinator.worker", self.server.url],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=log,
+        )
+        self.workers.append(worker)
+        return worker
+
+    def drive(self, task: str, timeout: float = 60.0) -> dict[str, object]:
+        """Tick the coordinator until the task ends; return its final status."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            self.coordinator.tick()
+            status = self.coordinator.status(task)
+            if status["status"] in {"succeeded", "failed", "cancelled", "unrecoverable"}:
+                return status
+            time.sleep(0.02)
+        raise AssertionError(f"task {task} did not end: {self.coordinator.status(task)}")
+
+    def close(self) -> None:
+        """Kill the workers, close the logs and the client."""
+        for worker in self.workers:
+            if worker.poll() is None:
+                worker.kill()
+            worker.wait()
+        for log in self._logs:
+            log.close()
+        self.client.close()
+
+
+@pytest.fixture
+def cluster(own_redis: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    """A private Redis with a coordinator; the test starts the workers it wants."""
+    built = Cluster(own_redis, tmp_path)
+    yield built
+    built.close()
+
+
+TEAM = """
+name: Fix the greeting
+goal: Make greet.py greet politely.
+files: {"greet.py": "print('hi')\\n"}
+verify: grep -q Hello greet.py && test -f REVIEW.md
+agents:
+  - name: planner
+    script:
+      - say: Plan.
+        tools:
+          - {name: write_file, args: {path: PLAN.md, content: "1. say Hello\\n"}}
+          - {name: send_message, args: {to: coder, content: Please make it say Hello.}}
+  - name: coder
+    script:
+      - say: Waiting for the plan.
+      - say: Coding.
+        latency: SLOW
+        tools:
+          - {name: write_file, args: {path: greet.py, content: "print('Hello')\\n"}}
+          - {name: run_command, args: {command: "echo coder-ran >> LEDGER"}}
+          - {name: send_message, args: {to: reviewer, content: "Done, please review."}}
+  - name: reviewer
+    script:
+      - say: Nothing to review yet.
+      - say: Reviewing.
+        tools:
+          - {name: read_file, args: {path: greet.py}}
+          - {name: write_file, args: {path: REVIEW.md, content: "Looks good.\\n"}}
+          - {name: finish, args: {summary: approved}}
+"""
+
+
+def team_spec(ledger: Path, slow: float = 0.0) -> TaskSpec:
+    """Three agents working through messages on one workspace, verified by a command."""
+    text = TEAM.replace("LEDGER", str(ledger)).replace("SLOW", str(slow))
+    return TaskSpec.model_validate(yaml.safe_load(text))
+
+
+Outcome = tuple[dict[str, bytes], dict[str, list[tuple[str, str | None, list[str]]]], int]
+
+
+def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
+    """The task's final files, every agent's history, how often the coder's command ran."""
+    gc = cluster.store.latest_gc(task)
+    assert gc is not None
+    histories = {
+        agent: [
+            (m.role.value, m.content, [c.name for c in m.tool_calls])
+            for m in cluster.store.read_state(task, agent, ref.id, ref.checksum).messages
+        ]
+        for agent, ref in gc.members.items()
+    }
+    return files_of(cluster.store, gc), histories, ledger.read_text().count("coder-ran")
+
+
+def test_three_agents_on_two_workers(cluster: Cluster, tmp_path: Path) -> None:
+    """A team collaborating through messages ends with the expected files and histories."""
+    cluster.start_worker()
+    cluster.start_worker()
+    ledger = tmp_path / "ledger"
+    task = cluster.coordinator.submit(team_spec(ledger))
+    status = cluster.drive(task)
+    assert "succeeded" == status["status"], status
+    files, histories, ran = outcome(cluster, task, ledger)
+    assert {
+        "greet.py": b"print('Hello')\n",
+        "PLAN.md": b"1. say Hello\n",
+        "REVIEW.md": b"Looks good.\n",
+    } == files
+    assert 1 == ran
+    coder = histories["coder"]
+    assert ("user", "Message from planner: Please make it say Hello.", []) in coder
+    reviewer = histories["reviewer"]
+    assert ("user", "Message from coder: Done, please review.", []) in reviewer
+    assert ("tool", "print('Hello')\n", []) in reviewer
+
+
+def test_a_worker_killed_mid_step_is_detected_and_the_step_retried(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGKILL the worker running a slow step: it runs again as attempt 2, same result."""
+    reference = tmp_path / "reference.ledger"
+    cluster.start_worker()
+    cluster.start_worker()
+    clean = cluster.coordinator.submit(team_spec(reference, slow=0.0))
+    assert "succeeded" == cluster.drive(clean)["status"]
+
+    ledger = tmp_path / "ledger"
+    task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
+    deadline, killed = time.monotonic() + 30, None
+    while killed is None and time.monotonic() < deadline:
+        cluster.coordinator.tick()
+        beat = cluster.store.hot.beating(task, "coder")
+        if beat is not None and beat.endswith(":2:1"):  # superstep 2, attempt 1
+            time.sleep(0.3)  # the coder is inside its slow model turn
+            killed = int(beat.split(":")[1])
+            os.kill(killed, signal.SIGKILL)
+        time.sleep(0.02)
+    assert killed is not None
+    status = cluster.drive(task)
+    assert "succeeded" == status["status"], status
+    assert outcome(cluster, clean, reference) == outcome(cluster, task, ledger)
+    beat_owner = [w for w in cluster.workers if w.pid == killed]
+    assert [-signal.SIGKILL] == [w.wait() for w in beat_owner]
+    # The coder's committed step of superstep 2 is the retry's: attempt 2.
+    gc = cluster.store.latest_gc(task)
+    assert gc is not None
+    chain = cluster.store.load_chain(task, "coder", gc.members["coder"].id)
+    attempts = {c.record.superstep: c.record.attempt for c in chain if c.record.superstep <= 2}
+    assert {0: 1, 1: 1, 2: 2} == attempts
