@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -13,12 +14,20 @@ from typing import IO
 
 import pytest
 import yaml
+from rq import Queue
+from rq.job import JobStatus
+from rq.serializers import JSONSerializer
 
 from coordinator.coordinator import Coordinator
+from coordinator.jobs import STEPS_QUEUE
 from coordinator.spec import TaskSpec
+from coordinator.worker import CairnJob, CairnWorker, queues
+from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
+from storage.errors import InvalidSpec
+from storage.records import GCStatus
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 from tests.agent_harness import files_of
@@ -202,3 +211,106 @@ def test_a_worker_killed_mid_step_is_detected_and_the_step_retried(
     chain = cluster.store.load_chain(task, "coder", gc.members["coder"].id)
     attempts = {c.record.superstep: c.record.attempt for c in chain if c.record.superstep <= 2}
     assert {0: 1, 1: 1, 2: 2} == attempts
+
+
+def test_a_zombie_worker_writes_nothing_that_is_accepted(cluster: Cluster, tmp_path: Path) -> None:
+    """A worker stopped past the heartbeat's life is replaced; woken up, it is fenced."""
+    reference = tmp_path / "reference.ledger"
+    cluster.start_worker()
+    cluster.start_worker()
+    clean = cluster.coordinator.submit(team_spec(reference))
+    assert "succeeded" == cluster.drive(clean)["status"]
+    ledger = tmp_path / "ledger"
+    task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
+    deadline, frozen = time.monotonic() + 30, None
+    while frozen is None and time.monotonic() < deadline:
+        cluster.coordinator.tick()
+        beat = cluster.store.hot.beating(task, "coder")
+        if beat is not None and beat.endswith(":2:1"):
+            frozen = int(beat.split(":")[1])
+            os.kill(frozen, signal.SIGSTOP)
+        time.sleep(0.02)
+    assert frozen is not None
+    try:
+        # Wait until the retry (attempt 2, on the other worker) has voted.
+        while not cluster.store.hot.get_votes(task, 1, 2).get("coder"):
+            assert time.monotonic() < deadline + 30
+            cluster.coordinator.tick()
+            time.sleep(0.02)
+    finally:
+        os.kill(frozen, signal.SIGCONT)
+    status = cluster.drive(task)
+    assert "succeeded" == status["status"], status
+    # The zombie woke, finished its model turn, and was refused at its first write.
+    deadline = time.monotonic() + 15
+    while b'"fenced"' not in (cluster.client.hget(keys.outcomes(task, 1, 2), "coder") or b""):
+        assert time.monotonic() < deadline, "the zombie never reported"
+        time.sleep(0.05)
+    assert outcome(cluster, clean, reference) == outcome(cluster, task, ledger)
+
+
+def test_a_new_coordinator_finishes_what_a_dead_one_started(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The coordinator dies with a superstep prepared but not committed; another carries on."""
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    while not int(cluster.client.hget(keys.run(task), "superstep") or 0):
+        cluster.coordinator.tick()
+    assert [GCStatus.COMMITTED, GCStatus.PREPARING] == [
+        g.status for g in cluster.store.list_gcs(task)
+    ]
+    # The first coordinator is gone: a second one, sharing nothing but Redis, takes over.
+    successor = Coordinator(cluster.client, cluster.store, tmp_path / "other-cache", name="standby")
+    stop = threading.Event()
+    thread = threading.Thread(target=successor.run, args=(stop,))
+    thread.start()
+    try:
+        deadline = time.monotonic() + 60
+        while successor.status(task)["status"] == "running":
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+    finally:
+        stop.set()
+        thread.join()
+    assert "succeeded" == successor.status(task)["status"]
+    listed = cluster.store.list_gcs(task)
+    assert all(g.status is GCStatus.COMMITTED for g in listed)
+    assert list(range(len(listed))) == [g.number for g in listed]
+
+
+def test_pause_resume_and_cancel(cluster: Cluster, tmp_path: Path) -> None:
+    """A paused task starts no superstep; resumed it goes on; cancelled it ends and is fenced."""
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    cluster.coordinator.pause(task)
+    for _ in range(20):
+        cluster.coordinator.tick()
+    assert 0 == cluster.coordinator.status(task)["superstep"]
+    cluster.coordinator.resume(task)
+    while cluster.coordinator.status(task)["superstep"] == 0:
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    epoch = cluster.store.hot.get_epoch(task)
+    cluster.coordinator.cancel(task)
+    assert "cancelled" == cluster.coordinator.status(task)["status"]
+    assert epoch + 1 == cluster.store.hot.get_epoch(task)
+    with pytest.raises(InvalidSpec, match="is cancelled"):
+        cluster.coordinator.resume(task)
+
+
+def test_workers_refuse_functions_that_are_not_cairn_jobs(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """A job naming any other function fails without that function running."""
+    marker = tmp_path / "pwned"
+    queue = Queue(STEPS_QUEUE, connection=connect(redis_server.url), serializer=JSONSerializer)
+    job = queue.enqueue_call("os.system", args=(f"touch {marker}",))
+    worker_queues = queues(redis_server.url)
+    CairnWorker(worker_queues, connection=worker_queues[0].connection, serializer=JSONSerializer,
+                job_class=CairnJob).work(burst=True)  # fmt: skip
+    assert JobStatus.FAILED == job.get_status()
+    assert "not a Cairn job" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
+    assert not marker.exists()
+    for q in (queue, *worker_queues):
+        q.connection.close()
