@@ -31,6 +31,7 @@ from agents.spec import TaskRecord
 from agents.task import start_task
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
+from coordinator.restore import RestoreFailed, Restorer
 from coordinator.spec import CheckpointPolicy, TaskSpec
 from coordinator.verify import verify
 from storage import keys
@@ -46,6 +47,7 @@ TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unrecoverable"})
 LIMITS_DOC = "limits"
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
+MAX_ROLLBACKS = 3
 
 
 class Limits(Record):
@@ -94,6 +96,7 @@ class Coordinator:
         name: str = "coordinator",
         heartbeat_grace: float = HEARTBEAT_GRACE,
         lease_ttl_ms: int = 5_000,
+        restore_on_workers: bool = True,
     ) -> None:
         self.redis = client
         self.store = store
@@ -101,6 +104,7 @@ class Coordinator:
         self.heartbeat_grace = heartbeat_grace
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
+        self.restorer = Restorer(client, store, workers=restore_on_workers)
 
     # the API ------------------------------------------------------------------------------
     def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
@@ -398,10 +402,23 @@ class Coordinator:
         log.info("verify failed; the team goes on", task=task)
 
     def _give_up(self, task: str, run: dict[str, str], reason: str) -> None:
-        """Abort the superstep and roll back to the latest committed GC: fence, then fail."""
-        self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
-        self._abort_gc(task, run)
-        self._finish(task, "failed", f"{reason}; rolled back to the latest committed checkpoint")
+        """Abort the superstep and roll the task back to its latest committed GC.
+
+        After `MAX_ROLLBACKS` rollbacks the task fails instead: a step that fails the same
+        way from the same state would fail again.
+        """
+        rollbacks = int(run.get("rollbacks", "0"))
+        if rollbacks >= MAX_ROLLBACKS:
+            self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
+            self._abort_gc(task, run)
+            self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
+            return
+        self.redis.hincrby(keys.run(task), "rollbacks", 1)
+        log.info("superstep aborted; rolling back", task=task, reason=reason)
+        try:
+            self.restorer.restore(task, reason=f"superstep aborted: {reason}")
+        except RestoreFailed as exc:
+            log.warning("rollback failed", task=task, error=str(exc))
 
     def _abort_gc(self, task: str, run: dict[str, str]) -> None:
         gc = self.store.latest_gc(task)

@@ -28,7 +28,7 @@ from storage.store import CheckpointStore
 STEPS_QUEUE = "cairn-steps"
 CONTROL_QUEUE = "cairn-control"  # restores; workers serve it first
 STEP_JOB = "coordinator.jobs.step_job"
-ALLOWED_JOBS = frozenset({STEP_JOB})
+ALLOWED_JOBS = frozenset({STEP_JOB, "coordinator.restore.stage_job"})
 
 log = structlog.get_logger(__name__)
 

@@ -111,6 +111,11 @@ def outcomes(task: str, epoch_: int, superstep: int) -> str:
     return f"{task_prefix(task)}outcomes:{epoch_}:{superstep}"
 
 
+def restore_lock(task: str) -> str:
+    """String with a TTL: held while a restore of the task runs (restores are serialized)."""
+    return task_prefix(task) + "restore-lock"
+
+
 # Not task-scoped on purpose: indexes across tasks, each on its own slot.
 ACTIVE_TASKS = f"{PREFIX}:tasks:active"
 LEASE = f"{PREFIX}:coordinator:lease"

@@ -15,6 +15,7 @@ from storage.base import ColdArchive, HotStore
 from storage.codec import Codec
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
+from tests.cluster import Cluster
 
 
 @pytest.fixture(scope="session")
@@ -79,3 +80,11 @@ def own_store(own_redis: RedisServer, tmp_path: Path) -> Iterator[CheckpointStor
     client = connect(own_redis.url)
     yield CheckpointStore(RedisHotStore(client), DiskArchive(tmp_path / "archive"), Codec())
     client.close()
+
+
+@pytest.fixture
+def cluster(own_redis: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
+    """A private Redis with a coordinator; the test starts the workers it wants."""
+    built = Cluster(own_redis, tmp_path)
+    yield built
+    built.close()

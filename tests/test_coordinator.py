@@ -4,156 +4,24 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import IO
 
 import pytest
-import yaml
 from rq import Queue
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
-from coordinator.spec import TaskSpec
 from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
+from storage.backends.redis import connect
 from storage.errors import InvalidSpec
 from storage.records import GCStatus
 from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
-from tests.agent_harness import files_of
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class Cluster:
-    """A private Redis, N worker processes and a coordinator driven by the test."""
-
-    def __init__(self, server: RedisServer, tmp: Path) -> None:
-        self.server, self.tmp = server, tmp
-        self.client = connect(server.url)
-        self.store = CheckpointStore(
-            RedisHotStore(self.client), DiskArchive(tmp / "archive"), Codec()
-        )
-        self.coordinator = Coordinator(
-            self.client, self.store, tmp / "coordinator-cache", heartbeat_grace=1.0
-        )
-        self.workers: list[subprocess.Popen[bytes]] = []
-        self._logs: list[IO[bytes]] = []
-
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        """Start one more worker process, with a workspace cache of its own."""
-        n = len(self.workers)
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "CAIRN_REDIS_URL": self.server.url,
-            "CAIRN_ARCHIVE_DIR": str(self.tmp / "archive"),
-            "CAIRN_CACHE_DIR": str(self.tmp / f"worker-{n}"),  # as if on another machine
-        }
-        log = (self.tmp / f"worker-{n}.log").open("wb")
-        self._logs.append(log)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.worker", self.server.url],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-        )
-        self.workers.append(worker)
-        return worker
-
-    def drive(self, task: str, timeout: float = 60.0) -> dict[str, object]:
-        """Tick the coordinator until the task ends; return its final status."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            self.coordinator.tick()
-            status = self.coordinator.status(task)
-            if status["status"] in {"succeeded", "failed", "cancelled", "unrecoverable"}:
-                return status
-            time.sleep(0.02)
-        raise AssertionError(f"task {task} did not end: {self.coordinator.status(task)}")
-
-    def close(self) -> None:
-        """Kill the workers, close the logs and the client."""
-        for worker in self.workers:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
-        for log in self._logs:
-            log.close()
-        self.client.close()
-
-
-@pytest.fixture
-def cluster(own_redis: RedisServer, tmp_path: Path) -> Iterator[Cluster]:
-    """A private Redis with a coordinator; the test starts the workers it wants."""
-    built = Cluster(own_redis, tmp_path)
-    yield built
-    built.close()
-
-
-TEAM = """
-name: Fix the greeting
-goal: Make greet.py greet politely.
-files: {"greet.py": "print('hi')\\n"}
-verify: grep -q Hello greet.py && test -f REVIEW.md
-agents:
-  - name: planner
-    script:
-      - say: Plan.
-        tools:
-          - {name: write_file, args: {path: PLAN.md, content: "1. say Hello\\n"}}
-          - {name: send_message, args: {to: coder, content: Please make it say Hello.}}
-  - name: coder
-    script:
-      - say: Waiting for the plan.
-      - say: Coding.
-        latency: SLOW
-        tools:
-          - {name: write_file, args: {path: greet.py, content: "print('Hello')\\n"}}
-          - {name: run_command, args: {command: "echo coder-ran >> LEDGER"}}
-          - {name: send_message, args: {to: reviewer, content: "Done, please review."}}
-  - name: reviewer
-    script:
-      - say: Nothing to review yet.
-      - say: Reviewing.
-        tools:
-          - {name: read_file, args: {path: greet.py}}
-          - {name: write_file, args: {path: REVIEW.md, content: "Looks good.\\n"}}
-          - {name: finish, args: {summary: approved}}
-"""
-
-
-def team_spec(ledger: Path, slow: float = 0.0) -> TaskSpec:
-    """Three agents working through messages on one workspace, verified by a command."""
-    text = TEAM.replace("LEDGER", str(ledger)).replace("SLOW", str(slow))
-    return TaskSpec.model_validate(yaml.safe_load(text))
-
-
-Outcome = tuple[dict[str, bytes], dict[str, list[tuple[str, str | None, list[str]]]], int]
-
-
-def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
-    """The task's final files, every agent's history, how often the coder's command ran."""
-    gc = cluster.store.latest_gc(task)
-    assert gc is not None
-    histories = {
-        agent: [
-            (m.role.value, m.content, [c.name for c in m.tool_calls])
-            for m in cluster.store.read_state(task, agent, ref.id, ref.checksum).messages
-        ]
-        for agent, ref in gc.members.items()
-    }
-    return files_of(cluster.store, gc), histories, ledger.read_text().count("coder-ran")
+from tests.cluster import Cluster, outcome, team_spec
 
 
 def test_three_agents_on_two_workers(cluster: Cluster, tmp_path: Path) -> None:

@@ -1,0 +1,232 @@
+"""Coordinated restore: every agent of a task back to one global checkpoint, or none.
+
+1. Take the task's restore lock; raise the epoch (fencing every job of the old one); abort
+   the superstep in flight and drop its queued jobs.
+2. Pick the target: the GC asked for, else the latest committed one.
+3. Prepare: for each agent, read its LC chain (Redis, else the archive), verify every link,
+   rebuild its state, append its context summary, and stage it as a new LC under the new
+   epoch with a vote (one job per agent on the workers' control queue, or inline).
+4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
+   inbox and statuses; it moves `latest`. If any agent could not be staged, drop the
+   staging and try the next older GC; with none left, the task is unrecoverable and its
+   live state is untouched.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from dataclasses import dataclass
+from typing import cast
+
+import redis
+import structlog
+from rq import Queue
+from rq.serializers import JSONSerializer
+
+from agents.barrier import pending_calls
+from agents.spec import TaskRecord
+from agents.summary import context_summary
+from coordinator.jobs import CONTROL_QUEUE, environment
+from storage import keys
+from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+from storage.keys import SPEC_DOC
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
+from storage.store import CheckpointStore
+
+log = structlog.get_logger(__name__)
+RESTORE_JOB = "coordinator.restore.stage_job"
+LOCK_TTL_MS = 120_000
+
+
+class RestoreFailed(CairnError):
+    """Raised when no committed checkpoint could be restored; the task is unrecoverable."""
+
+
+@dataclass(frozen=True, slots=True)
+class Restored:
+    """The GC a task was restored to, the new GC recording it, and the new epoch."""
+
+    restored_to: int
+    number: int
+    epoch: int
+
+
+def stage(
+    store: CheckpointStore, task: str, agent: str, target: int, epoch: int, reason: str
+) -> LCRef:
+    """Stage `agent`'s state of GC `target` as a new LC of `epoch`, with its vote.
+
+    Raises `CorruptCheckpoint` or `RecordNotFound` when its chain cannot be read whole.
+    """
+    gc = store.read_gc(task, target)
+    ref = gc.members[agent]
+    state = store.read_state(task, agent, ref.id, ref.checksum)
+    if not pending_calls(state.messages):  # a summary may not split a call from its result
+        state.messages.append(context_summary(state, reason, target))
+    state.epoch, state.attempt, state.superstep = epoch, 1, gc.superstep
+    state.changes, state.outbox = {}, []
+    return store.write_lc(state, Level.STEP, vote=True)
+
+
+def stage_job(task: str, agent: str, target: int, epoch: int, reason: str) -> str:
+    """The worker's side of a restore: stage one agent, or say why it could not."""
+    env = environment()
+    try:
+        stage(env.store, task, agent, target, epoch, reason)
+    except (CorruptCheckpoint, RecordNotFound) as exc:
+        env.redis.hset(keys.outcomes(task, epoch, -target), agent, json.dumps({"no": str(exc)}))
+        return "no"
+    return "yes"
+
+
+class Restorer:
+    """Runs coordinated restores of tasks in one Redis; `workers` picks where staging runs."""
+
+    def __init__(
+        self, client: redis.Redis, store: CheckpointStore, *, workers: bool = True
+    ) -> None:
+        self.redis = client
+        self.store = store
+        self.workers = workers
+        self.control = Queue(CONTROL_QUEUE, connection=client, serializer=JSONSerializer)
+
+    def restore(
+        self,
+        task: str,
+        to: int | None = None,
+        reason: str = "a person asked for it",
+        wait: float = 60.0,
+    ) -> Restored:
+        """Restore `task` to GC `to` (default: the latest committed) or an older sound one."""
+        token = uuid.uuid4().hex
+        self._lock(task, token, wait)
+        try:
+            return self._restore(task, to, reason, wait)
+        finally:
+            self._unlock(task, token)
+
+    def _restore(self, task: str, to: int | None, reason: str, wait: float) -> Restored:
+        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        candidates = self._candidates(task, to)
+        if not candidates:
+            raise RestoreFailed(f"task {task} has no committed checkpoint {to or ''} to restore")
+        # Above every epoch ever used, even when Redis lost its counter: an old job never
+        # finds its epoch current again.
+        seen = max(self.store.hot.get_epoch(task), self.store.read_gc(task, candidates[0]).epoch)
+        epoch = self.store.hot.raise_epoch(task, seen + 1)
+        self._stop_superstep(task)
+        number = max(g.number for g in self.store.list_gcs(task)) + 1
+        failures: list[str] = []
+        for target in candidates:
+            gc = self.store.read_gc(task, target)
+            refused = self._stage_all(task, record, gc, epoch, reason, wait)
+            if refused is None:
+                self._promote_workspace(task, gc)
+                restored = gc.model_copy(update={"number": number, "epoch": epoch})
+                restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
+                self.store.prepare_gc(restored)
+                self.store.commit_gc(restored)
+                self.redis.hset(keys.run(task), mapping={"status": "running", "superstep": 0})
+                self.redis.hdel(keys.run(task), "reason")
+                self.redis.sadd(keys.ACTIVE_TASKS, task)
+                log.info("task restored", task=task, to=target, gc=number, epoch=epoch)
+                return Restored(target, number, epoch)
+            failures.append(f"GC {target}: {refused}")
+            self.store.abort_gc(gc.model_copy(update={"number": number, "epoch": epoch}))
+            number += 1
+        why = "; ".join(failures)
+        self.redis.hset(keys.run(task), mapping={"status": "unrecoverable", "reason": why})
+        self.redis.srem(keys.ACTIVE_TASKS, task)
+        raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
+
+    def _candidates(self, task: str, to: int | None) -> list[int]:
+        """Committed GCs to try, newest first, starting at `to`."""
+        committed = [g.number for g in self.store.list_gcs(task) if g.status is GCStatus.COMMITTED]
+        if to is not None and to not in committed:
+            raise RestoreFailed(f"task {task} has no committed checkpoint {to}")
+        return sorted((n for n in committed if to is None or n <= to), reverse=True)
+
+    def _stop_superstep(self, task: str) -> None:
+        """Abort the superstep in flight (its jobs are fenced by the new epoch already)."""
+        run = {
+            k.decode(): v.decode()
+            for k, v in cast(dict[bytes, bytes], self.redis.hgetall(keys.run(task))).items()
+        }
+        superstep = int(run.get("superstep", "0"))
+        if superstep and "number" in run:
+            latest = self.store.latest_gc(task)
+            if latest is not None:
+                intent = latest.model_copy(
+                    update={
+                        "number": int(run["number"]),
+                        "superstep": superstep,
+                        "epoch": int(run["epoch"]),
+                    }
+                )
+                try:
+                    self.store.abort_gc(intent)
+                except CairnError as exc:
+                    log.info("in-flight superstep not aborted", task=task, why=str(exc))
+        self.redis.delete(keys.steps(task))
+        self.redis.hset(keys.run(task), mapping={"status": "restoring", "superstep": 0})
+
+    def _stage_all(
+        self,
+        task: str,
+        record: TaskRecord,
+        gc: GlobalCheckpoint,
+        epoch: int,
+        reason: str,
+        wait: float,
+    ) -> str | None:
+        """Stage every agent of `gc`; None when all voted yes, else why not."""
+        agents = [a.name for a in record.agents]
+        for agent in agents:
+            self.store.hot.begin_attempt(task, agent, gc.superstep, 1)
+        if not self.workers:
+            for agent in agents:
+                try:
+                    stage(self.store, task, agent, gc.number, epoch, reason)
+                except (CorruptCheckpoint, RecordNotFound) as exc:
+                    return f"{agent}: {exc}"
+            return None
+        for agent in agents:
+            self.control.enqueue_call(
+                RESTORE_JOB,
+                args=(task, agent, gc.number, epoch, reason),
+                job_id=f"cairn-restore-{task}-{epoch}-{gc.number}-{agent}",
+                result_ttl=3_600,
+                failure_ttl=86_400,
+            )
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            votes = self.store.hot.get_votes(task, epoch, gc.superstep)
+            if set(agents) <= votes.keys():
+                return None
+            refusals = cast(
+                dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, -gc.number))
+            )
+            if refusals:
+                who, why = next(iter(refusals.items()))
+                return f"{who.decode()}: {json.loads(why)['no']}"
+            time.sleep(0.02)
+        return f"no vote from every agent within {wait:g} s"
+
+    def _promote_workspace(self, task: str, gc: GlobalCheckpoint) -> None:
+        """Make sure the target's manifest and files are hot (copy cold ones back)."""
+        manifest = self.store.read_manifest(task, gc.workspace)
+        for sha in [gc.workspace, *manifest.files.values()]:
+            self.store.put_blob(task, self.store.get_blob(task, sha))
+
+    def _lock(self, task: str, token: str, wait: float) -> None:
+        deadline = time.monotonic() + wait
+        while not self.redis.set(keys.restore_lock(task), token, nx=True, px=LOCK_TTL_MS):
+            if time.monotonic() > deadline:
+                raise CairnError(f"task {task} is being restored by someone else")
+            time.sleep(0.02)
+
+    def _unlock(self, task: str, token: str) -> None:
+        if self.redis.get(keys.restore_lock(task)) == token.encode():
+            self.redis.delete(keys.restore_lock(task))
