@@ -1,0 +1,158 @@
+"""Coordinated restore with real workers: all agents to one GC, or none; never mixed."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from coordinator.restore import Restored, RestoreFailed
+from storage import keys
+from storage.records import GCStatus, GlobalCheckpoint
+from tests.agent_harness import files_of
+from tests.cluster import Cluster, outcome, team_spec
+
+
+def run_until(cluster: Cluster, task: str, superstep: int) -> GlobalCheckpoint:
+    """Tick until the task has committed `superstep`; return that GC."""
+    deadline = time.monotonic() + 30
+    while True:
+        gc = cluster.store.latest_gc(task)
+        if (
+            gc is not None
+            and gc.superstep >= superstep
+            and not int(cluster.client.hget(keys.run(task), "superstep") or 0)
+        ):
+            return gc
+        assert time.monotonic() < deadline, "the task did not get there"
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+
+
+def states_of(cluster: Cluster, gc: GlobalCheckpoint) -> dict[str, list[tuple[str, str | None]]]:
+    """Every agent's history at `gc`, as comparable tuples."""
+    return {
+        agent: [
+            (m.role.value, m.content)
+            for m in cluster.store.read_state(gc.task, agent, ref.id, ref.checksum).messages
+        ]
+        for agent, ref in gc.members.items()
+    }
+
+
+def test_restore_mid_run_puts_every_agent_and_file_back_then_finishes(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Restore to GC 1 while the task runs on: agents and files as at GC 1; it still succeeds."""
+    cluster.start_worker()
+    cluster.start_worker()
+    reference = tmp_path / "reference"
+    clean = cluster.coordinator.submit(team_spec(reference))
+    assert "succeeded" == cluster.drive(clean)["status"]
+
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    run_until(cluster, task, 2)
+    gc1 = cluster.store.read_gc(task, 1)
+    restored = cluster.coordinator.restorer.restore(task, to=1)
+    assert Restored(1, restored.number, 2) == restored
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    assert (restored.number, gc1.superstep, gc1.workspace) == (
+        now.number,
+        now.superstep,
+        now.workspace,
+    )
+    before, after = states_of(cluster, gc1), states_of(cluster, now)
+    for agent, history in before.items():
+        assert history == after[agent][: len(history)]  # the same history...
+        assert 1 == len(after[agent]) - len(history)  # ...plus its context summary
+        assert "restored you to checkpoint 1" in str(after[agent][-1][1])
+    assert files_of(cluster.store, gc1) == files_of(cluster.store, now)
+    assert "succeeded" == cluster.drive(task)["status"]
+    assert outcome(cluster, clean, reference)[0] == outcome(cluster, task, tmp_path / "ledger")[0]
+
+
+def test_a_corrupt_lc_makes_the_restore_fall_back_for_every_agent(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """One agent's LC of the latest GC is damaged everywhere: all agents go back one GC."""
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    ref = latest.members["coder"]
+    data = bytearray(cast(bytes, cluster.client.hget(keys.lc(task, ref.id), "data")))
+    data[-1] ^= 1
+    cluster.client.hset(keys.lc(task, ref.id), "data", bytes(data))
+    archived = tmp_path / "archive" / "tasks" / task / "lc" / "coder" / f"{ref.id}.rec"
+    if archived.exists():
+        archived.write_bytes(bytes(data))
+    restored = cluster.coordinator.restorer.restore(task)
+    older = cluster.store.read_gc(task, restored.restored_to)
+    assert restored.restored_to < latest.number
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    for agent, history in states_of(cluster, older).items():
+        assert history == states_of(cluster, now)[agent][: len(history)]
+    aborted = [g for g in cluster.store.list_gcs(task) if g.status is GCStatus.ABORTED]
+    assert aborted, "the failed attempt at the latest GC was aborted"
+
+
+def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -> None:
+    """With durability sync, a GC acknowledged is on disk: FLUSHALL, restore, and it is back."""
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.durability = "sync"
+    task = cluster.coordinator.submit(spec)
+    gc = run_until(cluster, task, 2)
+    assert gc.number <= int(cluster.client.hget(keys.run(task), "archived") or -1)
+    expected = states_of(cluster, gc), files_of(cluster.store, gc)
+    cluster.client.flushall()
+    restored = cluster.coordinator.restorer.restore(task)
+    assert gc.number == restored.restored_to
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    got = states_of(cluster, now)
+    for agent, history in expected[0].items():
+        assert history == got[agent][: len(history)]
+    assert expected[1] == files_of(cluster.store, now)
+    assert "succeeded" == cluster.drive(task)["status"]
+
+
+def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -> None:
+    """Two concurrent restores both finish, one after the other, leaving one consistent state."""
+    cluster.start_worker()
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    run_until(cluster, task, 2)
+    results: list[Restored] = []
+    threads = [
+        threading.Thread(
+            target=lambda n=n: results.append(cluster.coordinator.restorer.restore(task, to=n))
+        )
+        for n in (1, 2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert 2 == len(results)
+    assert sorted(r.epoch for r in results) == [2, 3]
+    last = max(results, key=lambda r: r.epoch)
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    assert (last.number, last.epoch) == (now.number, now.epoch)
+    epochs = {cluster.store.read_lc(task, a, ref.id).epoch for a, ref in now.members.items()}
+    assert {last.epoch} == epochs
+
+
+def test_restoring_a_checkpoint_that_does_not_exist_is_refused(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Asking for a GC the task never committed says so and changes nothing."""
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    with pytest.raises(RestoreFailed, match="no committed checkpoint 7"):
+        cluster.coordinator.restorer.restore(task, to=7)
+    assert 1 == cluster.store.hot.get_epoch(task)
