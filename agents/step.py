@@ -126,7 +126,7 @@ class _Step:
         start = store.hot.step_start(task, agent, epoch, superstep, token, FIRST_BEAT_MS)
         if start.epoch != epoch:
             raise FencedWrite(f"stale epoch {epoch} (task is at {start.epoch})")
-        if start.current != f"{superstep}:{attempt}":
+        if start.current != f"{epoch}:{superstep}:{attempt}":
             # Fenced before the model is paid for: another attempt owns this step now.
             raise FencedWrite(f"stale attempt {superstep}:{attempt} (current {start.current})")
         record = warm.record(store, task, start.spec, TaskRecord, f"doc {task}/{SPEC_DOC}")

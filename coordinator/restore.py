@@ -119,7 +119,9 @@ class Restorer:
         self._stop_superstep(task)
         number = max(g.number for g in self.store.list_gcs(task)) + 1
         failures: list[str] = []
-        for target in candidates:
+        for tried, target in enumerate(candidates):
+            if tried:  # each try stages under an epoch of its own
+                epoch = self.store.hot.raise_epoch(task, epoch + 1)
             gc = self.store.read_gc(task, target)
             refused = self._stage_all(task, record, gc, epoch, reason, wait)
             if refused is None:

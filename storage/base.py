@@ -54,7 +54,7 @@ class StepStart:
     gc: bytes | None
     progress: LCRef | None
     spec: bytes | None
-    current: str | None  # the agent's current "superstep:attempt", as begin_attempt set it
+    current: str | None  # the agent's current "epoch:superstep:attempt" (begin_attempt)
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,7 +83,11 @@ class HotStore(Protocol):
         """
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
-        """Make (superstep, attempt) the only attempt of `agent` allowed to write LCs."""
+        """Make (epoch, superstep, attempt) the only attempt of `agent` allowed to write LCs.
+
+        The epoch is the task's current one. It only moves forward: asking for an older
+        attempt raises `FencedWrite`; asking for the current one again is a no-op.
+        """
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         """Store an LC (and its vote) if epoch and attempt are current, else `FencedWrite`.

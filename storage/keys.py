@@ -37,7 +37,7 @@ def epoch(task: str) -> str:
 
 
 def attempts(task: str) -> str:
-    """Hash agent → "superstep:attempt": the only step attempt allowed to write."""
+    """Hash agent → "epoch:superstep:attempt": the only step attempt allowed to write."""
     return task_prefix(task) + "attempts"
 
 

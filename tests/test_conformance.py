@@ -71,7 +71,7 @@ def test_stale_attempt_is_fenced(store: CheckpointStore) -> None:
     state = new_agent(store, TASK, "coder")
     store.hot.begin_attempt(TASK, "coder", 1, 2)
     take_step(state, 1)
-    with pytest.raises(FencedWrite, match="stale attempt 1:1"):
+    with pytest.raises(FencedWrite, match="stale attempt 1:1:1"):
         store.write_lc(state, vote=True)
     assert store.hot.get_votes(TASK, 1, 1) == {}
     state.attempt = 2
@@ -85,6 +85,18 @@ def test_stale_superstep_is_fenced(store: CheckpointStore) -> None:
     store.hot.begin_attempt(TASK, "coder", 2, 1)
     with pytest.raises(FencedWrite):
         store.write_lc(state)
+
+
+def test_attempts_only_move_forward(store: CheckpointStore) -> None:
+    """A step is never handed back to an older attempt; the same one again is a no-op."""
+    new_agent(store, TASK, "coder")
+    store.hot.begin_attempt(TASK, "coder", 2, 3)
+    store.hot.begin_attempt(TASK, "coder", 2, 3)
+    for superstep, attempt in ((2, 2), (1, 9)):
+        with pytest.raises(FencedWrite, match="older"):
+            store.hot.begin_attempt(TASK, "coder", superstep, attempt)
+    store.hot.raise_epoch(TASK, 2)
+    store.hot.begin_attempt(TASK, "coder", 1, 1)  # a new epoch (a restore) starts over
 
 
 def test_raise_epoch_never_lowers(store: CheckpointStore) -> None:

@@ -37,7 +37,7 @@ class MemoryHotStore:
 
     def _reset(self) -> None:
         self._epochs: dict[str, int] = {}
-        self._attempts: dict[tuple[str, str], tuple[int, int]] = {}
+        self._attempts: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._lcs: dict[tuple[str, str], _HotLC] = {}
         self._superstep_lcs: dict[tuple[str, int, int], set[str]] = {}
         self._votes: dict[tuple[str, int, int], dict[str, LCRef]] = {}
@@ -65,7 +65,11 @@ class MemoryHotStore:
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
         with self._lock:
-            self._attempts[(task, agent)] = (superstep, attempt)
+            wanted = (self._epochs.get(task, 0), superstep, attempt)
+            current = self._attempts.get((task, agent))
+            if current is not None and current > wanted:
+                raise FencedWrite(f"attempt {wanted} is older than {current}")
+            self._attempts[(task, agent)] = wanted
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
@@ -75,8 +79,10 @@ class MemoryHotStore:
             if epoch != lc.epoch:
                 raise FencedWrite(f"stale epoch {lc.epoch} (task is at {epoch})")
             current = self._attempts.get((lc.task, lc.agent))
-            if current != (lc.superstep, lc.attempt):
-                raise FencedWrite(f"stale attempt {lc.superstep}:{lc.attempt} (current {current})")
+            if current != (lc.epoch, lc.superstep, lc.attempt):
+                raise FencedWrite(
+                    f"stale attempt {lc.epoch}:{lc.superstep}:{lc.attempt} (current {current})"
+                )
             old = self._lcs.get((lc.task, lc.id))
             if old is not None and old.entry.sealed.checksum != entry.sealed.checksum:
                 raise FencedWrite(f"LC {lc.id} exists with another checksum")
@@ -134,7 +140,7 @@ class MemoryHotStore:
                 gc=None if gc is None else gc.entry.sealed.data,
                 progress=self._progress.get((task, epoch, superstep), {}).get(agent),
                 spec=self._docs.get((task, SPEC_DOC)),
-                current=None if current is None else f"{current[0]}:{current[1]}",
+                current=None if current is None else ":".join(map(str, current)),
             )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:

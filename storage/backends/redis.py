@@ -124,6 +124,7 @@ class RedisHotStore:
         self._abort_gc = _script(client, "abort_gc")
         self._raise_epoch = _script(client, "raise_epoch")
         self._step_start = _script(client, "step_start")
+        self._begin_attempt = _script(client, "begin_attempt")
 
     def init_task(self, task: str) -> int:
         self.redis.set(keys.epoch(task), 1, nx=True)
@@ -137,7 +138,11 @@ class RedisHotStore:
         return int(cast(int, self._raise_epoch(keys=[keys.epoch(task)], args=[to])))
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
-        self.redis.hset(keys.attempts(task), agent, f"{superstep}:{attempt}")
+        _translating(
+            lambda: self._begin_attempt(
+                keys=[keys.attempts(task), keys.epoch(task)], args=[agent, superstep, attempt]
+            )
+        )
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
@@ -155,7 +160,7 @@ class RedisHotStore:
                 args=[
                     lc.epoch,
                     lc.agent,
-                    f"{lc.superstep}:{lc.attempt}",
+                    f"{lc.epoch}:{lc.superstep}:{lc.attempt}",
                     lc.id,
                     entry.sealed.checksum,
                     entry.sealed.data,

@@ -1,6 +1,6 @@
 -- Fenced write of a local checkpoint (and its vote), the prepare phase of the 2PC.
 -- KEYS: 1 epoch, 2 attempts, 3 lc, 4 superstep set, 5 votes, 6 progress
--- ARGV: 1 epoch, 2 agent, 3 "superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
+-- ARGV: 1 epoch, 2 agent, 3 "epoch:superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
 --       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0"
 -- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
 -- is a no-op, because redis-py retries commands whose reply it lost.

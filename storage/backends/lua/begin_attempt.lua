@@ -1,0 +1,18 @@
+-- Make (epoch, superstep, attempt) the only attempt of an agent allowed to write LCs.
+-- KEYS: 1 attempts, 2 epoch
+-- ARGV: 1 agent, 2 superstep, 3 attempt
+-- It only moves forward: a stale coordinator (or a retried call) can never hand a step
+-- back to an older attempt, whose zombie would then be able to write again.
+local epoch = tonumber(redis.call('GET', KEYS[2]) or '0')
+local wanted = epoch .. ':' .. ARGV[2] .. ':' .. ARGV[3]
+local current = redis.call('HGET', KEYS[1], ARGV[1])
+if current then
+  local e, s, a = string.match(current, '^(%d+):(%d+):(%d+)$')
+  e, s, a = tonumber(e), tonumber(s), tonumber(a)
+  local ns, na = tonumber(ARGV[2]), tonumber(ARGV[3])
+  if e > epoch or (e == epoch and (s > ns or (s == ns and a > na))) then
+    return redis.error_reply('FENCED attempt ' .. wanted .. ' is older than ' .. current)
+  end
+end
+redis.call('HSET', KEYS[1], ARGV[1], wanted)
+return wanted
