@@ -10,9 +10,11 @@ from pathlib import Path
 
 import pytest
 from rq import Queue
-from rq.job import JobStatus
+from rq.exceptions import NoSuchJobError
+from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from agents.spec import FailSpec
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
 from coordinator.worker import CairnJob, CairnWorker, queues
@@ -182,3 +184,55 @@ def test_workers_refuse_functions_that_are_not_cairn_jobs(
     assert not marker.exists()
     for q in (queue, *worker_queues):
         q.connection.close()
+
+
+def test_exhausted_retries_roll_back_then_fail(cluster: Cluster, tmp_path: Path) -> None:
+    """A step failing every attempt aborts its superstep and rolls the task back, then fails it."""
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    coder = spec.agents[1]
+    coder.max_retries = 1
+    coder.script[1].fail = FailSpec(attempts=[1, 2], error="retryable", message="model down")
+    task = cluster.coordinator.submit(spec)
+    status = cluster.drive(task, timeout=120)
+    assert "failed" == status["status"]
+    assert "model down" in str(status["reason"])
+    assert "rollbacks did not help" in str(status["reason"])
+    listed = cluster.store.list_gcs(task)
+    assert any(g.status is GCStatus.ABORTED for g in listed)
+    latest = cluster.store.latest_gc(task)
+    assert latest is not None
+    assert 1 == latest.superstep  # rolled back to the last good barrier, every agent at it
+
+
+def test_a_fatal_model_error_is_not_retried(cluster: Cluster, tmp_path: Path) -> None:
+    """A fatal error (bad credentials) aborts at once instead of paying for retries."""
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.agents[0].script[0].fail = FailSpec(attempts=[1], error="fatal", message="401 bad key")
+    task = cluster.coordinator.submit(spec)
+    cluster.drive(task, timeout=60)
+    outcomes = cluster.client.hgetall(keys.outcomes(task, 1, 1))
+    assert b"fatal" in outcomes[b"planner"]
+    with pytest.raises(NoSuchJobError):  # no second attempt in that epoch
+        Job.fetch(
+            f"cairn-{task}-1-1-planner-2", connection=cluster.client, serializer=JSONSerializer
+        )
+    assert "401 bad key" in str(cluster.coordinator.status(task)["reason"])
+
+
+def test_many_tasks_share_one_pool_of_workers(cluster: Cluster, tmp_path: Path) -> None:
+    """Three tasks at once on two workers all succeed with their own files."""
+    cluster.start_worker()
+    cluster.start_worker()
+    tasks = [cluster.coordinator.submit(team_spec(tmp_path / f"ledger-{i}")) for i in range(3)]
+    deadline = time.monotonic() + 90
+    while any(cluster.coordinator.status(t)["status"] == "running" for t in tasks):
+        assert time.monotonic() < deadline
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    assert ["succeeded"] * 3 == [cluster.coordinator.status(t)["status"] for t in tasks]
+    for i, task in enumerate(tasks):
+        assert (
+            b"print('Hello')\n" == outcome(cluster, task, tmp_path / f"ledger-{i}")[0]["greet.py"]
+        )
