@@ -16,7 +16,7 @@ from pathlib import Path
 
 from bench.report import Target, now_ns, summary
 
-PARTS = ("storage", "agents")  # in the order `python -m bench` runs them
+PARTS = ("storage", "agents", "coordinator")  # in the order `python -m bench` runs them
 
 
 def cpu_model() -> str:

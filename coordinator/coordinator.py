@@ -32,6 +32,7 @@ from agents.task import start_task
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.restore import RestoreFailed, Restorer
+from coordinator.runs import abort_in_flight, read_run
 from coordinator.spec import CheckpointPolicy, TaskSpec
 from coordinator.verify import verify
 from storage import keys
@@ -165,7 +166,7 @@ class Coordinator:
         run = self._run(task)
         self.store.hot.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
         if int(run.get("superstep", "0")):
-            self._abort_gc(task, run)
+            abort_in_flight(self.redis, self.store, task)
         self._finish(task, "cancelled", "cancelled by a person")
 
     # the loop -----------------------------------------------------------------------------
@@ -410,7 +411,7 @@ class Coordinator:
         rollbacks = int(run.get("rollbacks", "0"))
         if rollbacks >= MAX_ROLLBACKS:
             self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
-            self._abort_gc(task, run)
+            abort_in_flight(self.redis, self.store, task)
             self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
             return
         self.redis.hincrby(keys.run(task), "rollbacks", 1)
@@ -420,25 +421,9 @@ class Coordinator:
         except RestoreFailed as exc:
             log.warning("rollback failed", task=task, error=str(exc))
 
-    def _abort_gc(self, task: str, run: dict[str, str]) -> None:
-        gc = self.store.latest_gc(task)
-        if gc is not None and "number" in run:
-            intent = gc.model_copy(
-                update={
-                    "number": int(run["number"]),
-                    "superstep": int(run["superstep"]),
-                    "epoch": int(run["epoch"]),
-                }
-            )
-            with contextlib.suppress(CairnError):
-                self.store.abort_gc(intent)
-        self.redis.delete(keys.steps(task))
-        self.redis.hset(keys.run(task), "superstep", 0)
-
     # run state ----------------------------------------------------------------------------
     def _run(self, task: str) -> dict[str, str]:
-        raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.run(task)))
-        return {k.decode(): v.decode() for k, v in raw.items()}
+        return read_run(self.redis, task)
 
     def _set_status(self, task: str, status: str, only_from: set[str]) -> None:
         current = self._run(task).get("status")

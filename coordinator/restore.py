@@ -29,6 +29,7 @@ from agents.barrier import pending_calls
 from agents.spec import TaskRecord
 from agents.summary import context_summary
 from coordinator.jobs import CONTROL_QUEUE, environment
+from coordinator.runs import abort_in_flight
 from storage import keys
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from storage.keys import SPEC_DOC
@@ -152,27 +153,8 @@ class Restorer:
 
     def _stop_superstep(self, task: str) -> None:
         """Abort the superstep in flight (its jobs are fenced by the new epoch already)."""
-        run = {
-            k.decode(): v.decode()
-            for k, v in cast(dict[bytes, bytes], self.redis.hgetall(keys.run(task))).items()
-        }
-        superstep = int(run.get("superstep", "0"))
-        if superstep and "number" in run:
-            latest = self.store.latest_gc(task)
-            if latest is not None:
-                intent = latest.model_copy(
-                    update={
-                        "number": int(run["number"]),
-                        "superstep": superstep,
-                        "epoch": int(run["epoch"]),
-                    }
-                )
-                try:
-                    self.store.abort_gc(intent)
-                except CairnError as exc:
-                    log.info("in-flight superstep not aborted", task=task, why=str(exc))
-        self.redis.delete(keys.steps(task))
-        self.redis.hset(keys.run(task), mapping={"status": "restoring", "superstep": 0})
+        abort_in_flight(self.redis, self.store, task)
+        self.redis.hset(keys.run(task), "status", "restoring")
 
     def _stage_all(
         self,

@@ -70,6 +70,17 @@ class Cluster:
             time.sleep(0.02)
         raise AssertionError(f"task {task} did not end: {self.coordinator.status(task)}")
 
+    def wait_for_step(self, task: str, agent: str, superstep: int, attempt: int = 1) -> int:
+        """Tick until that attempt of the agent's step is running; return its worker's pid."""
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            self.coordinator.tick()
+            beat = self.store.hot.beating(task, agent)
+            if beat is not None and beat.endswith(f":{superstep}:{attempt}"):
+                return int(beat.split(":")[1])
+            time.sleep(0.02)
+        raise AssertionError(f"step {superstep} of {agent} never ran")
+
     def close(self) -> None:
         """Kill the workers, close the logs and the client."""
         for worker in self.workers:

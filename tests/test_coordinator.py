@@ -60,16 +60,9 @@ def test_a_worker_killed_mid_step_is_detected_and_the_step_retried(
 
     ledger = tmp_path / "ledger"
     task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
-    deadline, killed = time.monotonic() + 30, None
-    while killed is None and time.monotonic() < deadline:
-        cluster.coordinator.tick()
-        beat = cluster.store.hot.beating(task, "coder")
-        if beat is not None and beat.endswith(":2:1"):  # superstep 2, attempt 1
-            time.sleep(0.3)  # the coder is inside its slow model turn
-            killed = int(beat.split(":")[1])
-            os.kill(killed, signal.SIGKILL)
-        time.sleep(0.02)
-    assert killed is not None
+    killed = cluster.wait_for_step(task, "coder", superstep=2)
+    time.sleep(0.3)  # the coder is inside its slow model turn
+    os.kill(killed, signal.SIGKILL)
     status = cluster.drive(task)
     assert "succeeded" == status["status"], status
     assert outcome(cluster, clean, reference) == outcome(cluster, task, ledger)
@@ -92,15 +85,9 @@ def test_a_zombie_worker_writes_nothing_that_is_accepted(cluster: Cluster, tmp_p
     assert "succeeded" == cluster.drive(clean)["status"]
     ledger = tmp_path / "ledger"
     task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
-    deadline, frozen = time.monotonic() + 30, None
-    while frozen is None and time.monotonic() < deadline:
-        cluster.coordinator.tick()
-        beat = cluster.store.hot.beating(task, "coder")
-        if beat is not None and beat.endswith(":2:1"):
-            frozen = int(beat.split(":")[1])
-            os.kill(frozen, signal.SIGSTOP)
-        time.sleep(0.02)
-    assert frozen is not None
+    frozen = cluster.wait_for_step(task, "coder", superstep=2)
+    os.kill(frozen, signal.SIGSTOP)
+    deadline = time.monotonic() + 30
     try:
         # Wait until the retry (attempt 2, on the other worker) has voted.
         while not cluster.store.hot.get_votes(task, 1, 2).get("coder"):
