@@ -37,7 +37,7 @@ from coordinator.spec import CheckpointPolicy, TaskSpec
 from coordinator.verify import verify
 from storage import keys
 from storage.archive import archive_gc, trim_cold, trim_hot
-from storage.errors import ArchiveError, CairnError, InvalidSpec
+from storage.errors import ArchiveError, CairnError, CommitRefused, InvalidSpec
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
@@ -249,6 +249,11 @@ class Coordinator:
         self.redis.hset(keys.steps(task), agent, StepRun(attempt, job).dump())
 
     def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
+        number = int(run["number"])
+        if (self.store.hot.latest_gc(task) or -1) >= number:
+            # Committed already, by a coordinator that died before saying so: move on.
+            self._after_commit(task, self.store.read_gc(task, number))
+            return
         epoch = int(run["epoch"])
         votes = self.store.hot.get_votes(task, epoch, superstep)
         steps = {
@@ -337,11 +342,20 @@ class Coordinator:
             superstep=superstep,
             epoch=int(run["epoch"]),
         )
-        committed = self.store.commit_gc(barrier.gc)
-        self.redis.delete(keys.steps(task))
-        self.redis.hset(keys.run(task), "superstep", 0)
+        try:
+            committed = self.store.commit_gc(barrier.gc)
+        except CommitRefused:
+            if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
+                raise
+            committed = self.store.read_gc(task, barrier.gc.number)  # another did it first
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
                  conflicts=len(barrier.conflicts))  # fmt: skip
+        self._after_commit(task, committed)
+
+    def _after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
+        """Close the superstep whose GC is committed: forget its steps, archive per policy."""
+        self.redis.delete(keys.steps(task))
+        self.redis.hset(keys.run(task), "superstep", 0)
         self._archive(task, committed)
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:

@@ -14,6 +14,7 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
+from agents.barrier import build_gc
 from agents.spec import FailSpec
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
@@ -223,3 +224,28 @@ def test_many_tasks_share_one_pool_of_workers(cluster: Cluster, tmp_path: Path) 
         assert (
             b"print('Hello')\n" == outcome(cluster, task, tmp_path / f"ledger-{i}")[0]["greet.py"]
         )
+
+
+def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """The GC of the superstep in flight is already committed: the coordinator moves on."""
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    while not int(cluster.client.hget(keys.run(task), "superstep") or 0):
+        cluster.coordinator.tick()
+    run = cluster.coordinator.status(task)
+    deadline = time.monotonic() + 30
+    while len(cluster.store.hot.get_votes(task, 1, 1)) < 3:  # every step voted
+        assert time.monotonic() < deadline
+        time.sleep(0.02)
+    # Another coordinator commits, then dies before writing down that it did.
+    gc0 = cluster.store.read_gc(task, 0)
+    votes = cluster.store.hot.get_votes(task, 1, 1)
+    barrier = build_gc(
+        cluster.store, gc0, votes, ["planner", "coder", "reviewer"], number=1, superstep=1, epoch=1
+    )
+    cluster.store.commit_gc(barrier.gc)
+    assert 0 == run["superstep"]
+    assert "succeeded" == cluster.drive(task)["status"]
+    assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
