@@ -1,16 +1,13 @@
 """The coordinator benchmark: the 2PC commit, coordinated restore, workers, empty steps.
 
-Everything runs against a private redis-server and an archive in a temporary directory,
-both removed at the end. Worker processes start as `tests/cluster.py` starts them
-(`python -m coordinator.worker URL`, each with a workspace cache of its own) and are
-stopped at the end whatever happens; the coordinator ticks in this process.
+A private redis-server and archive in a temporary directory; worker processes started as
+tests/cluster.py starts them and stopped whatever happens; the coordinator ticks here.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -57,8 +54,9 @@ ROUNDS = 30  # supersteps per team; the 1,000-agent team commits every BIG_EVERY
 BIG_EVERY = 3
 RESTORE_AGENTS, RESTORE_MESSAGES, RESTORES = 16, 200, 12
 SCALE_AGENTS, SCALE_STEPS, SCALE_STEPS_ONE, LATENCY = 64, 20, 5, 0.05
-EMPTY_STEPS, EMPTY_RUNS, EMPTY_WORKERS = 200, 3, 4
-RQ_QUEUE = "bench-empty"
+EMPTY_STEPS, EMPTY_RUNS, EMPTY_WORKERS = 200, 5, 4
+RQ_QUEUE, RQ_WORKER = "bench-empty", "worker -w rq.worker.SimpleWorker --logging_level WARNING"
+JSON = "rq.serializers.JSONSerializer"
 POLL = 0.01  # seconds between coordinator ticks (and RQ completion checks)
 
 
@@ -76,21 +74,8 @@ class Bench:
     logs: list[IO[bytes]] = field(default_factory=list)
     targets: list[Target] = field(default_factory=list)
 
-    def spawn(self, args: list[str], cache: str) -> subprocess.Popen[bytes]:
-        """Start one worker process as tests/cluster.py does, its stderr to a log file."""
-        env = {
-            **os.environ,
-            "PYTHONPATH": str(ROOT),
-            "CAIRN_REDIS_URL": self.server.url,
-            "CAIRN_ARCHIVE_DIR": str(self.root / "archive"),
-            "CAIRN_CACHE_DIR": str(self.root / cache),
-        }
-        log = (self.root / f"{cache}.log").open("wb")
-        self.logs.append(log)
-        return subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log)
-
     def workers(self, n: int, *, plain: bool = False) -> None:
-        """Grow or shrink to `n` Cairn workers (or plain `rq worker`s) and wait for them."""
+        """Grow or shrink to `n` Cairn (or plain RQ) workers, started as tests/cluster.py does."""
         procs, queue = (self.rq, RQ_QUEUE) if plain else (self.cairn, STEPS_QUEUE)
         while len(procs) > n:
             stop(procs.pop())
@@ -99,12 +84,14 @@ class Bench:
             args = [sys.executable, "-m", "coordinator.worker", self.server.url]
             if plain:
                 rq = str(Path(sys.executable).with_name("rq"))
-                args = [rq, "worker", "-u", self.server.url, "-w", "rq.worker.SimpleWorker"]
-                args += ["-S", "rq.serializers.JSONSerializer", "--logging_level", "WARNING"]
-                args.append(queue)
-            procs.append(self.spawn(args, name))
-        watched = Queue(queue, connection=self.client)
-        deadline = time.monotonic() + 60
+                args = [rq, *RQ_WORKER.split(), "-S", JSON, "-u", self.server.url, queue]
+            env = {**os.environ, "PYTHONPATH": str(ROOT), "CAIRN_REDIS_URL": self.server.url,
+                   "CAIRN_ARCHIVE_DIR": str(self.root / "archive"),
+                   "CAIRN_CACHE_DIR": str(self.root / name)}  # fmt: skip
+            log = (self.root / f"{name}.log").open("wb")
+            self.logs.append(log)
+            procs.append(subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=log))
+        watched, deadline = Queue(queue, connection=self.client), time.monotonic() + 60
         while Worker.count(connection=self.client, queue=watched) != n:
             if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
                 raise RuntimeError(f"{n} workers on {queue} did not come up; see {self.root}")
@@ -120,13 +107,36 @@ class Bench:
 
 def stop(proc: subprocess.Popen[bytes]) -> None:
     """Stop a worker process (SIGTERM: an idle RQ worker exits at once), else kill it."""
-    if proc.poll() is None:
-        proc.terminate()
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+    proc.terminate()  # does nothing to a process that has exited
+    try:
+        proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+@contextlib.contextmanager
+def cpu_used(b: Bench, workers: list[subprocess.Popen[bytes]], into: list[float]) -> Iterator[None]:
+    """Set `into` to the CPU seconds `workers`, this process and redis-server used inside."""
+    server = b.server.process.pid if b.server.process else 0
+    groups = [[p.pid for p in workers], [os.getpid()], [server]]
+
+    def cpu(pids: list[int]) -> float:  # user + system time, from /proc (Linux)
+        ticks = 0
+        for pid in pids:
+            with contextlib.suppress(OSError):  # an exited process: nothing to add
+                fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+                ticks += int(fields[11]) + int(fields[12])
+        return ticks / os.sysconf("SC_CLK_TCK")
+
+    before = [cpu(g) for g in groups]
+    yield
+    into[:] = [cpu(g) - was for g, was in zip(groups, before, strict=True)]
+
+
+def per_step(used: list[float], steps: int) -> str:
+    """CPU per step of workers + this process + redis-server, as "1.2+3.4+5.6 ms"."""
+    return "+".join(f"{1e3 * s / steps:.1f}" for s in used) + " ms"
 
 
 # a team written directly ---------------------------------------------------------------
@@ -160,78 +170,72 @@ class Team:
             votes[state.agent] = self.store.write_lc(state, vote=True)
         return votes
 
-    def commit(self, votes: dict[str, LCRef]) -> tuple[int, int]:
-        """Prepare (untimed, as the coordinator does at launch), then build and commit the GC.
-
-        Returns the nanoseconds build_gc and commit_gc took.
-        """
+    def commit(self, votes: dict[str, LCRef]) -> tuple[int, int, int]:
+        """Build and commit the next GC; return ns of both, of commit_gc, of its hot-store call."""
         gc, order = self.gc, [s.agent for s in self.states]
         number, superstep = gc.number + 1, gc.superstep + 1
-        self.store.prepare_gc(gc.model_copy(update={"number": number, "superstep": superstep}))
-        built, build_ns = clock(
-            partial(build_gc, self.store, gc, votes, order, number=number, superstep=superstep,
-                    epoch=gc.epoch)
-        )  # fmt: skip
-        self.gc, commit_ns = clock(partial(self.store.commit_gc, built.gc))
-        return build_ns, commit_ns
+        intent = gc.model_copy(update={"number": number, "superstep": superstep})
+        self.store.prepare_gc(intent)  # untimed: the coordinator prepares at launch
+        barrier = partial(build_gc, number=number, superstep=superstep, epoch=gc.epoch)
+        built, build_ns = clock(partial(barrier, self.store, gc, votes, order))
+        script = [0]
+        with timing(script, self.store.hot, "commit_gc"):
+            self.gc, commit_ns = clock(partial(self.store.commit_gc, built.gc))
+        return build_ns + commit_ns, commit_ns, script[0]
 
 
 # 1. the 2PC commit ---------------------------------------------------------------------
 def commits(b: Bench) -> None:
     """Measurement 1: last vote to committed (build_gc + commit_gc) by team size."""
     teams = {n: Team.start(b.store, f"commit{n}", n) for n in TEAMS}
-    both = {n: Samples() for n in TEAMS}
-    alone = {n: Samples() for n in TEAMS}
+    got = {n: (Samples(), Samples(), Samples()) for n in TEAMS}  # both, commit_gc, script
     ping = Samples()
     for r in range(-2, ROUNDS):  # two warm-up rounds
         for n, team in teams.items():
-            if n == TEAMS[-1] and r % BIG_EVERY:
-                continue
-            build_ns, commit_ns = team.commit(team.vote(lambda: "ok"))
-            ping_ns = clock(b.client.ping)[1]
-            if r >= 0:
-                both[n].add(build_ns + commit_ns)
-                alone[n].add(commit_ns)
-                ping.add(ping_ns)
-    rows = [["floor: PING round trip", "-", duration(ping.p50), duration(ping.p99), "-", "-"]]
+            if n < TEAMS[-1] or r % BIG_EVERY == 0:
+                times = (*team.commit(team.vote(lambda: "ok")), clock(b.client.ping)[1])
+                for into, ns in zip((*got[n], ping), times if r >= 0 else (), strict=False):
+                    into.add(ns)
+    headers = ["team", "commits", "both p50", "both p99", "commit_gc p50", "commit_gc p99"]
+    rows = [["floor: PING round trip", "-", *map(duration, (ping.p50, ping.p99)), "-", "-", "-"]]
     rows += [
-        [f"{n:,} agents", str(len(alone[n])), duration(both[n].p50), duration(both[n].p99),
-         duration(alone[n].p50), duration(alone[n].p99)]
-        for n in TEAMS
+        [f"{n:,} agents", str(len(both)), *map(duration, (both.p50, both.p99, alone.p50,
+         alone.p99, script.p50))]
+        for n, (both, alone, script) in got.items()
     ]  # fmt: skip
     table(
         f"1. 2PC commit, last vote to committed: build_gc + commit_gc (teams take turns "
         f"superstep by superstep; the {TEAMS[-1]:,}-agent team every {BIG_EVERY}rd)",
-        ["team", "commits", "both p50", "both p99", "commit_gc p50", "commit_gc p99"],
+        [*headers, "its hot.commit_gc p50"],
         rows,
     )
-    one, mid, big = (alone[n].p50 for n in (1, 128, TEAMS[-1]))
     print(
-        f"(commit_gc is one Lua script checking every member's LC; at {TEAMS[-1]:,} agents "
-        f"{ratio(big, one)} of 1 agent's; build_gc reads every voted LC: "
-        f"{duration(both[TEAMS[-1]].p50 - big)} at {TEAMS[-1]:,} agents)"
+        "(commit_gc seals the GC record (canonical JSON, sha256, zstd), then hot.commit_gc "
+        "packs one key and two arguments per member into one EVALSHA, whose script checks "
+        "every member's LC, marks it committed and sweeps the superstep's tentative LCs. "
+        "build_gc reads every voted LC. Each agent voted in an EVALSHA of its own, untimed)"
     )
-    b.targets.append(Target("commit_gc p50 @128 agents / @1 agent", mid / one, 3.0).report())
-    b.targets.append(
-        Target("build_gc + commit_gc p50 @128 / @1", both[128].p50 / both[1].p50, None).report()
-    )
+    for i, name, limit in ((1, "commit_gc", 3.0), (2, "its hot.commit_gc", None),
+                           (0, "build_gc + commit_gc", None)):  # fmt: skip
+        measured = got[128][i].p50 / got[1][i].p50
+        b.targets.append(Target(f"{name} p50 @128 agents / @1 agent", measured, limit).report())
 
 
 # 2. coordinated restore ----------------------------------------------------------------
 def restore_team(b: Bench, task: str) -> int:
-    """Run RESTORE_AGENTS agents to RESTORE_MESSAGES messages, archiving as policy says.
+    """Run RESTORE_AGENTS agents to RESTORE_MESSAGES messages; return the last GC number.
 
-    Each superstep adds two messages per agent; every GC is committed, archived and the
-    tiers trimmed as the coordinator does under the default CheckpointPolicy. Returns the
-    last GC's number.
+    Two messages per agent a superstep; every GC is committed and archived, as under the
+    default CheckpointPolicy, and both tiers are trimmed to it once, at the end (the end
+    state of trimming after each GC, without trim_cold reading every archived chain).
     """
     policy, team = CheckpointPolicy(), Team.start(b.store, task, RESTORE_AGENTS)
     while len(team.states[0].messages) < RESTORE_MESSAGES:
         team.commit(team.vote(partial(b.text.words, CONTENT_CHARS)))
         archive_gc(b.store, task, team.gc.number)
-        trim_hot(b.store, task, policy.hot_keep)
-        trim_cold(b.store, task, policy.cold_keep)
-    for agent, ref in team.gc.members.items():
+    trim_hot(b.store, task, policy.hot_keep)
+    trim_cold(b.store, task, policy.cold_keep)
+    for agent, ref in team.gc.members.items():  # the hot case must be all hot
         chain = b.store.load_chain(task, agent, ref.id, ref.checksum)
         if len(b.store.hot.read_chain(task, ref.id, MAX_CHAIN)) != len(chain):
             raise RuntimeError(f"{agent}'s chain is not all in Redis")
@@ -258,9 +262,10 @@ def restores(b: Bench) -> None:
             hot.add(hot_ns)
             cold.add(cold_ns)
     b.workers(4)
-    on_workers = Restorer(b.client, b.store, workers=True)
-    on_workers.restore("rhot", to=hot_to)  # warm-up: the workers import the restore code
-    workers = Samples([clock(partial(on_workers.restore, "rhot", to=hot_to))[1] for _ in "123"])
+    staged = partial(Restorer(b.client, b.store, workers=True).restore, "rhot", to=hot_to)
+    for _ in range(2):  # warm-up: every worker imports the code and builds its store
+        staged()
+    workers = Samples([clock(staged)[1] for _ in range(5)])
     b.client.srem(keys.ACTIVE_TASKS, "rhot", "rcold")  # the restorer made them active
     archived = len(b.store.cold.list_gcs("rcold"))
     rows = [
@@ -276,16 +281,15 @@ def restores(b: Bench) -> None:
          for n, s in rows],
     )  # fmt: skip
     print(
-        "(cold: every key of the task is deleted before each run, as a FLUSHALL would, so "
-        "the spec, the GC list, every GC, every LC of each chain and the workspace come "
-        f"from the archive on {filesystem(b.root)}, its files in the page cache; the staged"
-        " LCs and the new GC are written to Redis as in the hot case. Workers: the restorer"
-        " polls for votes every 20 ms)"
+        "(cold: every key of the task is deleted before each run, as a FLUSHALL would: the "
+        "spec, GC list, GCs, every chain's LCs and the workspace come from the archive (in "
+        "the page cache); staged LCs and the new GC go to Redis. The restorer on workers "
+        "polls for votes every 20 ms)"
     )
-    b.targets.append(Target("restore cold p50 / hot p50", cold.p50 / hot.p50, 3.0).report())
-    b.targets.append(
-        Target("restore on 4 workers p50 / inline p50 (hot)", workers.p50 / hot.p50, None).report()
-    )
+    for name, measured, limit in (("restore cold p50 / hot p50", cold.p50 / hot.p50, 3.0),
+                                  ("restore on 4 workers p50 / inline p50 (hot)",
+                                   workers.p50 / hot.p50, None)):  # fmt: skip
+        b.targets.append(Target(name, measured, limit).report())
 
 
 # coordinator runs ----------------------------------------------------------------------
@@ -293,46 +297,62 @@ def restores(b: Bench) -> None:
 class Drive:
     """One task driven to its end: when each GC committed, and where the coordinator went."""
 
-    commits: list[int]  # ns after the first tick at which GC 1, 2, ... was seen committed
+    commits: list[int]  # ns after the first tick at which GC 1, 2, ... was committed
     wall: int
     ticks: int  # ns spent inside tick(), this process's share of the work
-    archiving: int  # ns of it spent in archive_gc (the default policy archives every GC)
+    launching: int  # ns of it spent launching steps (begin_attempt, enqueue, note)
+    archiving: int  # ns of it in archive_gc, trim_hot, trim_cold (the default policy's)
     status: str
+    cpu: list[float]  # CPU seconds of the workers, this process and redis-server
 
 
 @contextlib.contextmanager
-def timing(into: list[int], owner: object, name: str) -> Iterator[None]:
-    """Add the time every call of `owner.name` takes to `into[0]`."""
-    real = getattr(owner, name)
+def timing(into: list[int], owner: object, *names: str) -> Iterator[None]:
+    """Add the time every call of `owner.<name>` takes to `into[0]` (names gone: skipped)."""
+    with contextlib.ExitStack() as stack:
+        for name in names:
+            real = getattr(owner, name, None)
+            if real is None:  # others refactor concurrently
+                continue
 
-    def timed(*args: object, **kwargs: object) -> object:
-        started = now_ns()
-        try:
-            return real(*args, **kwargs)
-        finally:
-            into[0] += now_ns() - started
+            def timed(*args: object, _real: Callable[..., object] = real, **kw: object) -> object:
+                started = now_ns()
+                try:
+                    return _real(*args, **kw)
+                finally:
+                    into[0] += now_ns() - started
 
-    with mock.patch.object(owner, name, timed):
+            stack.enter_context(mock.patch.object(owner, name, timed))
         yield
 
 
 def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0) -> Drive:
-    """Tick every POLL seconds until `task` ends; time each commit from the first tick."""
-    archiving, busy, seen = [0], 0, list[int]()
-    with timing(archiving, coordinator_module, "archive_gc"):
-        started = now_ns()
+    """Tick every POLL seconds until `task` ends; note when each commit_gc returned."""
+    launching, archiving, busy, seen, used = [0], [0], 0, list[int](), list[float]()
+    commit_gc, started = b.store.commit_gc, now_ns()
+
+    def committing(gc: GlobalCheckpoint) -> GlobalCheckpoint:
+        done = commit_gc(gc)
+        seen.append(now_ns() - started)
+        return done
+
+    with (
+        mock.patch.object(b.store, "commit_gc", committing),
+        cpu_used(b, b.cairn, used),
+        timing(launching, Coordinator, "_launch"),
+        timing(archiving, coordinator_module, "archive_gc", "trim_hot", "trim_cold"),
+    ):
         while True:
             t = now_ns()
             coordinator.tick()
             busy += now_ns() - t
-            latest = b.store.hot.latest_gc(task) or 0
-            seen += [now_ns() - started] * (latest - len(seen))
-            status = cast(bytes | None, b.client.hget(keys.run(task), "status")) or b""
-            if status.decode() in TERMINAL:
-                return Drive(seen, now_ns() - started, busy, archiving[0], status.decode())
+            status = (cast(bytes | None, b.client.hget(keys.run(task), "status")) or b"").decode()
+            if status in TERMINAL:
+                break
             if now_ns() - started > timeout * 1e9:
                 raise RuntimeError(f"task {task} did not end: {coordinator.status(task)}")
             time.sleep(POLL)
+    return Drive(seen, now_ns() - started, busy, launching[0], archiving[0], status, used)
 
 
 def scripted(name: str, agents: int, turns: Callable[[int], list[Turn]]) -> TaskSpec:
@@ -342,19 +362,15 @@ def scripted(name: str, agents: int, turns: Callable[[int], list[Turn]]) -> Task
 
 
 def busy_turns(agent: int, supersteps: int) -> list[Turn]:
-    """One turn per superstep at LATENCY: write a note, read the README, finish last."""
-    out = []
-    for k in range(supersteps):
-        if k == supersteps - 1:
-            tool = ToolRequest(name="finish", args={"summary": "done"})
-        elif k % 2 == 0:
-            tool = ToolRequest(
-                name="write_file", args={"path": f"notes/a{agent}.md", "content": f"note {k}\n"}
-            )
-        else:
-            tool = ToolRequest(name="read_file", args={"path": "README.md"})
-        out.append(Turn(say=f"turn {k}", latency=LATENCY, tools=[tool]))
-    return out
+    """One turn per superstep at LATENCY: write a note or read the README; finish last."""
+
+    def note(k: int) -> ToolRequest:
+        return ToolRequest(name="write_file", args={"path": f"a{agent}.md", "content": f"{k}\n"})
+
+    read = ToolRequest(name="read_file", args={"path": "README.md"})
+    tools = [read if k % 2 else note(k) for k in range(supersteps - 1)]
+    tools.append(ToolRequest(name="finish", args={"summary": "done"}))
+    return [Turn(say=f"turn {k}", latency=LATENCY, tools=[t]) for k, t in enumerate(tools)]
 
 
 # 3. worker scaling ---------------------------------------------------------------------
@@ -367,33 +383,35 @@ def scaling(b: Bench, coordinator: Coordinator) -> None:
         runs[workers] = run = drive(b, coordinator, coordinator.submit(spec))
         if run.status != "succeeded" or len(run.commits) != supersteps:
             raise RuntimeError(f"{workers}-worker run: {run.status}, {len(run.commits)} GCs")
-    per: dict[int, float] = {}
-    rows = []
+    per, rows = {}, []
     for workers, run in runs.items():
         first, n = run.commits[0], len(run.commits)
         per[workers] = (run.commits[-1] - first) / (n - 1)  # supersteps 2..n
-        whole = first + (SCALE_STEPS - 1) * per[workers]
+        shares = (x / run.wall for x in (run.ticks, run.launching, run.archiving))
         rows.append(
             [f"{workers} worker{'s' * (workers > 1)}", str(n), f"{run.wall / 1e9:.2f} s",
              duration(first), duration(per[workers]), f"{1e9 / per[workers]:.2f}",
-             f"{SCALE_AGENTS * 1e9 / per[workers]:.0f}", f"{whole / 1e9:.2f} s",
-             f"{run.ticks / run.wall:.0%} / {run.archiving / run.wall:.0%}"]
+             f"{SCALE_AGENTS * 1e9 / per[workers]:.0f}",
+             f"{(first + (SCALE_STEPS - 1) * per[workers]) / 1e9:.2f} s",
+             "{:.0%} ({:.0%}, {:.0%})".format(*shares), per_step(run.cpu, n * SCALE_AGENTS)]
         )  # fmt: skip
-    floor = SCALE_AGENTS * LATENCY * 1e9
     table(
         f"3. Worker scaling: {SCALE_AGENTS} agents, one turn per superstep at "
         f"{LATENCY * 1e3:g} ms model latency (a write_file or read_file, finish last)",
         ["workers", "supersteps", "wall", "superstep 1", "per superstep 2..", "supersteps/s",
-         "steps/s", f"est. {SCALE_STEPS} supersteps", "tick / archive share of wall"],
+         "steps/s", f"est. {SCALE_STEPS}", "wall in ticks (launch, archive)",
+         "CPU/step: workers+coord.+redis"],
         rows,
     )  # fmt: skip
+    used = sum(runs[16].cpu) / len(runs[16].commits)
     print(
-        f"(the 1-worker run plays {SCALE_STEPS_ONE} supersteps, the 16-worker run "
-        f"{SCALE_STEPS}; throughput is the mean time per superstep after the first, which "
-        "fills each worker's workspace cache; 'est.' is superstep 1 plus that mean times "
-        f"{SCALE_STEPS - 1}. Latency alone is {duration(floor)} per superstep on 1 worker, "
-        f"{duration(floor / 16)} on 16; the machine has {os.cpu_count()} CPUs; the "
-        f"coordinator ticks every {POLL * 1e3:g} ms in this process)"
+        f"(1 worker plays {SCALE_STEPS_ONE} supersteps, 16 play {SCALE_STEPS}; throughput is"
+        " the mean time per superstep after the first (which fills the workers' caches); "
+        f"'est.' adds {SCALE_STEPS - 1} such to superstep 1. Model latency alone: "
+        f"{SCALE_AGENTS * LATENCY:g} s a superstep on 1 worker, {SCALE_AGENTS * LATENCY / 16:g}"
+        f" s on 16. With 16, all processes used {used:.2f} CPU-s a superstep: >= "
+        f"{used / (os.cpu_count() or 1):.2f} s on {os.cpu_count()} CPUs. Ticks every "
+        f"{POLL * 1e3:g} ms; launch: Coordinator._launch; archive: archive_gc + trims)"
     )
     b.targets.append(
         Target("time per superstep, 16 workers / 1 worker (>= 10x throughput)",
@@ -402,18 +420,20 @@ def scaling(b: Bench, coordinator: Coordinator) -> None:
 
 
 # 4. empty steps against empty RQ jobs --------------------------------------------------
-def rq_empty(b: Bench, queue: Queue, jobs: int) -> int:
-    """Enqueue `jobs` calls of builtins.len; return ns until the last has finished."""
-    finished = FinishedJobRegistry(queue=queue).key
+def rq_empty(b: Bench, queue: Queue, jobs: int) -> tuple[int, list[float]]:
+    """Enqueue `jobs` calls of builtins.len; return ns until all finished, and CPU used."""
+    finished, used = FinishedJobRegistry(queue=queue).key, list[float]()
     before = int(b.client.zcard(finished))
-    started = now_ns()
-    for _ in range(jobs):
-        queue.enqueue_call("builtins.len", args=("x",), result_ttl=3_600, failure_ttl=86_400)
-    while int(b.client.zcard(finished)) < before + jobs:
-        if now_ns() - started > 120e9:
-            raise RuntimeError("the RQ jobs did not finish")
-        time.sleep(POLL)
-    return now_ns() - started
+    with cpu_used(b, b.rq, used):
+        started = now_ns()
+        for _ in range(jobs):
+            queue.enqueue_call("builtins.len", args=("x",), result_ttl=3_600, failure_ttl=86_400)
+        while int(b.client.zcard(finished)) < before + jobs:
+            if now_ns() - started > 120e9:
+                raise RuntimeError("the RQ jobs did not finish")
+            time.sleep(POLL)
+        took = now_ns() - started
+    return took, used
 
 
 def empty_steps(b: Bench, coordinator: Coordinator) -> None:
@@ -421,6 +441,7 @@ def empty_steps(b: Bench, coordinator: Coordinator) -> None:
     b.workers(EMPTY_WORKERS)
     b.workers(EMPTY_WORKERS, plain=True)
     queue = Queue(RQ_QUEUE, connection=b.client, serializer=JSONSerializer)
+    cairn, plain = [], []
 
     def empty(run: str, agents: int) -> Drive:
         spec = scripted(f"empty-{run}", agents, lambda _: [Turn(say="Nothing to do.")])
@@ -428,39 +449,38 @@ def empty_steps(b: Bench, coordinator: Coordinator) -> None:
 
     empty("warm", 16)  # warm-up: each worker imports and runs the step code
     rq_empty(b, queue, 50)
-    cairn: list[Drive] = []
-    plain: list[int] = []
     for run in range(EMPTY_RUNS):
         cairn.append(empty(str(run), EMPTY_STEPS))
         plain.append(rq_empty(b, queue, EMPTY_STEPS))
     b.workers(0, plain=True)
-    rq_ns = statistics.median(plain)
-    cairn_ns = statistics.median(d.commits[0] for d in cairn)
-    ticks = statistics.median(d.ticks for d in cairn)
-    archiving = statistics.median(d.archiving for d in cairn)
+    rq_ns, rq_cpu = sorted(plain)[len(plain) // 2]
+    mid = sorted(cairn, key=lambda d: d.commits[0])[len(cairn) // 2]
     rows = [
         ["RQ: builtins.len('x') jobs, SimpleWorker, JSON", " / ".join(f"{ns / 1e9:.2f} s"
-         for ns in plain), f"{rq_ns / 1e9:.2f} s", f"{EMPTY_STEPS * 1e9 / rq_ns:.0f}", "1.00x"],
-        ["Cairn: steps of one superstep, enqueue to commit", " / ".join(
-         f"{d.commits[0] / 1e9:.2f} s" for d in cairn), f"{cairn_ns / 1e9:.2f} s",
-         f"{EMPTY_STEPS * 1e9 / cairn_ns:.0f}", ratio(rq_ns, cairn_ns)],
+         for ns, _ in plain), f"{rq_ns / 1e9:.2f} s", f"{EMPTY_STEPS * 1e9 / rq_ns:.0f}",
+         "1.00x", per_step(rq_cpu, EMPTY_STEPS)],
+        ["Cairn: one superstep of steps, enqueue to commit", " / ".join(
+         f"{d.commits[0] / 1e9:.2f} s" for d in cairn), f"{mid.commits[0] / 1e9:.2f} s",
+         f"{EMPTY_STEPS * 1e9 / mid.commits[0]:.0f}", ratio(rq_ns, mid.commits[0]),
+         per_step(mid.cpu, EMPTY_STEPS)],
     ]  # fmt: skip
     table(
         f"4. {EMPTY_STEPS} empty steps through Cairn vs {EMPTY_STEPS} trivial RQ jobs, "
         f"{EMPTY_WORKERS} worker processes each ({EMPTY_RUNS} runs each, taking turns)",
-        ["variant", "runs", "median", "per second", "throughput vs RQ"],
+        ["variant", "runs", "median", "per second", "throughput vs RQ",
+         "CPU/step: workers+this process+redis"],
         rows,
-    )
+    )  # fmt: skip
     print(
-        f"(a Cairn run is one task of {EMPTY_STEPS} agents whose one turn calls no tool: "
-        "from the first tick, which launches every step, to the GC committing them all, "
-        f"archived as the default policy says. Of the median run, {duration(ticks)} was "
-        f"spent in coordinator ticks in this process, {duration(archiving)} of it in "
-        f"archive_gc. Idle processes meanwhile: {EMPTY_WORKERS} workers of the other kind)"
+        f"(Cairn: one task of {EMPTY_STEPS} agents whose one turn calls no tool, from the "
+        "first tick (which launches every step) to commit_gc returning. Of the median run's "
+        f"{duration(mid.wall)} to the task's end, ticks took {duration(mid.ticks)}: launching "
+        f"{duration(mid.launching)}, archiving the GC after the commit (default policy) "
+        f"{duration(mid.archiving)}. Idle meanwhile: the {EMPTY_WORKERS} workers of the other kind)"
     )
     b.targets.append(
         Target("Cairn time per empty step / RQ time per empty job (Cairn >= 60% of RQ)",
-               cairn_ns / rq_ns, round(1 / 0.6, 2)).report()
+               mid.commits[0] / rq_ns, round(1 / 0.6, 2)).report()
     )  # fmt: skip
 
 
@@ -482,12 +502,9 @@ def run() -> list[Target]:
         )
         b = Bench(root, server, client, store, Text(seed=2028))
         stack.callback(b.close)
-        print("\n== coordinator ==")
         print(
-            f"redis-server private (port {server.port}, no AOF); archive on {filesystem(root)}."
-            " Workers: `python -m coordinator.worker URL` processes (CairnWorker, a "
-            "SimpleWorker), each with its own CAIRN_CACHE_DIR; coordinator logs as JSON at "
-            "level info into /dev/null, the workers' into /dev/null as tests/cluster.py has it"
+            f"\n== coordinator ==\nredis-server private (port {server.port}, no AOF); archive"
+            f" on {filesystem(root)}; Coordinator logs as JSON at level info into /dev/null"
         )
         commits(b)
         restores(b)
