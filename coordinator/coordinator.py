@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import cast
+from typing import Any, TypeVar, cast
 
 import redis
 import structlog
@@ -44,6 +44,7 @@ from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, 
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
+R = TypeVar("R", bound=Record)
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unrecoverable"})
 LIMITS_DOC = "limits"
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
@@ -105,6 +106,8 @@ class Coordinator:
         self.heartbeat_grace = heartbeat_grace
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
+        # A task's spec and limits never change once submitted: read each once.
+        self._docs: dict[tuple[str, str], Record] = {}
         self.restorer = Restorer(client, store, workers=restore_on_workers)
 
     # the API ------------------------------------------------------------------------------
@@ -204,8 +207,8 @@ class Coordinator:
 
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str) -> None:
-        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
-        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
+        record = self._record(task)
+        limits = self._limits(task)
         gc = self.store.latest_gc(task)
         if gc is None:
             self._finish(task, "unrecoverable", "no committed checkpoint is left")
@@ -225,8 +228,7 @@ class Coordinator:
             update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
         )
         self.store.prepare_gc(intent)
-        for agent in agents:
-            self._launch(task, agent, superstep, epoch, 1, limits)
+        self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits)
         self.redis.hset(
             keys.run(task),
             mapping={"superstep": superstep, "number": intent.number, "epoch": epoch},
@@ -234,19 +236,36 @@ class Coordinator:
         log.info("superstep started", task=task, superstep=superstep, agents=agents)
 
     def _launch(
-        self, task: str, agent: str, superstep: int, epoch: int, attempt: int, limits: Limits
+        self, task: str, attempts: dict[str, int], superstep: int, epoch: int, limits: Limits
     ) -> None:
-        self.store.hot.begin_attempt(task, agent, superstep, attempt)
-        job = f"cairn-{task}-{epoch}-{superstep}-{agent}-{attempt}"
-        self.queue.enqueue_call(
-            STEP_JOB,
-            args=(task, agent, superstep, epoch, attempt),
-            job_id=job,
-            timeout=int(limits.step_timeout) + 60,
-            result_ttl=3_600,
-            failure_ttl=86_400,
+        """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go."""
+        for agent, attempt in attempts.items():
+            self.store.hot.begin_attempt(task, agent, superstep, attempt)
+        jobs = {
+            agent: f"cairn-{task}-{epoch}-{superstep}-{agent}-{attempt}"
+            for agent, attempt in attempts.items()
+        }
+        pipe = self.redis.pipeline()
+        self.queue.enqueue_many(
+            [
+                Queue.prepare_data(
+                    STEP_JOB,
+                    args=(task, agent, superstep, epoch, attempt),
+                    job_id=jobs[agent],
+                    timeout=int(limits.step_timeout) + 60,
+                    result_ttl=3_600,
+                    failure_ttl=86_400,
+                )
+                for agent, attempt in attempts.items()
+            ],
+            pipeline=pipe,
         )
-        self.redis.hset(keys.steps(task), agent, StepRun(attempt, job).dump())
+        # redis-py types `mapping` with invariant keys: Any is the honest type to give it.
+        steps: dict[Any, Any] = {
+            agent: StepRun(attempt, jobs[agent]).dump() for agent, attempt in attempts.items()
+        }
+        pipe.hset(keys.steps(task), mapping=steps)
+        pipe.execute()
 
     def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
         number = int(run["number"])
@@ -263,15 +282,15 @@ class Coordinator:
         if steps and steps.keys() <= votes.keys():
             self._commit(task, superstep, run, {a: votes[a] for a in steps})
             return
-        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
-        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        limits = self._limits(task)
+        record = self._record(task)
         now = time.time()
         for agent, step in steps.items():
             if agent in votes:
                 continue
             if step.retry_at:
                 if now >= step.retry_at:
-                    self._launch(task, agent, superstep, epoch, step.attempt, limits)
+                    self._launch(task, {agent: step.attempt}, superstep, epoch, limits)
                 continue
             failure = self._failure(task, agent, superstep, epoch, step, limits, now)
             if failure is None:
@@ -329,7 +348,7 @@ class Coordinator:
     def _commit(
         self, task: str, superstep: int, run: dict[str, str], votes: dict[str, LCRef]
     ) -> None:
-        record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        record = self._record(task)
         gc = self.store.latest_gc(task)
         assert gc is not None
         order = [a.name for a in record.agents]
@@ -359,7 +378,7 @@ class Coordinator:
         self._archive(task, committed)
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
-        limits = self.store.read_doc(task, LIMITS_DOC, Limits)
+        limits = self._limits(task)
         policy = limits.checkpoints
         if gc.number % policy.archive_every and policy.durability == "async":
             return
@@ -439,6 +458,20 @@ class Coordinator:
     def _run(self, task: str) -> dict[str, str]:
         return read_run(self.redis, task)
 
+    def _record(self, task: str) -> TaskRecord:
+        return self._doc(task, SPEC_DOC, TaskRecord)
+
+    def _limits(self, task: str) -> Limits:
+        return self._doc(task, LIMITS_DOC, Limits)
+
+    def _doc(self, task: str, name: str, model: type[R]) -> R:
+        found = self._docs.get((task, name))
+        if found is None:
+            found = self.store.read_doc(task, name, model)
+            self._docs[(task, name)] = found
+        assert isinstance(found, model)
+        return found
+
     def _set_status(self, task: str, status: str, only_from: set[str]) -> None:
         current = self._run(task).get("status")
         if current not in only_from:
@@ -448,6 +481,7 @@ class Coordinator:
         self.redis.hset(keys.run(task), "status", status)
 
     def _finish(self, task: str, status: str, reason: str) -> None:
+        self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
         self.redis.hset(keys.run(task), mapping={"status": status, "reason": reason})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status, reason=reason)

@@ -198,6 +198,8 @@ def trim_cold(store: CheckpointStore, task: str, cold_keep: int) -> list[int]:
     if latest is not None and latest in numbers:
         keep.add(latest)
     dropped = [n for n in numbers if n not in keep]
+    if not dropped:
+        return []  # nothing leaves, so no LC can become unneeded: skip reading the chains
     for n in dropped:
         cold.delete_gc(task, n)
     needed: set[str] = set()
