@@ -50,6 +50,7 @@ LIMITS_DOC = "limits"
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
+FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
 
 
 class Limits(Record):
@@ -80,6 +81,43 @@ class StepRun:
         return cls(**json.loads(raw))
 
 
+def _failure(  # noqa: PLR0911 - one return per way a step can be over
+    step: StepRun,
+    superstep: int,
+    outcome: bytes | None,
+    job: Job | None,
+    beat: str | None,
+    limits: Limits,
+    grace: float,
+    now: float,
+) -> tuple[str, str] | None:
+    """Why the current attempt of a step is over without a vote, or None if it is not.
+
+    `outcome` is what the job recorded, `job` its RQ job (None once gone), `beat` the
+    step's heartbeat token.
+    """
+    if outcome is not None:
+        said = json.loads(outcome)
+        if said["attempt"] == step.attempt and said["kind"] != "fenced":
+            return str(said["kind"]), str(said["message"])
+    if job is None:
+        return "retryable", "its job vanished"
+    state = job.get_status(refresh=False)
+    if state in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+        return "retryable", f"its job {state.value}"
+    if state == JobStatus.FINISHED:
+        return "retryable", "its job finished without a vote"
+    if state != JobStatus.STARTED or job.started_at is None:
+        return None  # still queued: waiting is not failing
+    running = now - job.started_at.timestamp()
+    if running > limits.step_timeout:
+        return "retryable", f"timed out after {limits.step_timeout:g} s"
+    mine = f":{superstep}:{step.attempt}"  # the token of this very attempt
+    if running > grace and (beat is None or not beat.endswith(mine)):
+        return "retryable", "its worker stopped beating (dead or stalled)"
+    return None
+
+
 def task_id(name: str) -> str:
     """A task id people can read: the spec's name, made safe, plus a unique suffix."""
     slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "task"
@@ -106,6 +144,7 @@ class Coordinator:
         self.heartbeat_grace = heartbeat_grace
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
+        self._checked: dict[str, float] = {}  # when each task was last checked for failures
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
         self.restorer = Restorer(client, store, workers=restore_on_workers)
@@ -283,67 +322,57 @@ class Coordinator:
             self._commit(task, superstep, run, {a: votes[a] for a in steps})
             return
         limits = self._limits(task)
-        record = self._record(task)
         now = time.time()
-        for agent, step in steps.items():
-            if agent in votes:
-                continue
-            if step.retry_at:
-                if now >= step.retry_at:
-                    self._launch(task, {agent: step.attempt}, superstep, epoch, limits)
-                continue
-            failure = self._failure(task, agent, superstep, epoch, step, limits, now)
-            if failure is None:
-                continue
-            kind, message = failure
-            retries = record.agent(agent).max_retries
-            if kind == "fatal" or step.attempt > retries:
-                self._give_up(task, run, f"step of {agent} in superstep {superstep}: {message}")
+        pending = {agent: step for agent, step in steps.items() if agent not in votes}
+        due = {
+            a: step.attempt for a, step in pending.items() if step.retry_at and now >= step.retry_at
+        }
+        if due:
+            self._launch(task, due, superstep, epoch, limits)
+        # Looking for failures costs a few reads per step: a few times a second is enough.
+        if now - self._checked.get(task, 0.0) < FAILURE_CHECK_EVERY:
+            return
+        self._checked[task] = now
+        watched = {a: step for a, step in pending.items() if not step.retry_at}
+        if not watched:
+            return
+        outcomes = cast(
+            dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, superstep))
+        )
+        jobs = Job.fetch_many([s.job for s in watched.values()], self.redis, JSONSerializer)
+        for (agent, step), job in zip(watched.items(), jobs, strict=True):
+            beat = self.store.hot.beating(task, agent)
+            failure = _failure(step, superstep, outcomes.get(agent.encode()), job, beat, limits,
+                               self.heartbeat_grace, now)  # fmt: skip
+            if failure is not None and not self._retry(
+                task, run, agent, step, superstep, failure, now
+            ):
                 return
-            backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
-            # Fence the failed attempt first: whatever it does from now on is refused.
-            self.store.hot.begin_attempt(task, agent, superstep, step.attempt + 1)
-            with contextlib.suppress(NoSuchJobError, redis.RedisError):
-                Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
-            retry = StepRun(step.attempt + 1, retry_at=now + backoff)
-            self.redis.hset(keys.steps(task), agent, retry.dump())
-            log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
 
-    def _failure(  # noqa: PLR0911 - one return per way a step can be over
+    def _retry(
         self,
         task: str,
+        run: dict[str, str],
         agent: str,
-        superstep: int,
-        epoch: int,
         step: StepRun,
-        limits: Limits,
+        superstep: int,
+        failure: tuple[str, str],
         now: float,
-    ) -> tuple[str, str] | None:
-        """Why the current attempt of a step is over without a vote, or None if it is not."""
-        raw = cast(bytes | None, self.redis.hget(keys.outcomes(task, epoch, superstep), agent))
-        if raw is not None:
-            outcome = json.loads(raw)
-            if outcome["attempt"] == step.attempt and outcome["kind"] != "fenced":
-                return str(outcome["kind"]), str(outcome["message"])
-        try:
-            job = Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer)
-        except NoSuchJobError:
-            return "retryable", "its job vanished"
-        state = job.get_status()
-        if state in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-            return "retryable", f"its job {state.value}"
-        if state == JobStatus.FINISHED:
-            return "retryable", "its job finished without a vote"
-        if state != JobStatus.STARTED or job.started_at is None:
-            return None  # still queued: waiting is not failing
-        running = now - job.started_at.timestamp()
-        if running > limits.step_timeout:
-            return "retryable", f"timed out after {limits.step_timeout:g} s"
-        beat = self.store.hot.beating(task, agent)
-        mine = f":{superstep}:{step.attempt}"  # the token of this very attempt
-        if running > self.heartbeat_grace and (beat is None or not beat.endswith(mine)):
-            return "retryable", "its worker stopped beating (dead or stalled)"
-        return None
+    ) -> bool:
+        """Retry a failed step after a backoff; False when the superstep was given up."""
+        kind, message = failure
+        if kind == "fatal" or step.attempt > self._record(task).agent(agent).max_retries:
+            self._give_up(task, run, f"step of {agent} in superstep {superstep}: {message}")
+            return False
+        backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
+        # Fence the failed attempt first: whatever it does from now on is refused.
+        self.store.hot.begin_attempt(task, agent, superstep, step.attempt + 1)
+        with contextlib.suppress(NoSuchJobError, redis.RedisError):
+            Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
+        retry = StepRun(step.attempt + 1, retry_at=now + backoff)
+        self.redis.hset(keys.steps(task), agent, retry.dump())
+        log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
+        return True
 
     def _commit(
         self, task: str, superstep: int, run: dict[str, str], votes: dict[str, LCRef]
