@@ -9,9 +9,7 @@ level info into /dev/null, so their cost counts as in production.
 from __future__ import annotations
 
 import contextlib
-import os
 import statistics
-import tempfile
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -22,13 +20,11 @@ from typing import cast
 from unittest import mock
 
 import redis
-import structlog
 from redis.connection import AbstractConnection
 
 from agents import step as step_module
 from agents.barrier import build_gc
 from agents.heartbeat import Heartbeat
-from agents.logs import configure_logging
 from agents.models.base import Model, ModelRequest
 from agents.models.scripted import ScriptedModel
 from agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
@@ -36,14 +32,12 @@ from agents.step import run_step
 from agents.task import start_task
 from agents.tools import TOOLS, Args, ToolContext
 from agents.workspace import Workspace
-from bench.report import Samples, Target, clock, duration, now_ns, ratio, size, table
+from bench.report import Samples, Target, clock, duration, now_ns, private_store, ratio, size, table
 from bench.storage import Text, filesystem, floor_write
 from storage import store as store_module
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
+from storage.backends.redis import RedisHotStore
 from storage.codec import Codec, canonical_bytes
 from storage.records import GlobalCheckpoint, LCRef, Message, Role
-from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 
 AGENT = "coder"
@@ -432,16 +426,7 @@ def on_off(env: Env) -> None:
 def run() -> list[Target]:
     """Run both agents measurements on a private Redis; return the targets."""
     with contextlib.ExitStack() as stack:
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cairn-bench-")))
-        sink = stack.enter_context(open(os.devnull, "w"))  # noqa: PTH123 - the log's sink
-        stack.callback(partial(structlog.configure, **structlog.get_config()))
-        with contextlib.redirect_stderr(sink):
-            configure_logging("json", "info")  # binds the sink as the log's stream
-        server = RedisServer(root / "redis", appendonly=False)
-        stack.callback(server.stop)
-        server.start()
-        client = stack.enter_context(connect(server.url))
-        store = CheckpointStore(RedisHotStore(client), DiskArchive(root / "archive"), Codec())
+        root, server, client, store = private_store(stack, quiet=True)
         env = Env(root, client, store, Text(seed=2027))
         print("\n== agents ==")
         print(

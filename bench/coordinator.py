@@ -10,7 +10,6 @@ import contextlib
 import os
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -20,16 +19,14 @@ from typing import IO, cast
 from unittest import mock
 
 import redis
-import structlog
 from rq import Queue, Worker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
 from agents.barrier import build_gc
-from agents.logs import configure_logging
 from agents.spec import AgentSpec, TaskRecord, ToolRequest, Turn
 from agents.task import start_task
-from bench.report import Samples, Target, clock, duration, now_ns, ratio, table
+from bench.report import Samples, Target, clock, duration, now_ns, private_store, ratio, table
 from bench.storage import CONTENT_CHARS, Text, filesystem
 from coordinator import coordinator as coordinator_module
 from coordinator.coordinator import TERMINAL, Coordinator
@@ -38,10 +35,7 @@ from coordinator.restore import Restorer
 from coordinator.spec import CheckpointPolicy, TaskSpec
 from storage import keys
 from storage.archive import archive_gc, trim_cold, trim_hot
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
 from storage.chain import AgentState
-from storage.codec import Codec
 from storage.records import GlobalCheckpoint, LCRef, Message, Role, ToolCall
 from storage.redis_server import RedisServer
 from storage.store import MAX_CHAIN, CheckpointStore
@@ -488,18 +482,7 @@ def empty_steps(b: Bench, coordinator: Coordinator) -> None:
 def run() -> list[Target]:
     """Run the coordinator measurements on a private Redis and workers; return the targets."""
     with contextlib.ExitStack() as stack:
-        root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cairn-bench-")))
-        sink = stack.enter_context(open(os.devnull, "w"))  # noqa: PTH123 - the log's sink
-        stack.callback(partial(structlog.configure, **structlog.get_config()))
-        with contextlib.redirect_stderr(sink):
-            configure_logging("json", "info")  # binds the sink as the log's stream
-        server = RedisServer(root / "redis", appendonly=False)
-        stack.callback(server.stop)
-        server.start()
-        client = stack.enter_context(connect(server.url))
-        store = CheckpointStore(
-            RedisHotStore(client), DiskArchive(root / "archive"), Codec(), full_every=FULL_EVERY
-        )
+        root, server, client, store = private_store(stack, FULL_EVERY, quiet=True)
         b = Bench(root, server, client, store, Text(seed=2028))
         stack.callback(b.close)
         print(

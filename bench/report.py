@@ -1,13 +1,29 @@
-"""What every benchmark part shares: samples, percentiles, tables and targets."""
+"""What every benchmark part shares: samples, percentiles, tables, targets, a private store."""
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import math
+import os
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
+from pathlib import Path
 from typing import TypeVar
+
+import redis
+import structlog
+
+from agents.logs import configure_logging
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.chain import DEFAULT_FULL_EVERY
+from storage.codec import Codec
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
 
 now_ns = time.perf_counter_ns
 T = TypeVar("T")
@@ -162,3 +178,28 @@ def summary(targets: Sequence[Target]) -> None:
         for t in targets
     ]
     table("Summary", ["target", "limit", "measured", "verdict"], rows)
+
+
+def private_store(
+    stack: contextlib.ExitStack, full_every: int = DEFAULT_FULL_EVERY, *, quiet: bool = False
+) -> tuple[Path, RedisServer, redis.Redis, CheckpointStore]:
+    """Set up what a part runs on, torn down by `stack`: directory, redis-server, store.
+
+    The directory is temporary, the redis-server private (no AOF), the archive inside the
+    directory. With `quiet`, Cairn's logs are still rendered (as JSON, so their cost
+    counts) but into /dev/null.
+    """
+    root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="cairn-bench-")))
+    if quiet:
+        sink = stack.enter_context(open(os.devnull, "w"))  # noqa: PTH123, SIM115 - held by stack
+        stack.callback(partial(structlog.configure, **structlog.get_config()))
+        with contextlib.redirect_stderr(sink):
+            configure_logging("json", "info")  # binds the sink as the log's stream
+    server = RedisServer(root / "redis", appendonly=False)
+    stack.callback(server.stop)
+    server.start()
+    client = stack.enter_context(connect(server.url))
+    store = CheckpointStore(
+        RedisHotStore(client), DiskArchive(root / "archive"), Codec(), full_every=full_every
+    )
+    return root, server, client, store

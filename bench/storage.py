@@ -7,13 +7,13 @@ with a baseline measured in the same run: the least work that could do the same 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import itertools
 import os
 import random
 import statistics
-import tempfile
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from functools import partial
@@ -29,6 +29,7 @@ from bench.report import (
     clock,
     duration,
     now_ns,
+    private_store,
     ratio,
     size,
     table,
@@ -37,10 +38,9 @@ from bench.report import (
 from storage import keys
 from storage.archive import archive_gc
 from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
 from storage.base import LCEntry
 from storage.chain import AgentState, base_after_write, cut_lc
-from storage.codec import Codec, canonical_bytes
+from storage.codec import DEFAULT_COMPRESS_ABOVE, canonical_bytes
 from storage.records import (
     GlobalCheckpoint,
     LCRef,
@@ -692,7 +692,8 @@ def setup(b: Bench) -> None:
         f"archive and temp files on {filesystem(b.root)}"
     )
     print(
-        f"CheckpointStore: Codec() unsigned, zstd above 1 KiB; full_every={FULL_EVERY}. "
+        f"CheckpointStore: Codec() unsigned, zstd above {DEFAULT_COMPRESS_ABOVE // 1024} KiB; "
+        f"full_every={FULL_EVERY}. "
         f"A step adds a {message} B message and a {trace} B trace record (canonical JSON)."
     )
     warm = start_run(b, "warmup", SIZES[1])
@@ -702,28 +703,13 @@ def setup(b: Bench) -> None:
 
 def run() -> list[Target]:
     """Run every storage measurement on a private Redis and archive; return the targets."""
-    with tempfile.TemporaryDirectory(prefix="cairn-bench-") as tmp:
-        root = Path(tmp)
-        server = RedisServer(root / "redis", appendonly=False)
-        try:
-            server.start()
-            client = connect(server.url)
-            try:
-                store = CheckpointStore(
-                    RedisHotStore(client),
-                    DiskArchive(root / "archive"),
-                    Codec(),
-                    full_every=FULL_EVERY,
-                )
-                b = Bench(root, server, client, store, Text(seed=2026))
-                setup(b)
-                big = lc_writes(b)
-                bytes_per_step(b, big)
-                reads(b)
-                archiving(b)
-                packers(b)
-                return b.targets
-            finally:
-                client.close()
-        finally:
-            server.stop()
+    with contextlib.ExitStack() as stack:
+        root, server, client, store = private_store(stack, FULL_EVERY)
+        b = Bench(root, server, client, store, Text(seed=2026))
+        setup(b)
+        big = lc_writes(b)
+        bytes_per_step(b, big)
+        reads(b)
+        archiving(b)
+        packers(b)
+        return b.targets
