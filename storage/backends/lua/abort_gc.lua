@@ -7,9 +7,9 @@ if status == 'COMMITTED' then
 end
 redis.call('HSET', KEYS[1], 'data', ARGV[2], 'sum', ARGV[3], 'status', 'ABORTED', 'superstep', ARGV[4])
 redis.call('ZADD', KEYS[2], ARGV[1], ARGV[1])
+-- Every LC still in the superstep's set is tentative: a commit deletes the set.
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[3])) do
-  local key = ARGV[5] .. id
-  if redis.call('HGET', key, 'state') ~= 'committed' then redis.call('DEL', key) end
+  redis.call('DEL', ARGV[5] .. id)
 end
 redis.call('DEL', KEYS[3], KEYS[4], KEYS[5])
 return 'OK'

@@ -33,23 +33,23 @@ for i = 1, members do
 end
 redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
--- Mark each member committed, with its tentative ancestors: an agent that wrote several
--- step LCs in this superstep needs them all, since its member is a delta on them.
+-- An LC is tentative while its id is in its superstep's set; deleting the set below makes
+-- every LC it keeps committed. Keep each member and, when an agent wrote several step LCs
+-- in this superstep, the ancestors its delta rests on; drop the rest (tool-level LCs,
+-- refused retries). A member carried over from an earlier superstep is not in the set.
+local tentative = {}
+for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do tentative[id] = true end
+local prefix = #ARGV[6]
 for i = 1, members do
-  local key = KEYS[8 + i]
-  while true do
-    redis.call('HSET', key, 'state', 'committed')
-    local f = redis.call('HMGET', key, 'parent', 'full')
+  local id = string.sub(KEYS[8 + i], prefix + 1)
+  while id and tentative[id] do
+    tentative[id] = nil
+    local f = redis.call('HMGET', ARGV[6] .. id, 'parent', 'full')
     if f[2] == '1' or not f[1] or f[1] == '' then break end
-    key = ARGV[6] .. f[1]
-    if redis.call('HGET', key, 'state') ~= 'tentative' then break end
+    id = f[1]
   end
 end
--- Tool-level LCs and refused retries of this superstep are no longer needed.
-for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do
-  local key = ARGV[6] .. id
-  if redis.call('HGET', key, 'state') == 'tentative' then redis.call('DEL', key) end
-end
+for id in pairs(tentative) do redis.call('DEL', ARGV[6] .. id) end
 redis.call('DEL', KEYS[6], KEYS[7], KEYS[8])
 local latest = tonumber(redis.call('GET', KEYS[4]) or '-1')
 if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[4], ARGV[1]) end

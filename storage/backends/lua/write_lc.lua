@@ -19,7 +19,7 @@ if existing then
   end
 else
   redis.call('HSET', KEYS[3], 'data', ARGV[6], 'sum', ARGV[5], 'agent', ARGV[2],
-    'parent', ARGV[7], 'full', ARGV[8], 'level', ARGV[9], 'state', 'tentative')
+    'parent', ARGV[7], 'full', ARGV[8], 'level', ARGV[9])
   redis.call('SADD', KEYS[4], ARGV[4])
 end
 -- A retry of this step resumes from the latest tool-level LC an earlier attempt wrote.
