@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, TypeVar, cast
+from typing import TypeVar, cast
 
 import redis
 import structlog
@@ -32,7 +32,7 @@ from agents.task import start_task
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.restore import RestoreFailed, Restorer
-from coordinator.runs import abort_in_flight, read_run
+from coordinator.runs import RunState, abort_in_flight
 from coordinator.spec import CheckpointPolicy, TaskSpec
 from coordinator.verify import verify
 from storage import keys
@@ -147,7 +147,8 @@ class Coordinator:
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
-        self.restorer = Restorer(client, store, workers=restore_on_workers)
+        self.runs = RunState(client, lambda: self.lease.token)
+        self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
 
     # the API ------------------------------------------------------------------------------
     def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
@@ -163,7 +164,7 @@ class Coordinator:
             checkpoints=spec.checkpoints,
         )
         self.store.put_doc(task, LIMITS_DOC, limits)
-        self.redis.hset(keys.run(task), mapping={"status": "running", "superstep": 0})
+        self.runs.write(task, {"status": "running", "superstep": 0})
         self.redis.sadd(keys.ACTIVE_TASKS, task)
         log.info("task submitted", task=task, agents=len(spec.agents))
         return task
@@ -208,7 +209,7 @@ class Coordinator:
         run = self._run(task)
         self.store.hot.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
         if int(run.get("superstep", "0")):
-            abort_in_flight(self.redis, self.store, task)
+            abort_in_flight(self.runs, self.store, task)
         self._finish(task, "cancelled", "cancelled by a person")
 
     # the loop -----------------------------------------------------------------------------
@@ -232,7 +233,11 @@ class Coordinator:
                 log.warning("task not advanced", task=task, error=str(exc))
 
     def advance(self, task: str) -> None:
-        """Do what is due for one task: start a superstep, watch one, or finish."""
+        """Do what is due for one task: start a superstep, watch one, or finish.
+
+        Raises `FencedWrite` when a coordinator with a newer lease owns the task.
+        """
+        self.runs.claim(task)
         run = self._run(task)
         status = run.get("status", "")
         if status in TERMINAL or not status:
@@ -268,10 +273,7 @@ class Coordinator:
         )
         self.store.prepare_gc(intent)
         self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits)
-        self.redis.hset(
-            keys.run(task),
-            mapping={"superstep": superstep, "number": intent.number, "epoch": epoch},
-        )
+        self.runs.write(task, {"superstep": superstep, "number": intent.number, "epoch": epoch})
         log.info("superstep started", task=task, superstep=superstep, agents=agents)
 
     def _launch(
@@ -299,12 +301,9 @@ class Coordinator:
             ],
             pipeline=pipe,
         )
-        # redis-py types `mapping` with invariant keys: Any is the honest type to give it.
-        steps: dict[Any, Any] = {
-            agent: StepRun(attempt, jobs[agent]).dump() for agent, attempt in attempts.items()
-        }
-        pipe.hset(keys.steps(task), mapping=steps)
+        steps = {agent: StepRun(attempt, jobs[agent]).dump() for agent, attempt in attempts.items()}
         pipe.execute()
+        self.runs.write(task, steps=steps)
 
     def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
         number = int(run["number"])
@@ -370,7 +369,7 @@ class Coordinator:
         with contextlib.suppress(NoSuchJobError, redis.RedisError):
             Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
         retry = StepRun(step.attempt + 1, retry_at=now + backoff)
-        self.redis.hset(keys.steps(task), agent, retry.dump())
+        self.runs.write(task, steps={agent: retry.dump()})
         log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
         return True
 
@@ -402,8 +401,7 @@ class Coordinator:
 
     def _after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
         """Close the superstep whose GC is committed: forget its steps, archive per policy."""
-        self.redis.delete(keys.steps(task))
-        self.redis.hset(keys.run(task), "superstep", 0)
+        self.runs.write(task, {"superstep": 0}, clear_steps=True)
         self._archive(task, committed)
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
@@ -420,14 +418,14 @@ class Coordinator:
                 "archiving failed; the GC stays in Redis", task=task, gc=gc.number, error=str(exc)
             )
             return
-        self.redis.hset(keys.run(task), "archived", gc.number)
+        self.runs.write(task, {"archived": gc.number})
 
     def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
         if not limits.verify:
             self._finish(task, "succeeded", "every agent rested")
             return
         verdict = verify(self.store, gc, limits.verify, self.cache, limits.verify_timeout)
-        self.redis.hset(keys.run(task), "verify_output", verdict.output[-4_000:])
+        self.runs.write(task, {"verify_output": verdict.output[-4_000:]})
         if verdict.passed:
             self._finish(task, "succeeded", "verify passed")
             return
@@ -473,10 +471,10 @@ class Coordinator:
         rollbacks = int(run.get("rollbacks", "0"))
         if rollbacks >= MAX_ROLLBACKS:
             self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
-            abort_in_flight(self.redis, self.store, task)
+            abort_in_flight(self.runs, self.store, task)
             self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
             return
-        self.redis.hincrby(keys.run(task), "rollbacks", 1)
+        self.runs.write(task, {"rollbacks": rollbacks + 1})
         log.info("superstep aborted; rolling back", task=task, reason=reason)
         try:
             self.restorer.restore(task, reason=f"superstep aborted: {reason}")
@@ -485,7 +483,7 @@ class Coordinator:
 
     # run state ----------------------------------------------------------------------------
     def _run(self, task: str) -> dict[str, str]:
-        return read_run(self.redis, task)
+        return self.runs.read(task)
 
     def _record(self, task: str) -> TaskRecord:
         return self._doc(task, SPEC_DOC, TaskRecord)
@@ -507,10 +505,10 @@ class Coordinator:
             raise InvalidSpec(
                 f"task {task} is {current or 'unknown'}, not {' or '.join(sorted(only_from))}"
             )
-        self.redis.hset(keys.run(task), "status", status)
+        self.runs.write(task, {"status": status})
 
     def _finish(self, task: str, status: str, reason: str) -> None:
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
-        self.redis.hset(keys.run(task), mapping={"status": status, "reason": reason})
+        self.runs.write(task, {"status": status, "reason": reason})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status, reason=reason)

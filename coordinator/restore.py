@@ -29,7 +29,7 @@ from agents.barrier import pending_calls
 from agents.spec import TaskRecord
 from agents.summary import context_summary
 from coordinator.jobs import CONTROL_QUEUE, environment
-from coordinator.runs import abort_in_flight
+from coordinator.runs import RunState, abort_in_flight
 from storage import keys
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from storage.keys import SPEC_DOC
@@ -86,9 +86,15 @@ class Restorer:
     """Runs coordinated restores of tasks in one Redis; `workers` picks where staging runs."""
 
     def __init__(
-        self, client: redis.Redis, store: CheckpointStore, *, workers: bool = True
+        self,
+        client: redis.Redis,
+        store: CheckpointStore,
+        *,
+        workers: bool = True,
+        runs: RunState | None = None,
     ) -> None:
         self.redis = client
+        self.runs = runs or RunState(client)
         self.store = store
         self.workers = workers
         self.control = Queue(CONTROL_QUEUE, connection=client, serializer=JSONSerializer)
@@ -131,8 +137,7 @@ class Restorer:
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored)
                 self.store.commit_gc(restored)
-                self.redis.hset(keys.run(task), mapping={"status": "running", "superstep": 0})
-                self.redis.hdel(keys.run(task), "reason")
+                self.runs.write(task, {"status": "running", "superstep": 0}, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 log.info("task restored", task=task, to=target, gc=number, epoch=epoch)
                 return Restored(target, number, epoch)
@@ -140,7 +145,7 @@ class Restorer:
             self.store.abort_gc(gc.model_copy(update={"number": number, "epoch": epoch}))
             number += 1
         why = "; ".join(failures)
-        self.redis.hset(keys.run(task), mapping={"status": "unrecoverable", "reason": why})
+        self.runs.write(task, {"status": "unrecoverable", "reason": why})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
 
@@ -153,8 +158,8 @@ class Restorer:
 
     def _stop_superstep(self, task: str) -> None:
         """Abort the superstep in flight (its jobs are fenced by the new epoch already)."""
-        abort_in_flight(self.redis, self.store, task)
-        self.redis.hset(keys.run(task), "status", "restoring")
+        abort_in_flight(self.runs, self.store, task)
+        self.runs.write(task, {"status": "restoring"})
 
     def _stage_all(
         self,

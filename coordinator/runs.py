@@ -2,21 +2,84 @@
 
 `cairn:{task}:run` holds the status, the superstep in flight (0 between supersteps), the
 GC number and epoch it will commit under, and what the coordinator learnt (the reason a
-task ended, verify's output, the last archived GC). Any coordinator can pick it up.
+task ended, verify's output, the last archived GC); `cairn:{task}:steps` the steps in
+flight. Any coordinator can pick it up. Every change goes through `RunState.write`, which
+a coordinator makes with its lease token: once another coordinator has claimed the task
+with a newer token, the old one's writes are refused (`FencedWrite`).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable, Mapping, Sequence
+from importlib import resources
 from typing import cast
 
 import redis
 import structlog
 
 from storage import keys
-from storage.errors import CairnError
+from storage.errors import CairnError, FencedWrite
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
+
+
+class RunState:
+    """Reads and fenced writes of run states; `token()` says whose writes these are."""
+
+    def __init__(self, client: redis.Redis, token: Callable[[], int | None] = lambda: None) -> None:
+        self.redis = client
+        self._token = token
+        source = resources.files("coordinator").joinpath("lua")
+        self._claim = client.register_script(source.joinpath("claim.lua").read_text())
+        self._write = client.register_script(source.joinpath("run_write.lua").read_text())
+
+    def claim(self, task: str) -> None:
+        """Own the task with this coordinator's token, or raise `FencedWrite` (a newer owns it).
+
+        Without a token (a person, or a coordinator driven by hand in a test) nothing is claimed.
+        """
+        token = self._token()
+        if token is not None:
+            _fenced(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
+
+    def write(
+        self,
+        task: str,
+        run: Mapping[str, object] | None = None,
+        steps: Mapping[str, str] | None = None,
+        *,
+        clear_steps: bool = False,
+        forget: Sequence[str] = (),
+    ) -> None:
+        """Set run fields and step entries (after clearing the steps, if asked) in one go."""
+        token = self._token()
+        _fenced(
+            lambda: self._write(
+                keys=[keys.owner(task), keys.run(task), keys.steps(task)],
+                args=[
+                    "" if token is None else token,
+                    json.dumps({k: str(v) for k, v in (run or {}).items()}),
+                    json.dumps(dict(steps or {})),
+                    "1" if clear_steps else "0",
+                    json.dumps(list(forget)),
+                ],
+            )
+        )
+
+    def read(self, task: str) -> dict[str, str]:
+        """Return the task's run state (empty for an unknown task)."""
+        return read_run(self.redis, task)
+
+
+def _fenced(call: Callable[[], object]) -> None:
+    try:
+        call()
+    except redis.ResponseError as exc:
+        if str(exc).startswith("FENCED "):
+            raise FencedWrite(str(exc).removeprefix("FENCED ")) from None
+        raise
 
 
 def read_run(client: redis.Redis, task: str) -> dict[str, str]:
@@ -25,12 +88,12 @@ def read_run(client: redis.Redis, task: str) -> dict[str, str]:
     return {k.decode(): v.decode() for k, v in raw.items()}
 
 
-def abort_in_flight(client: redis.Redis, store: CheckpointStore, task: str) -> None:
+def abort_in_flight(runs: RunState, store: CheckpointStore, task: str) -> None:
     """Abort the superstep in flight, if any: its GC is marked ABORTED, its LCs dropped.
 
     Its jobs must already be fenced (a raised epoch) or be allowed to fail.
     """
-    run = read_run(client, task)
+    run = runs.read(task)
     superstep = int(run.get("superstep", "0"))
     latest = store.latest_gc(task)
     if superstep and "number" in run and latest is not None:
@@ -45,5 +108,4 @@ def abort_in_flight(client: redis.Redis, store: CheckpointStore, task: str) -> N
             store.abort_gc(intent)
         except CairnError as exc:  # e.g. it committed in the meantime
             log.info("superstep in flight not aborted", task=task, why=str(exc))
-    client.delete(keys.steps(task))
-    client.hset(keys.run(task), "superstep", 0)
+    runs.write(task, {"superstep": 0}, clear_steps=True)

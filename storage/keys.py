@@ -111,6 +111,11 @@ def outcomes(task: str, epoch_: int, superstep: int) -> str:
     return f"{task_prefix(task)}outcomes:{epoch_}:{superstep}"
 
 
+def owner(task: str) -> str:
+    """String: the lease token of the coordinator that owns the task now (it only rises)."""
+    return task_prefix(task) + "owner"
+
+
 def restore_lock(task: str) -> str:
     """String with a TTL: held while a restore of the task runs (restores are serialized)."""
     return task_prefix(task) + "restore-lock"

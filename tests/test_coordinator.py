@@ -21,7 +21,7 @@ from coordinator.jobs import STEPS_QUEUE
 from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
 from storage.backends.redis import connect
-from storage.errors import InvalidSpec
+from storage.errors import FencedWrite, InvalidSpec
 from storage.records import GCStatus
 from storage.redis_server import RedisServer
 from tests.cluster import Cluster, outcome, team_spec
@@ -249,3 +249,23 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
     assert 0 == run["superstep"]
     assert "succeeded" == cluster.drive(task)["status"]
     assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
+
+
+def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path) -> None:
+    """Once a newer leader has claimed a task, the old one's writes are refused."""
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    old = Coordinator(cluster.client, cluster.store, tmp_path / "a", name="old", lease_ttl_ms=200)
+    assert old.lease.acquire()
+    old.advance(task)  # claims the task and starts superstep 1
+    time.sleep(0.4)  # ...then stalls past its lease
+    new = Coordinator(cluster.client, cluster.store, tmp_path / "b", name="new")
+    assert new.lease.acquire()
+    assert new.lease.token is not None
+    assert old.lease.token is not None
+    assert new.lease.token > old.lease.token
+    new.advance(task)
+    with pytest.raises(FencedWrite, match="owned by coordinator token"):
+        old.advance(task)
+    with pytest.raises(FencedWrite, match="no longer owns"):
+        old.runs.write(task, {"status": "failed", "reason": "stale"})
+    assert "running" == cluster.coordinator.status(task)["status"]

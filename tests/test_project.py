@@ -27,3 +27,9 @@ def test_lua_scripts_ship_with_the_package() -> None:
     expected = ["abort_gc", "begin_attempt", "commit_gc", "prepare_gc", "raise_epoch"]
     expected += ["read_chain", "step_start", "write_lc"]
     assert [f"{name}.lua" for name in expected] == names
+
+
+def test_coordinator_scripts_ship_with_the_package() -> None:
+    """The coordinator's fencing scripts are package data too."""
+    lua = resources.files("coordinator").joinpath("lua")
+    assert ["claim.lua", "run_write.lua"] == sorted(p.name for p in lua.iterdir())
