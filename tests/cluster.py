@@ -36,25 +36,40 @@ class Cluster:
             self.client, self.store, tmp / "coordinator-cache", heartbeat_grace=1.0
         )
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.processes: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        """Start one more worker process, with a workspace cache of its own."""
-        n = len(self.workers)
-        env = {
+    def _env(self, cache: str) -> dict[str, str]:
+        return {
             **os.environ,
             "PYTHONPATH": str(ROOT),
             "CAIRN_REDIS_URL": self.server.url,
             "CAIRN_ARCHIVE_DIR": str(self.tmp / "archive"),
-            "CAIRN_CACHE_DIR": str(self.tmp / f"worker-{n}"),  # as if on another machine
+            "CAIRN_CACHE_DIR": str(self.tmp / cache),
         }
-        log = (self.tmp / f"worker-{n}.log").open("wb")
-        self._logs.append(log)
-        worker = subprocess.Popen(
-            [sys.executable, "-m", "coordinator.worker", self.server.url],
-            env=env,
+
+    def _spawn(self, args: list[str], cache: str, log: str) -> subprocess.Popen[bytes]:
+        handle = (self.tmp / log).open("wb")
+        self._logs.append(handle)
+        process = subprocess.Popen(
+            [sys.executable, "-m", *args],
+            env=self._env(cache),
             stdout=subprocess.DEVNULL,
-            stderr=log,
+            stderr=handle,
+        )
+        self.processes.append(process)
+        return process
+
+    def start_coordinator(self, name: str, lease_ms: int = 1_000) -> subprocess.Popen[bytes]:
+        """Start a coordinator process (a standby while another holds the lease)."""
+        args = ["coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
+        return self._spawn(args, f"coordinator-{name}", f"coordinator-{name}.log")
+
+    def start_worker(self) -> subprocess.Popen[bytes]:
+        """Start one more worker process, with a workspace cache of its own."""
+        n = len(self.workers)
+        worker = self._spawn(
+            ["coordinator.worker", self.server.url], f"worker-{n}", f"worker-{n}.log"
         )
         self.workers.append(worker)
         return worker
@@ -83,10 +98,10 @@ class Cluster:
 
     def close(self) -> None:
         """Kill the workers, close the logs and the client."""
-        for worker in self.workers:
-            if worker.poll() is None:
-                worker.kill()
-            worker.wait()
+        for process in self.processes:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
         for log in self._logs:
             log.close()
         self.client.close()

@@ -7,6 +7,7 @@ import signal
 import threading
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 from rq import Queue
@@ -269,3 +270,31 @@ def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path
     with pytest.raises(FencedWrite, match="no longer owns"):
         old.runs.write(task, {"status": "failed", "reason": "stale"})
     assert "running" == cluster.coordinator.status(task)["status"]
+
+
+def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Two coordinator processes; the leader is SIGKILLed mid-superstep; the standby finishes."""
+    cluster.start_worker()
+    cluster.start_worker()
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger", slow=1.5))
+    first = cluster.start_coordinator("first")
+    time.sleep(0.3)  # let it take the lease before the standby starts
+    second = cluster.start_coordinator("second")
+    deadline = time.monotonic() + 60
+    while int(cluster.client.hget(keys.run(task), "superstep") or 0) != 2:
+        assert time.monotonic() < deadline, "superstep 2 never started"
+        time.sleep(0.02)
+    assert GCStatus.PREPARING == cluster.store.list_gcs(task)[-1].status  # prepared, not committed
+    leader = cast(bytes, cluster.client.get(keys.LEASE)).decode().split(":")[0]
+    assert "first" == leader
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    while cluster.coordinator.status(task)["status"] == "running":
+        assert time.monotonic() < deadline, cluster.coordinator.status(task)
+        time.sleep(0.05)
+    assert "succeeded" == cluster.coordinator.status(task)["status"]
+    assert cast(bytes, cluster.client.get(keys.LEASE)).decode().startswith("second:")
+    assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
+    assert second.poll() is None  # the standby is still running, now as the leader

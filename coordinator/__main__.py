@@ -1,0 +1,54 @@
+"""`python -m coordinator REDIS_URL [--name NAME]`: run a coordinator until SIGTERM or SIGINT.
+
+A second one started against the same Redis is a standby: it takes over when the first
+one's lease lapses. (`cairn coordinator` wraps this once the CLI lands.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import signal
+import socket
+import sys
+import threading
+from pathlib import Path
+from types import FrameType
+
+from coordinator.coordinator import Coordinator
+from coordinator.jobs import default_archive, default_cache
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec
+from storage.store import CheckpointStore
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one coordinator; return the exit code."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("url")
+    parser.add_argument("--name", default=f"{socket.gethostname()}")
+    parser.add_argument("--lease-ms", type=int, default=5_000)
+    args = parser.parse_args(argv)
+    client = connect(args.url)
+    store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
+    coordinator = Coordinator(
+        client,
+        store,
+        Path(default_cache()) / "coordinator",
+        name=args.name,
+        lease_ttl_ms=args.lease_ms,
+    )
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    coordinator.run(stop)
+    client.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
