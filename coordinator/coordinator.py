@@ -147,7 +147,7 @@ class Coordinator:
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
-        self.runs = RunState(client, lambda: self.lease.token)
+        self.runs = RunState(client, store.hot, lambda: self.lease.token)
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
 
     # the API ------------------------------------------------------------------------------
@@ -271,7 +271,7 @@ class Coordinator:
         intent = gc.model_copy(
             update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
         )
-        self.store.prepare_gc(intent)
+        self.store.prepare_gc(intent, self.lease.token)
         self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits)
         self.runs.write(task, {"superstep": superstep, "number": intent.number, "epoch": epoch})
         log.info("superstep started", task=task, superstep=superstep, agents=agents)
@@ -390,7 +390,7 @@ class Coordinator:
             epoch=int(run["epoch"]),
         )
         try:
-            committed = self.store.commit_gc(barrier.gc)
+            committed = self.store.commit_gc(barrier.gc, self.lease.token)
         except CommitRefused:
             if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
                 raise
@@ -458,8 +458,8 @@ class Coordinator:
             epoch=epoch,
             notices=notices,
         )
-        self.store.prepare_gc(barrier.gc)
-        self.store.commit_gc(barrier.gc)
+        self.store.prepare_gc(barrier.gc, self.lease.token)
+        self.store.commit_gc(barrier.gc, self.lease.token)
         log.info("verify failed; the team goes on", task=task)
 
     def _give_up(self, task: str, run: dict[str, str], reason: str) -> None:

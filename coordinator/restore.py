@@ -94,7 +94,7 @@ class Restorer:
         runs: RunState | None = None,
     ) -> None:
         self.redis = client
-        self.runs = runs or RunState(client)
+        self.runs = runs or RunState(client, store.hot)
         self.store = store
         self.workers = workers
         self.control = Queue(CONTROL_QUEUE, connection=client, serializer=JSONSerializer)
@@ -135,14 +135,16 @@ class Restorer:
                 self._promote_workspace(task, gc)
                 restored = gc.model_copy(update={"number": number, "epoch": epoch})
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
-                self.store.prepare_gc(restored)
-                self.store.commit_gc(restored)
+                self.store.prepare_gc(restored, self.runs.token())
+                self.store.commit_gc(restored, self.runs.token())
                 self.runs.write(task, {"status": "running", "superstep": 0}, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 log.info("task restored", task=task, to=target, gc=number, epoch=epoch)
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
-            self.store.abort_gc(gc.model_copy(update={"number": number, "epoch": epoch}))
+            self.store.abort_gc(
+                gc.model_copy(update={"number": number, "epoch": epoch}), self.runs.token()
+            )
             number += 1
         why = "; ".join(failures)
         self.runs.write(task, {"status": "unrecoverable", "reason": why})

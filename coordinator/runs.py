@@ -19,6 +19,7 @@ import redis
 import structlog
 
 from storage import keys
+from storage.base import HotStore
 from storage.errors import CairnError, FencedWrite
 from storage.store import CheckpointStore
 
@@ -28,21 +29,27 @@ log = structlog.get_logger(__name__)
 class RunState:
     """Reads and fenced writes of run states; `token()` says whose writes these are."""
 
-    def __init__(self, client: redis.Redis, token: Callable[[], int | None] = lambda: None) -> None:
+    def __init__(
+        self,
+        client: redis.Redis,
+        hot: HotStore,
+        token: Callable[[], int | None] = lambda: None,
+    ) -> None:
         self.redis = client
-        self._token = token
-        source = resources.files("coordinator").joinpath("lua")
-        self._claim = client.register_script(source.joinpath("claim.lua").read_text())
-        self._write = client.register_script(source.joinpath("run_write.lua").read_text())
+        self.hot = hot
+        self.token = token
+        source = resources.files("coordinator").joinpath("lua/run_write.lua")
+        self._write = client.register_script(source.read_text())
 
     def claim(self, task: str) -> None:
         """Own the task with this coordinator's token, or raise `FencedWrite` (a newer owns it).
 
-        Without a token (a person, or a coordinator driven by hand in a test) nothing is claimed.
+        Without a token (a person, or a coordinator driven by hand in a test) nothing is
+        claimed, and writes are not fenced.
         """
-        token = self._token()
+        token = self.token()
         if token is not None:
-            _fenced(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
+            self.hot.claim(task, token)
 
     def write(
         self,
@@ -54,7 +61,7 @@ class RunState:
         forget: Sequence[str] = (),
     ) -> None:
         """Set run fields and step entries (after clearing the steps, if asked) in one go."""
-        token = self._token()
+        token = self.token()
         _fenced(
             lambda: self._write(
                 keys=[keys.owner(task), keys.run(task), keys.steps(task)],
@@ -105,7 +112,7 @@ def abort_in_flight(runs: RunState, store: CheckpointStore, task: str) -> None:
             }
         )
         try:
-            store.abort_gc(intent)
+            store.abort_gc(intent, runs.token())
         except CairnError as exc:  # e.g. it committed in the meantime
             log.info("superstep in flight not aborted", task=task, why=str(exc))
     runs.write(task, {"superstep": 0}, clear_steps=True)

@@ -130,18 +130,32 @@ class HotStore(Protocol):
     def get_doc(self, task: str, name: str) -> bytes | None:
         """Return a task-level document, or None."""
 
-    def prepare_gc(self, entry: GCEntry) -> None:
-        """Record a PREPARING global checkpoint (refused if it is already decided)."""
+    def claim(self, task: str, token: int) -> None:
+        """Make the coordinator holding lease `token` the task's owner, or `FencedWrite`.
 
-    def commit_gc(self, entry: GCEntry) -> None:
+        The owner token only rises: once a newer coordinator claimed the task, an older
+        one's claim is refused, and so are its GC writes that name its token.
+        """
+
+    def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+        """Record a PREPARING global checkpoint (refused if it is already decided).
+
+        With `owner`, refused (`CommitRefused`) unless that token still owns the task.
+        """
+
+    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         """Atomically commit a GC and move `latest`, or raise `CommitRefused`, writing nothing.
 
         Refused when the epoch is stale, the GC was aborted, the workspace manifest is not
-        hot, or a member LC is missing or has another checksum. Committing twice is a no-op.
+        hot, a member LC is missing or has another checksum, or `owner` no longer owns the
+        task. Committing twice is a no-op.
         """
 
-    def abort_gc(self, entry: GCEntry) -> None:
-        """Mark a GC ABORTED and delete the superstep's tentative LCs and votes."""
+    def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+        """Mark a GC ABORTED and delete the superstep's tentative LCs and votes.
+
+        With `owner`, refused unless that token still owns the task.
+        """
 
     def read_gc(self, task: str, number: int) -> bytes | None:
         """Return a GC's sealed bytes, or None when it is not hot."""

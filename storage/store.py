@@ -230,26 +230,30 @@ class CheckpointStore:
         gc.checksum, gc.size = sealed.checksum, sealed.size
         return GCEntry(gc, sealed)
 
-    def prepare_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
-        """Record `gc` as PREPARING; return the record as stored."""
+    def prepare_gc(self, gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
+        """Record `gc` as PREPARING; return the record as stored.
+
+        `owner`, a coordinator's lease token, makes the write conditional on it still
+        owning the task (see `HotStore.claim`).
+        """
         prepared = gc.model_copy(update={"status": GCStatus.PREPARING, "committed_at": None})
-        self.hot.prepare_gc(self.seal_gc(prepared))
+        self.hot.prepare_gc(self.seal_gc(prepared), owner)
         return prepared
 
-    def commit_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
+    def commit_gc(self, gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
         """Commit `gc` in one atomic write (the commit point); return the committed record.
 
         Raises `CommitRefused`, having written nothing, when a member LC is missing or has
         another checksum, the manifest is not stored, the epoch is stale or the GC aborted.
         """
         committed = gc.model_copy(update={"status": GCStatus.COMMITTED, "committed_at": utcnow()})
-        self.hot.commit_gc(self.seal_gc(committed))
+        self.hot.commit_gc(self.seal_gc(committed), owner)
         return committed
 
-    def abort_gc(self, gc: GlobalCheckpoint) -> GlobalCheckpoint:
+    def abort_gc(self, gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
         """Mark `gc` ABORTED and drop its superstep's tentative LCs; return the record."""
         aborted = gc.model_copy(update={"status": GCStatus.ABORTED, "committed_at": None})
-        self.hot.abort_gc(self.seal_gc(aborted))
+        self.hot.abort_gc(self.seal_gc(aborted), owner)
         return aborted
 
     def read_gc(self, task: str, number: int) -> GlobalCheckpoint:

@@ -224,6 +224,23 @@ def test_commit_keeps_every_step_of_a_superstep(store: CheckpointStore) -> None:
     assert refs[0].checksum == store.read_lc(TASK, "coder", refs[0].id).checksum
 
 
+def test_gc_writes_of_a_coordinator_that_lost_the_task_are_refused(store: CheckpointStore) -> None:
+    """After a newer coordinator's claim, the older one's GC writes fail, the newer's pass."""
+    _, ref, ws = _one_agent_gc(store)
+    store.hot.claim(TASK, 5)
+    store.hot.claim(TASK, 7)
+    with pytest.raises(FencedWrite, match="owned by coordinator token 7"):
+        store.hot.claim(TASK, 6)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    for write in (store.prepare_gc, store.commit_gc, store.abort_gc):
+        with pytest.raises(CommitRefused, match="token 5 no longer owns"):
+            write(gc, 5)
+    assert [] == store.hot.list_gcs(TASK)
+    store.prepare_gc(gc, 7)
+    store.commit_gc(gc, 7)
+    assert 1 == store.hot.latest_gc(TASK)
+
+
 def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
     """Once committed, a GC stays committed."""
     _, ref, ws = _one_agent_gc(store)

@@ -24,7 +24,7 @@ def test_lua_scripts_ship_with_the_package() -> None:
     """Every protocol script is package data, so an installed Cairn can load it."""
     lua = resources.files("storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
-    expected = ["abort_gc", "begin_attempt", "commit_gc", "prepare_gc", "raise_epoch"]
+    expected = ["abort_gc", "begin_attempt", "claim", "commit_gc", "prepare_gc", "raise_epoch"]
     expected += ["read_chain", "step_start", "write_lc"]
     assert [f"{name}.lua" for name in expected] == names
 
@@ -32,4 +32,4 @@ def test_lua_scripts_ship_with_the_package() -> None:
 def test_coordinator_scripts_ship_with_the_package() -> None:
     """The coordinator's fencing scripts are package data too."""
     lua = resources.files("coordinator").joinpath("lua")
-    assert ["claim.lua", "run_write.lua"] == sorted(p.name for p in lua.iterdir())
+    assert ["run_write.lua"] == sorted(p.name for p in lua.iterdir())

@@ -48,6 +48,7 @@ class MemoryHotStore:
         self._progress: dict[tuple[str, int, int], dict[str, LCRef]] = {}
         self._beats: dict[tuple[str, str], tuple[str, float]] = {}
         self._docs: dict[tuple[str, str], bytes] = {}
+        self._owners: dict[str, int] = {}
 
     def init_task(self, task: str) -> int:
         check_name("task", task)  # as storage.keys does for Redis
@@ -167,18 +168,31 @@ class MemoryHotStore:
         with self._lock:
             return self._docs.get((task, name))
 
-    def prepare_gc(self, entry: GCEntry) -> None:
+    def claim(self, task: str, token: int) -> None:
+        with self._lock:
+            current = self._owners.get(task, 0)
+            if current > token:
+                raise FencedWrite(f"task is owned by coordinator token {current}")
+            self._owners[task] = token
+
+    def _check_owner(self, task: str, owner: int | None) -> None:
+        if owner is not None and self._owners.get(task) != owner:
+            raise CommitRefused(f"coordinator token {owner} no longer owns the task")
+
+    def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         with self._lock:
+            self._check_owner(gc.task, owner)
             self._check_epoch(gc.task, gc.epoch)
             old = self._gc_status(gc.task, gc.number)
             if old is not None and old is not GCStatus.PREPARING:
                 raise CommitRefused(f"GC {gc.number} is already {old.value}")
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)
 
-    def commit_gc(self, entry: GCEntry) -> None:
+    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         with self._lock:
+            self._check_owner(gc.task, owner)
             self._check_epoch(gc.task, gc.epoch)
             old = self._gcs.get((gc.task, gc.number))
             if old is not None and old.entry.record.status is GCStatus.COMMITTED:
@@ -223,9 +237,10 @@ class MemoryHotStore:
             if hot is not None and hot.committed:
                 return
 
-    def abort_gc(self, entry: GCEntry) -> None:
+    def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         with self._lock:
+            self._check_owner(gc.task, owner)
             if self._gc_status(gc.task, gc.number) is GCStatus.COMMITTED:
                 raise CommitRefused(f"GC {gc.number} is committed and cannot be aborted")
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)

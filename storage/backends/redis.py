@@ -104,6 +104,11 @@ def _translating(call: Callable[[], object]) -> object:
         raise
 
 
+def _token(owner: int | None) -> str:
+    """A coordinator's lease token as the scripts take it ("" when the caller is no coordinator)."""
+    return "" if owner is None else str(owner)
+
+
 def _ref(value: bytes | None) -> LCRef | None:
     """Parse an "lc_id checksum" pair as stored for votes and progress."""
     if value is None:
@@ -125,6 +130,7 @@ class RedisHotStore:
         self._raise_epoch = _script(client, "raise_epoch")
         self._step_start = _script(client, "step_start")
         self._begin_attempt = _script(client, "begin_attempt")
+        self._claim = _script(client, "claim")
 
     def init_task(self, task: str) -> int:
         self.redis.set(keys.epoch(task), 1, nx=True)
@@ -239,23 +245,27 @@ class RedisHotStore:
     def get_doc(self, task: str, name: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(keys.doc(task, name)))
 
-    def prepare_gc(self, entry: GCEntry) -> None:
+    def claim(self, task: str, token: int) -> None:
+        _translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
+
+    def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
         _translating(
             lambda: self._prepare_gc(
-                keys=[keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t)],
+                keys=[keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t), keys.owner(t)],
                 args=[
                     gc.number,
                     gc.epoch,
                     entry.sealed.data,
                     entry.sealed.checksum,
                     gc.superstep,
+                    _token(owner),
                 ],
             )
         )
 
-    def commit_gc(self, entry: GCEntry) -> None:
+    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
         member_keys = [keys.lc(t, ref.id) for ref in gc.members.values()]
@@ -273,6 +283,7 @@ class RedisHotStore:
                     keys.superstep_lcs(t, gc.epoch, gc.superstep),
                     keys.votes(t, gc.epoch, gc.superstep),
                     keys.progress(t, gc.epoch, gc.superstep),
+                    keys.owner(t),
                     *member_keys,
                 ],
                 args=[
@@ -282,12 +293,13 @@ class RedisHotStore:
                     entry.sealed.checksum,
                     gc.superstep,
                     keys.lc(t, ""),
+                    _token(owner),
                     *member_args,
                 ],
             )
         )
 
-    def abort_gc(self, entry: GCEntry) -> None:
+    def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
         _translating(
@@ -298,6 +310,7 @@ class RedisHotStore:
                     keys.superstep_lcs(t, gc.epoch, gc.superstep),
                     keys.votes(t, gc.epoch, gc.superstep),
                     keys.progress(t, gc.epoch, gc.superstep),
+                    keys.owner(t),
                 ],
                 args=[
                     gc.number,
@@ -305,6 +318,7 @@ class RedisHotStore:
                     entry.sealed.checksum,
                     gc.superstep,
                     keys.lc(t, ""),
+                    _token(owner),
                 ],
             )
         )

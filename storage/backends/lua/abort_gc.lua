@@ -1,6 +1,10 @@
 -- Abort a global checkpoint: mark it ABORTED, drop the superstep's tentative LCs and votes.
--- KEYS: 1 gc, 2 gcs, 3 superstep set, 4 votes, 5 progress
--- ARGV: 1 number, 2 sealed bytes, 3 checksum, 4 superstep, 5 lc key prefix
+-- KEYS: 1 gc, 2 gcs, 3 superstep set, 4 votes, 5 progress, 6 owner
+-- ARGV: 1 number, 2 sealed bytes, 3 checksum, 4 superstep, 5 lc key prefix,
+--       6 owner token or "" (a coordinator's write is refused once a newer one owns the task)
+if ARGV[6] ~= '' and redis.call('GET', KEYS[6]) ~= ARGV[6] then
+  return redis.error_reply('REFUSED coordinator token ' .. ARGV[6] .. ' no longer owns the task')
+end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'COMMITTED' then
   return redis.error_reply('REFUSED GC ' .. ARGV[1] .. ' is committed and cannot be aborted')

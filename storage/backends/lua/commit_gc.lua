@@ -1,9 +1,12 @@
 -- Commit a global checkpoint: the single write that is the commit point of the 2PC.
 -- KEYS: 1 epoch, 2 gc, 3 gcs, 4 latest, 5 workspace manifest blob, 6 superstep set,
---       7 votes, 8 progress, 9.. one lc key per member
+--       7 votes, 8 progress, 9 owner, 10.. one lc key per member
 -- ARGV: 1 number, 2 epoch, 3 sealed bytes, 4 checksum, 5 superstep, 6 lc key prefix,
---       7.. (agent, checksum) per member, in the order of KEYS 9..
+--       7 owner token or "", 8.. (agent, checksum) per member, in the order of KEYS 10..
 -- Every check runs before the first write, so a refused commit writes nothing.
+if ARGV[7] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[7] then
+  return redis.error_reply('REFUSED coordinator token ' .. ARGV[7] .. ' no longer owns the task')
+end
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[2] then
   return redis.error_reply('REFUSED stale epoch ' .. ARGV[2] .. ' (task is at ' .. (epoch or 'none') .. ')')
@@ -19,16 +22,16 @@ end
 if redis.call('EXISTS', KEYS[5]) == 0 then
   return redis.error_reply('REFUSED workspace manifest ' .. KEYS[5] .. ' is not stored')
 end
-local members = #KEYS - 8
+local members = #KEYS - 9
 for i = 1, members do
-  local agent = ARGV[5 + 2 * i]
-  local sum = ARGV[6 + 2 * i]
-  local f = redis.call('HMGET', KEYS[8 + i], 'sum', 'agent')
+  local agent = ARGV[6 + 2 * i]
+  local sum = ARGV[7 + 2 * i]
+  local f = redis.call('HMGET', KEYS[9 + i], 'sum', 'agent')
   if not f[1] then
-    return redis.error_reply('REFUSED LC ' .. KEYS[8 + i] .. ' of ' .. agent .. ' is missing')
+    return redis.error_reply('REFUSED LC ' .. KEYS[9 + i] .. ' of ' .. agent .. ' is missing')
   end
   if f[1] ~= sum or f[2] ~= agent then
-    return redis.error_reply('REFUSED LC ' .. KEYS[8 + i] .. ' of ' .. agent .. ' does not match its vote')
+    return redis.error_reply('REFUSED LC ' .. KEYS[9 + i] .. ' of ' .. agent .. ' does not match its vote')
   end
 end
 redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
@@ -41,7 +44,7 @@ local tentative = {}
 for _, id in ipairs(redis.call('SMEMBERS', KEYS[6])) do tentative[id] = true end
 local prefix = #ARGV[6]
 for i = 1, members do
-  local id = string.sub(KEYS[8 + i], prefix + 1)
+  local id = string.sub(KEYS[9 + i], prefix + 1)
   while id and tentative[id] do
     tentative[id] = nil
     local f = redis.call('HMGET', ARGV[6] .. id, 'parent', 'full')
