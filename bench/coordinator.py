@@ -325,8 +325,8 @@ def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0)
     launching, archiving, busy, seen, used = [0], [0], 0, list[int](), list[float]()
     commit_gc, started = b.store.commit_gc, now_ns()
 
-    def committing(gc: GlobalCheckpoint) -> GlobalCheckpoint:
-        done = commit_gc(gc)
+    def committing(gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
+        done = commit_gc(gc, owner)
         seen.append(now_ns() - started)
         return done
 
