@@ -28,6 +28,7 @@ from agents.spec import AgentSpec, TaskRecord, ToolRequest, Turn
 from agents.task import start_task
 from bench.report import Samples, Target, clock, duration, now_ns, private_store, ratio, table
 from bench.storage import CONTENT_CHARS, Text, filesystem
+from bench.storage import Bench as StorageBench
 from coordinator import coordinator as coordinator_module
 from coordinator.coordinator import TERMINAL, Coordinator
 from coordinator.jobs import STEPS_QUEUE
@@ -37,7 +38,6 @@ from storage import keys
 from storage.archive import archive_gc, trim_cold, trim_hot
 from storage.chain import AgentState
 from storage.records import GlobalCheckpoint, LCRef, Message, Role, ToolCall
-from storage.redis_server import RedisServer
 from storage.store import MAX_CHAIN, CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -55,18 +55,12 @@ POLL = 0.01  # seconds between coordinator ticks (and RQ completion checks)
 
 
 @dataclass(slots=True)
-class Bench:
-    """The private Redis, the store over it, the worker processes, the targets."""
+class Bench(StorageBench):
+    """The storage part's set-up, plus the worker processes this part starts."""
 
-    root: Path
-    server: RedisServer
-    client: redis.Redis
-    store: CheckpointStore
-    text: Text
     cairn: list[subprocess.Popen[bytes]] = field(default_factory=list)
     rq: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[IO[bytes]] = field(default_factory=list)
-    targets: list[Target] = field(default_factory=list)
 
     def workers(self, n: int, *, plain: bool = False) -> None:
         """Grow or shrink to `n` Cairn (or plain RQ) workers, started as tests/cluster.py does."""

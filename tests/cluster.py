@@ -7,12 +7,13 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import IO
+from typing import IO, cast
 
 import yaml
 
 from coordinator.coordinator import Coordinator
 from coordinator.spec import TaskSpec
+from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
@@ -84,6 +85,11 @@ class Cluster:
                 return status
             time.sleep(0.02)
         raise AssertionError(f"task {task} did not end: {self.coordinator.status(task)}")
+
+    def start_superstep(self, task: str) -> None:
+        """Tick until the task has a superstep in flight (prepared, steps launched)."""
+        while not int(cast(bytes, self.client.hget(keys.run(task), "superstep") or b"0")):
+            self.coordinator.tick()
 
     def wait_for_step(self, task: str, agent: str, superstep: int, attempt: int = 1) -> int:
         """Tick until that attempt of the agent's step is running; return its worker's pid."""

@@ -114,8 +114,7 @@ def test_a_new_coordinator_finishes_what_a_dead_one_started(
     """The coordinator dies with a superstep prepared but not committed; another carries on."""
     cluster.start_worker()
     task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
-    while not int(cluster.client.hget(keys.run(task), "superstep") or 0):
-        cluster.coordinator.tick()
+    cluster.start_superstep(task)
     assert [GCStatus.COMMITTED, GCStatus.PREPARING] == [
         g.status for g in cluster.store.list_gcs(task)
     ]
@@ -233,9 +232,7 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
     """The GC of the superstep in flight is already committed: the coordinator moves on."""
     cluster.start_worker()
     task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
-    while not int(cluster.client.hget(keys.run(task), "superstep") or 0):
-        cluster.coordinator.tick()
-    run = cluster.coordinator.status(task)
+    cluster.start_superstep(task)
     deadline = time.monotonic() + 30
     while len(cluster.store.hot.get_votes(task, 1, 1)) < 3:  # every step voted
         assert time.monotonic() < deadline
@@ -247,9 +244,13 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
         cluster.store, gc0, votes, ["planner", "coder", "reviewer"], number=1, superstep=1, epoch=1
     )
     cluster.store.commit_gc(barrier.gc)
-    assert 0 == run["superstep"]
+    # The run state still says superstep 1 is in flight: the coordinator must see it is done.
+    assert b"1" == cluster.client.hget(keys.run(task), "superstep")
     assert "succeeded" == cluster.drive(task)["status"]
     assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
+    # ...and moved on: no step of superstep 1 was retried, nothing was rolled back.
+    assert cluster.client.hget(keys.run(task), "rollbacks") is None
+    assert {} == cluster.client.hgetall(keys.outcomes(task, 1, 1))
 
 
 def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path) -> None:
