@@ -60,6 +60,7 @@ def build_gc(
     superstep: int,
     epoch: int,
     notices: list[InboxMessage] | None = None,
+    outputs: dict[str, StepOutputs] | None = None,
 ) -> Barrier:
     """Return the GC after `previous` that takes in the voted LCs of `superstep`.
 
@@ -67,14 +68,14 @@ def build_gc(
     agents wrote, and the earlier one gets a message naming the conflict. Messages sent in
     the superstep join the inbox, numbered per recipient; messages each voter has read
     leave it. Agents that did not vote keep their LC from `previous`. `notices` are more
-    messages to deliver (a failed verification's output, say).
+    messages to deliver (a failed verification's output, say). `outputs` holds what the
+    caller already read from the voted LCs (see `read_outputs`); the rest are read here.
     """
     task = previous.task
-    stored = {
-        agent: store.read_lc_fields(task, agent, votes[agent], StepOutputs)
-        for agent in order
-        if agent in votes
-    }
+    known = outputs or {}
+    missing = {a: ref for a, ref in votes.items() if a not in known}
+    fetched = read_outputs(store, task, missing) if missing else {}
+    stored = {agent: known.get(agent) or fetched[agent] for agent in order if agent in votes}
     base = store.read_manifest(task, previous.workspace).files
     files, conflicts = merge(base, [(agent, lc.changes) for agent, lc in stored.items()])
     workspace = store.put_manifest(task, WorkspaceManifest(files=files))
@@ -114,6 +115,13 @@ def build_gc(
         delivered=delivered,
     )
     return Barrier(gc, conflicts)
+
+
+def read_outputs(
+    store: CheckpointStore, task: str, votes: dict[str, LCRef]
+) -> dict[str, StepOutputs]:
+    """Read what a barrier needs from each voted LC, every LC verified, in one round trip."""
+    return store.read_lcs_fields(task, votes, StepOutputs)
 
 
 def pending_calls(messages: list[Message]) -> list[ToolCall]:

@@ -1,8 +1,8 @@
 """What a worker keeps between steps, so the next step of the same agent starts warm.
 
 Only what cannot go stale is kept: states under the id and checksum of the LC they were
-written as (LCs never change), manifests under their content address, and the workspace
-directories (their index is checked against the files on every sync). Everything is
+written as (LCs never change), manifests under their content address, and one workspace
+directory per task (its index is checked against the files on every sync). Everything is
 bounded; a miss just reads from the store.
 """
 
@@ -19,6 +19,7 @@ from storage.codec import DIGEST_END
 from storage.records import LCRef, Record
 from storage.store import CheckpointStore
 
+STEPS_TREE = "steps"  # the workspace directory steps run in (one per task and worker)
 K = TypeVar("K")
 R = TypeVar("R", bound=Record)
 V = TypeVar("V")
@@ -60,7 +61,7 @@ class WorkerCache:
     def __init__(self, states: int = 64, manifests: int = 256, workspaces: int = 256) -> None:
         self._states: _LRU[tuple[str, str], tuple[LCRef, AgentState]] = _LRU(states)
         self._manifests: _LRU[tuple[str, str], Files] = _LRU(manifests)
-        self._workspaces: _LRU[tuple[Path, str, str], Workspace] = _LRU(workspaces)
+        self._workspaces: _LRU[tuple[Path, str], Workspace] = _LRU(workspaces)
         self._records: _LRU[tuple[str, type, bytes], Record] = _LRU(manifests)
 
     def state(self, task: str, agent: str, ref: LCRef) -> AgentState | None:
@@ -104,12 +105,16 @@ class WorkerCache:
         assert isinstance(found, model)
         return found
 
-    def workspace(self, root: Path, task: str, agent: str) -> Workspace:
-        """Return the worker's workspace directory object for one agent of one task."""
-        key = (Path(root), task, agent)
+    def workspace(self, root: Path, task: str) -> Workspace:
+        """Return the one workspace directory this worker runs every step of `task` in.
+
+        One per task, not per agent: steps run one at a time in a worker process, and each
+        starts with a sync to its own view, so the next agent pays only for what changed.
+        """
+        key = (Path(root), task)
         workspace = self._workspaces.get(key)
         if workspace is None:
-            workspace = Workspace(root, task, agent)
+            workspace = Workspace(root, task, STEPS_TREE)
             self._workspaces.put(key, workspace)
         return workspace
 

@@ -159,8 +159,8 @@ class _Step:
             self.state.workspace_before = gc.workspace
         self.state.superstep, self.state.epoch, self.state.attempt = superstep, epoch, attempt
         self.base_files = warm.manifest(store, task, gc.workspace)
-        self.workspace = warm.workspace(cache, task, agent)
-        self.workspace.sync(store, apply_changes(self.base_files, self.state.changes))
+        self.workspace = warm.workspace(cache, task)
+        self.workspace.sync(store, apply_changes(self.base_files, self.state.changes), lazy=True)
         self.crash_at: int | None = None
         self.dirty = False  # a side effect ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
@@ -339,7 +339,6 @@ class _Step:
         self.warm.keep_manifest(self.task, state.workspace_after, files)
         ref = self.store.write_lc(state, Level.STEP, vote=True)
         self.warm.keep_state(state, ref)
-        self.workspace.save_index()
         log.info("step done", status=state.status.value, tools=ran, lc=ref.id)
         return StepResult(ref, state.status, ran, reply is not None, self.resumed)
 

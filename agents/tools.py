@@ -79,6 +79,7 @@ def _object(optional: tuple[str, ...] = (), **properties: str) -> dict[str, Json
 
 def list_files(ctx: ToolContext, args: Args) -> str:
     """List the files under a directory of the workspace, one path a line."""
+    ctx.workspace.materialize()
     top = ctx.workspace.resolve(_text(args, "path", "."))
     if not top.exists():
         raise ToolError(f"no such directory: {_text(args, 'path', '.')}")
@@ -140,6 +141,7 @@ def apply_patch(ctx: ToolContext, args: Args) -> str:
 def run_command(ctx: ToolContext, args: Args) -> str:
     """Run a shell command in the workspace; return its exit code and output (truncated)."""
     command = _text(args, "command")
+    ctx.workspace.materialize()  # a command may look at any file
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
     env["HOME"] = str(ctx.workspace.tree)
     proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job

@@ -25,10 +25,12 @@ from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+from rq.utils import utcparse
 
-from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, runnable
+from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
 from agents.spec import TaskRecord
 from agents.task import start_task
+from coordinator.archiver import ArchiveJob, Archiver, archive
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.restore import RestoreFailed, Restorer
@@ -36,8 +38,7 @@ from coordinator.runs import RunState, abort_in_flight
 from coordinator.spec import CheckpointPolicy, TaskSpec
 from coordinator.verify import verify
 from storage import keys
-from storage.archive import archive_gc, trim_cold, trim_hot
-from storage.errors import ArchiveError, CairnError, CommitRefused, InvalidSpec
+from storage.errors import CairnError, CommitRefused, InvalidSpec
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
@@ -81,11 +82,34 @@ class StepRun:
         return cls(**json.loads(raw))
 
 
+@dataclass(frozen=True, slots=True)
+class JobState:
+    """The two fields of an RQ job the watch needs, read without loading the whole job."""
+
+    status: str
+    started_at: float | None  # Unix seconds
+
+    @classmethod
+    def read_many(cls, client: redis.Redis, ids: list[str]) -> list[JobState | None]:
+        """Read the jobs' states in one round trip; None for a job that is gone."""
+        pipe = client.pipeline(transaction=False)
+        for job_id in ids:
+            pipe.hmget(Job.key_for(job_id), "status", "started_at")
+        found: list[JobState | None] = []
+        for status, started in cast(list[list[bytes | None]], pipe.execute()):
+            if status is None:
+                found.append(None)
+                continue
+            at = utcparse(started.decode()).timestamp() if started else None
+            found.append(cls(status.decode(), at))
+        return found
+
+
 def _failure(  # noqa: PLR0911 - one return per way a step can be over
     step: StepRun,
     superstep: int,
     outcome: bytes | None,
-    job: Job | None,
+    job: JobState | None,
     beat: str | None,
     limits: Limits,
     grace: float,
@@ -102,14 +126,13 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
             return str(said["kind"]), str(said["message"])
     if job is None:
         return "retryable", "its job vanished"
-    state = job.get_status(refresh=False)
-    if state in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-        return "retryable", f"its job {state.value}"
-    if state == JobStatus.FINISHED:
+    if job.status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
+        return "retryable", f"its job {job.status}"
+    if job.status == JobStatus.FINISHED:
         return "retryable", "its job finished without a vote"
-    if state != JobStatus.STARTED or job.started_at is None:
+    if job.status != JobStatus.STARTED or job.started_at is None:
         return None  # still queued: waiting is not failing
-    running = now - job.started_at.timestamp()
+    running = now - job.started_at
     if running > limits.step_timeout:
         return "retryable", f"timed out after {limits.step_timeout:g} s"
     mine = f":{superstep}:{step.attempt}"  # the token of this very attempt
@@ -147,8 +170,11 @@ class Coordinator:
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
+        # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
+        self._outputs: dict[tuple[str, int, int], dict[str, tuple[LCRef, StepOutputs]]] = {}
         self.runs = RunState(client, store.hot, lambda: self.lease.token)
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
+        self.archiver = Archiver(store, self._archived)
 
     # the API ------------------------------------------------------------------------------
     def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
@@ -221,6 +247,7 @@ class Coordinator:
                     self.tick()
                 stop.wait(poll)
         finally:
+            self.archiver.drain()
             self.lease.release()
 
     def tick(self) -> None:
@@ -313,6 +340,7 @@ class Coordinator:
             return
         epoch = int(run["epoch"])
         votes = self.store.hot.get_votes(task, epoch, superstep)
+        self._ingest(task, epoch, superstep, votes)
         steps = {
             k.decode(): StepRun.load(v)
             for k, v in cast(dict[bytes, bytes], self.redis.hgetall(keys.steps(task))).items()
@@ -338,15 +366,45 @@ class Coordinator:
         outcomes = cast(
             dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, superstep))
         )
-        jobs = Job.fetch_many([s.job for s in watched.values()], self.redis, JSONSerializer)
-        for (agent, step), job in zip(watched.items(), jobs, strict=True):
-            beat = self.store.hot.beating(task, agent)
+        jobs = JobState.read_many(self.redis, [s.job for s in watched.values()])
+        beats = cast(
+            list[bytes | None], self.redis.mget([keys.heartbeat(task, a) for a in watched])
+        )
+        for (agent, step), job, raw in zip(watched.items(), jobs, beats, strict=True):
+            beat = None if raw is None else raw.decode()
             failure = _failure(step, superstep, outcomes.get(agent.encode()), job, beat, limits,
                                self.heartbeat_grace, now)  # fmt: skip
             if failure is not None and not self._retry(
                 task, run, agent, step, superstep, failure, now
             ):
                 return
+
+    def _ingest(self, task: str, epoch: int, superstep: int, votes: dict[str, LCRef]) -> None:
+        """Read the barrier's inputs from LCs as their votes arrive, not all at the last one.
+
+        So the last vote to the commit costs one LC read, whatever the team's size. Only a
+        cache: a successor coordinator, or a failed read here, reads them at the barrier.
+        """
+        key = (task, epoch, superstep)
+        self._outputs = {k: v for k, v in self._outputs.items() if k[0] != task or k == key}
+        seen = self._outputs.setdefault(key, {})
+        fresh = {agent: ref for agent, ref in votes.items() if agent not in seen
+                 or seen[agent][0] != ref}  # fmt: skip
+        if not fresh:
+            return
+        try:
+            read = read_outputs(self.store, task, fresh)
+        except CairnError as exc:
+            log.info("votes not read ahead; the barrier reads them", task=task, error=str(exc))
+            return
+        seen.update({agent: (fresh[agent], outputs) for agent, outputs in read.items()})
+
+    def _read_ahead(
+        self, task: str, epoch: int, superstep: int, votes: dict[str, LCRef]
+    ) -> dict[str, StepOutputs]:
+        """The outputs `_ingest` read for exactly these votes."""
+        seen = self._outputs.get((task, epoch, superstep), {})
+        return {a: out for a, (ref, out) in seen.items() if votes.get(a) == ref}
 
     def _retry(
         self,
@@ -388,6 +446,7 @@ class Coordinator:
             number=int(run["number"]),
             superstep=superstep,
             epoch=int(run["epoch"]),
+            outputs=self._read_ahead(task, int(run["epoch"]), superstep, votes),
         )
         try:
             committed = self.store.commit_gc(barrier.gc, self.lease.token)
@@ -405,20 +464,21 @@ class Coordinator:
         self._archive(task, committed)
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
-        limits = self._limits(task)
-        policy = limits.checkpoints
-        if gc.number % policy.archive_every and policy.durability == "async":
-            return
-        try:
-            archive_gc(self.store, task, gc.number)
-            trim_hot(self.store, task, policy.hot_keep)
-            trim_cold(self.store, task, policy.cold_keep)
-        except (ArchiveError, CairnError) as exc:
-            log.warning(
-                "archiving failed; the GC stays in Redis", task=task, gc=gc.number, error=str(exc)
-            )
-            return
-        self.runs.write(task, {"archived": gc.number})
+        """Archive per policy: inline under `durability: sync`, else on the archiver's thread.
+
+        Under `sync` a GC counts as committed for the user only once it is on disk, so the
+        next superstep waits for it; under `async` (every `archive_every` GCs) it does not.
+        """
+        policy = self._limits(task).checkpoints
+        job = ArchiveJob(task, gc.number, policy.hot_keep, policy.cold_keep)
+        if policy.durability == "sync":
+            if archive(self.store, job):
+                self._archived(task, gc.number)
+        elif gc.number % policy.archive_every == 0:
+            self.archiver.submit(job)
+
+    def _archived(self, task: str, number: int) -> None:
+        self.runs.write(task, {"archived": number})
 
     def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
         if not limits.verify:
@@ -508,7 +568,15 @@ class Coordinator:
         self.runs.write(task, {"status": status})
 
     def _finish(self, task: str, status: str, reason: str) -> None:
+        # A task that ended has every GC it committed on disk, whatever `archive_every` says.
+        latest = self.store.hot.latest_gc(task)
+        if latest is not None:
+            policy = self._limits(task).checkpoints
+            self.archiver.submit(ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
+        if not self.archiver.drain():
+            log.warning("archiving still running at the task's end", task=task)
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
+        self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
         self.runs.write(task, {"status": status, "reason": reason})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status, reason=reason)

@@ -8,6 +8,8 @@ hash, so the coordinator can tell a fatal model error from a crash.
 
 from __future__ import annotations
 
+import fcntl
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -52,6 +54,31 @@ def default_cache() -> Path:
     return Path(os.environ.get("CAIRN_CACHE_DIR", ".cairn/cache"))
 
 
+def claim_slot(root: Path) -> Path:
+    """Return a directory under `root` that no other live process holds, held until exit.
+
+    Worker processes may share one `CAIRN_CACHE_DIR`; each takes the first free `slot-N`
+    (an flock the kernel drops when the process dies), so two never work in one tree and
+    a restarted worker inherits a dead one's warm files.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    for n in itertools.count():
+        slot = root / f"slot-{n}"
+        slot.mkdir(exist_ok=True)
+        fd = os.open(slot / ".lock", os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        _HELD_SLOTS.append(fd)  # open for the process's life: the lock is the claim
+        return slot
+    raise AssertionError("unreachable")
+
+
+_HELD_SLOTS: list[int] = []
+
+
 @cache
 def environment() -> Environment:
     """Build the process's store from the environment, once."""
@@ -60,7 +87,7 @@ def environment() -> Environment:
         raise CairnError("CAIRN_REDIS_URL is not set: a worker needs to know its Redis")
     client = connect(url)
     store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
-    return Environment(client, store, default_cache())
+    return Environment(client, store, claim_slot(default_cache()))
 
 
 def record_outcome(

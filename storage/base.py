@@ -101,6 +101,9 @@ class HotStore(Protocol):
         Stops after a full LC, a missing one, or `max_links` records.
         """
 
+    def read_lcs(self, task: str, lc_ids: Iterable[str]) -> dict[str, bytes]:
+        """Return lc_id → sealed bytes of those of `lc_ids` that are hot, in one round trip."""
+
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
         """Return the chain fields of a hot LC, or None when it is not hot."""
 
@@ -174,6 +177,9 @@ class HotStore(Protocol):
 
     def get_blob(self, task: str, sha: str) -> bytes | None:
         """Return a blob's sealed bytes, or None when it is not hot."""
+
+    def get_blobs(self, task: str, shas: Iterable[str]) -> dict[str, bytes]:
+        """Return sha → sealed bytes of those of `shas` that are hot, in one round trip."""
 
     def blob_times(self, task: str) -> dict[str, float]:
         """Return sha → when the blob was last put (Unix seconds) for every hot blob."""

@@ -40,6 +40,11 @@ MAX_RECORD_BYTES = 512 * 1024 * 1024  # refuse to inflate anything larger (a zst
 # one (hundreds of KB of repetitive JSON) shrinks ~5x. 4 KiB separates them.
 DEFAULT_COMPRESS_ABOVE = 4096
 ZSTD_LEVEL = 3
+# A global checkpoint is mostly LC ids and hex checksums, which zstd's level 1 packs at
+# least as small as level 3: measured on GCs of 32, 128 and 1,000 agents, 2-13% smaller,
+# 1.3-2.4x faster in a loop and 2.6-3x within a commit (cold caches). Prose-heavy LCs,
+# 2.5% smaller at level 3, keep it.
+GC_ZSTD_LEVEL = 1
 
 R = TypeVar("R", bound=Record)
 
@@ -73,11 +78,18 @@ def canonical_bytes(record: BaseModel) -> bytes:
 
 
 class _Zstd(threading.local):
-    """zstd contexts are not thread-safe; one pair per thread, reused across calls."""
+    """zstd contexts are not thread-safe; one set per thread, reused across calls."""
 
     def __init__(self) -> None:
-        self.compressor = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
+        self.compressors: dict[int, zstandard.ZstdCompressor] = {}
         self.decompressor = zstandard.ZstdDecompressor()
+
+    def compressor(self, level: int) -> zstandard.ZstdCompressor:
+        """Return this thread's compressor at `level`, made on first use."""
+        found = self.compressors.get(level)
+        if found is None:
+            found = self.compressors[level] = zstandard.ZstdCompressor(level=level)
+        return found
 
 
 class Codec:
@@ -101,8 +113,11 @@ class Codec:
         """True when records are signed with HMAC-SHA256 rather than plainly hashed."""
         return self._key is not None
 
-    def seal(self, payload: bytes, *, keyed: bool = True) -> Sealed:
-        """Wrap `payload` in an envelope; `keyed=False` forces plain SHA-256 (blob addresses)."""
+    def seal(self, payload: bytes, *, keyed: bool = True, level: int = ZSTD_LEVEL) -> Sealed:
+        """Wrap `payload` in an envelope; `keyed=False` forces plain SHA-256 (blob addresses).
+
+        `level` is the zstd level used if the payload is compressed; any level opens alike.
+        """
         flags = 0
         if keyed and self._key is not None:
             digest = hmac.new(self._key, payload, hashlib.sha256).digest()
@@ -111,7 +126,7 @@ class Codec:
             digest = hashlib.sha256(payload).digest()
         body = payload
         if len(payload) > self._compress_above:
-            body = self._zstd.compressor.compress(payload)
+            body = self._zstd.compressor(level).compress(payload)
             flags |= FLAG_ZSTD
         crc = zlib.crc32(body).to_bytes(4, "big")
         return Sealed(MAGIC + bytes((flags,)) + digest + crc + body, digest.hex())
@@ -160,9 +175,9 @@ class Codec:
         except (zstandard.ZstdError, MemoryError) as exc:
             raise CorruptCheckpoint(name, f"cannot decompress: {exc}") from None
 
-    def encode(self, record: Record) -> Sealed:
+    def encode(self, record: Record, *, level: int = ZSTD_LEVEL) -> Sealed:
         """Seal a record's canonical bytes (signed when a key is configured)."""
-        return self.seal(canonical_bytes(record))
+        return self.seal(canonical_bytes(record), level=level)
 
     def decode(
         self, data: bytes, model: type[R], name: str, *, expect_digest: str | None = None

@@ -47,8 +47,14 @@ def lc(task: str, lc_id: str) -> str:
 
 
 def superstep_lcs(task: str, epoch_: int, superstep: int) -> str:
-    """Set: ids of the LCs written in one superstep of one epoch (tentative until commit)."""
-    return f"{task_prefix(task)}ss:{epoch_}:{superstep}"
+    """Hash lc_id → its parent, checksum and agent: one superstep's LCs, tentative until commit.
+
+    The three are tab-separated; the parent is "" unless it is in the hash too, so a walk
+    from a member stops where its chain leaves the superstep. Named apart from the set that
+    held the ids before, so a superstep in flight across an upgrade meets a missing key,
+    not one of the wrong type.
+    """
+    return f"{task_prefix(task)}tentative:{epoch_}:{superstep}"
 
 
 def votes(task: str, epoch_: int, superstep: int) -> str:

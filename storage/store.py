@@ -9,11 +9,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from functools import partial
 from typing import TypeVar
 
 from storage.base import ColdArchive, GCEntry, HotStore, LCEntry
 from storage.chain import DEFAULT_FULL_EVERY, AgentState, base_after_write, cut_lc, rebuild
-from storage.codec import Codec, canonical_bytes
+from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes
 from storage.errors import CorruptCheckpoint, RecordNotFound
 from storage.records import (
     GCStatus,
@@ -158,10 +159,27 @@ class CheckpointStore:
         The whole record is still verified; only the history is not built, which is what
         makes a full LC of a long conversation cheap to look into.
         """
+        return self._open_lc_fields(task, agent, ref, view, lambda: self._hot_lc(task, ref.id))
+
+    def read_lcs_fields(self, task: str, refs: dict[str, LCRef], view: type[R]) -> dict[str, R]:
+        """Return agent → `read_lc_fields` of its LC, for many agents, the hot LCs read at once.
+
+        Every LC is verified against the checksum its ref names, as `read_lc_fields` does;
+        one missing or unsound in Redis is read from the archive on its own. Raises as
+        `read_lc_fields` does for the first LC sound nowhere.
+        """
+        hot = self.hot.read_lcs(task, [ref.id for ref in refs.values()])
+        return {
+            agent: self._open_lc_fields(task, agent, ref, view, partial(hot.get, ref.id))
+            for agent, ref in refs.items()
+        }
+
+    def _open_lc_fields(self, task: str, agent: str, ref: LCRef, view: type[R], hot: Source) -> R:
+        """Parse `view` from the first sound copy of an LC: `hot`, then the archive."""
         name = f"lc {task}/{agent}/{ref.id}"
         return first_sound(
             name,
-            (lambda: self._hot_lc(task, ref.id), lambda: self.cold.get_lc(task, agent, ref.id)),
+            (hot, lambda: self.cold.get_lc(task, agent, ref.id)),
             lambda data: self.codec.decode(data, view, name, expect_digest=ref.checksum),
         )
 
@@ -188,10 +206,25 @@ class CheckpointStore:
 
     def get_blob(self, task: str, sha: str) -> bytes:
         """Return a blob's verified content, from Redis or else the archive."""
+        return self._open_blob(sha, lambda: self.hot.get_blob(task, sha))
+
+    def get_blobs(self, task: str, shas: Iterable[str]) -> dict[str, bytes]:
+        """Return sha → `get_blob` of it, for many blobs, the hot ones read in one round trip.
+
+        Each blob is verified against its address, as `get_blob` does; one missing or
+        unsound in Redis is read from the archive on its own. Raises as `get_blob` does for
+        the first blob sound nowhere.
+        """
+        wanted = list(dict.fromkeys(shas))
+        hot = self.hot.get_blobs(task, wanted)
+        return {sha: self._open_blob(sha, partial(hot.get, sha)) for sha in wanted}
+
+    def _open_blob(self, sha: str, hot: Source) -> bytes:
+        """Return the content of the first sound copy of a blob: `hot`, then the archive."""
         name = f"blob {sha}"
         return first_sound(
             name,
-            (lambda: self.hot.get_blob(task, sha), lambda: self.cold.get_blob(sha)),
+            (hot, lambda: self.cold.get_blob(sha)),
             lambda data: self.codec.open(data, name, expect_digest=sha),
         )
 
@@ -226,7 +259,7 @@ class CheckpointStore:
     # global checkpoints ------------------------------------------------------------------
     def seal_gc(self, gc: GlobalCheckpoint) -> GCEntry:
         """Seal `gc` into the entry a hot store commits; set its checksum and size."""
-        sealed = self.codec.encode(gc)
+        sealed = self.codec.encode(gc, level=GC_ZSTD_LEVEL)
         gc.checksum, gc.size = sealed.checksum, sealed.size
         return GCEntry(gc, sealed)
 

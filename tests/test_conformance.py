@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import pytest
@@ -222,6 +223,74 @@ def test_commit_keeps_every_step_of_a_superstep(store: CheckpointStore) -> None:
     store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": refs[-1]}, ws))
     assert 4 == len(store.read_state(TASK, "coder", refs[-1].id).messages)
     assert refs[0].checksum == store.read_lc(TASK, "coder", refs[0].id).checksum
+
+
+def test_commit_keeps_a_step_chain_and_drops_its_tool_lcs(store: CheckpointStore) -> None:
+    """Step LCs resting on each other in one superstep stay; the tool LCs between them go."""
+    state = new_agent(store, TASK, "coder")
+    steps, tools = [], []
+    for i in range(1, 4):
+        take_step(state, i)
+        tools.append(store.write_lc(state, Level.TOOL))
+        steps.append(store.write_lc(state, vote=True))
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": steps[-1]}, ws))
+    for gone in tools:
+        with pytest.raises(RecordNotFound):
+            store.read_lc(TASK, "coder", gone.id)
+    assert [s.checksum for s in steps] == [
+        store.read_lc(TASK, "coder", s.id).checksum for s in steps
+    ]
+    assert 4 == len(store.read_state(TASK, "coder", steps[-1].id).messages)
+
+
+def test_commit_names_an_lc_whose_vote_a_retry_replaced(store: CheckpointStore) -> None:
+    """A member naming attempt 1's LC commits after attempt 2 voted; attempt 2's LC goes."""
+    first_try = new_agent(store, TASK, "coder")
+    retry = dataclasses.replace(first_try, messages=list(first_try.messages), trace=[])
+    take_step(first_try, 1)
+    first = store.write_lc(first_try, vote=True)
+    store.hot.begin_attempt(TASK, "coder", 1, 2)
+    retry.attempt = 2
+    take_step(retry, 2)
+    second = store.write_lc(retry, vote=True)
+    assert {"coder": second} == store.hot.get_votes(TASK, 1, 1)
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": first}, ws))
+    assert 1 == store.hot.latest_gc(TASK)
+    assert first.checksum == store.read_lc(TASK, "coder", first.id).checksum
+    with pytest.raises(RecordNotFound):
+        store.read_lc(TASK, "coder", second.id)
+
+
+def test_carried_over_member_whose_lc_is_gone_is_refused(store: CheckpointStore) -> None:
+    """A member kept from an earlier GC is checked on its own LC: gone, nothing commits."""
+    coder, planner = new_agent(store, TASK, "coder"), new_agent(store, TASK, "planner")
+    take_step(coder, 1)
+    take_step(planner, 1)
+    members = {"coder": store.write_lc(coder, vote=True)}
+    members["planner"] = store.write_lc(planner, vote=True)
+    ws = manifest(store, TASK, {"a.txt": b"a"})
+    store.commit_gc(make_gc(TASK, 1, 1, 1, members, ws))
+    next_superstep(store, coder)
+    take_step(coder, 2)
+    members["coder"] = store.write_lc(coder, vote=True)  # the planner halted: carried over
+    store.hot.delete_lcs(TASK, [members["planner"].id])
+    with pytest.raises(CommitRefused, match="of planner is missing"):
+        store.commit_gc(make_gc(TASK, 2, 2, 1, members, ws))
+    assert 1 == store.hot.latest_gc(TASK)
+    assert [1] == [info.number for info in store.hot.list_gcs(TASK)]
+    assert {"coder": members["coder"]} == store.hot.get_votes(TASK, 1, 2)
+
+
+def test_voted_member_whose_lc_was_deleted_is_refused(store: CheckpointStore) -> None:
+    """A vote does not vouch for an LC deleted since it was cast: the commit is refused."""
+    _, ref, ws = _one_agent_gc(store)
+    store.hot.delete_lcs(TASK, [ref.id])
+    with pytest.raises(CommitRefused, match="of coder is missing"):
+        store.commit_gc(make_gc(TASK, 1, 1, 1, {"coder": ref}, ws))
+    assert store.hot.latest_gc(TASK) is None
+    assert [] == store.hot.list_gcs(TASK)
 
 
 def test_gc_writes_of_a_coordinator_that_lost_the_task_are_refused(store: CheckpointStore) -> None:

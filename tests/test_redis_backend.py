@@ -1,15 +1,21 @@
-"""The Redis connection Cairn makes, and the hot store across a Redis restart."""
+"""The Redis connection Cairn makes, the hot store across a Redis restart, big commits."""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+import redis
+
+from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
+from storage.errors import CommitRefused
+from storage.records import Level
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
-from tests.factories import read_gc_whole, run_task
+from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
 
 
 def test_connect_packs_large_values_in_python_and_round_trips(redis_server: RedisServer) -> None:
@@ -43,3 +49,36 @@ def test_committed_state_survives_a_redis_restart(own_redis: RedisServer, tmp_pa
     assert 3 == store.hot.latest_gc("restart")
     assert [] == store.cold.list_gcs("restart")  # it all came from Redis
     client.close()
+
+
+def test_a_team_beyond_one_chunk_commits_and_sweeps(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """1,001 members are checked and 1,001 tool LCs swept, past the script's 1,000 a call."""
+    store = real_store
+    refs, tools = {}, []
+    for i in range(1_001):
+        state = new_agent(store, "big", f"a{i}")
+        take_step(state, 1, size=10)
+        tools.append(store.write_lc(state, Level.TOOL))
+        refs[state.agent] = store.write_lc(state, vote=True)
+    ws = manifest(store, "big", {"a.txt": b"a"})
+    committed = store.commit_gc(make_gc("big", 1, 1, 1, refs, ws))
+    assert 1 == store.hot.latest_gc("big")
+    assert refs == store.read_gc("big", 1).members  # sealed at zstd level 1, opened alike
+    assert committed.checksum == store.read_gc("big", 1).checksum
+    members = [ref.id for ref in refs.values()]
+    assert set(members) == set(store.hot.read_lcs("big", members))
+    assert {} == store.hot.read_lcs("big", [t.id for t in tools])
+    assert [] == redis_client.keys(keys.superstep_lcs("big", 1, 1))
+
+
+def test_a_member_name_with_a_tab_is_refused_before_sending(real_store: CheckpointStore) -> None:
+    """A tab in a member's name would shift the packed fields: refused, nothing written."""
+    state = new_agent(real_store, "t", "coder")
+    take_step(state, 1)
+    ref = real_store.write_lc(state, vote=True)
+    ws = manifest(real_store, "t", {"a.txt": b"a"})
+    with pytest.raises(CommitRefused, match="tab or a newline"):
+        real_store.commit_gc(make_gc("t", 1, 1, 1, {"co\tder": ref}, ws))
+    assert [] == real_store.hot.list_gcs("t")

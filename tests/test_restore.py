@@ -156,3 +156,25 @@ def test_restoring_a_checkpoint_that_does_not_exist_is_refused(
     with pytest.raises(RestoreFailed, match="no committed checkpoint 7"):
         cluster.coordinator.restorer.restore(task, to=7)
     assert 1 == cluster.store.hot.get_epoch(task)
+
+
+def test_a_finished_task_has_every_gc_on_disk_whatever_archive_every_says(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """GCs skipped by `archive_every` are archived with a later one; the end archives the last."""
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.archive_every = 100  # never due while the task runs
+    task = cluster.coordinator.submit(spec)
+    assert "succeeded" == cluster.drive(task)["status"]
+    committed = [g.number for g in cluster.store.list_gcs(task) if g.status is GCStatus.COMMITTED]
+    assert len(committed) >= 4
+    assert committed == cluster.store.cold.list_gcs(task)
+    assert committed[-1] == int(cluster.client.hget(keys.run(task), "archived") or -1)
+    # Every archived GC reads whole from the disk alone.
+    cluster.client.flushall()
+    for number in committed:
+        gc = cluster.store.read_gc(task, number)
+        for agent, ref in gc.members.items():
+            cluster.store.read_state(task, agent, ref.id, ref.checksum)
+        assert files_of(cluster.store, gc)

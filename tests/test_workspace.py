@@ -30,7 +30,7 @@ def test_sync_writes_only_files_whose_blob_changed(store: CheckpointStore, tmp_p
 def test_a_fresh_worker_rebuilds_the_tree_from_blobs(
     store: CheckpointStore, tmp_path: Path
 ) -> None:
-    """A cache with a lost index is checked against the manifest and comes out exact."""
+    """A new process hashes what an earlier one left, and a tampered file is put back."""
     store.hot.init_task("ws")
     files = put(store, {"a.txt": b"a", "b.txt": b"b"})
     Workspace(tmp_path, "ws", "coder").sync(store, files)
@@ -74,6 +74,56 @@ def test_capture_trusts_unchanged_mtime_and_size(store: CheckpointStore, tmp_pat
     assert {} == ws.capture(store)
     os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1))
     assert ["a.txt"] == list(ws.capture(store))
+
+
+def test_a_lazy_sync_writes_only_the_paths_tools_touch(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Lazily synced, a path is written when resolved; the rest waits for `materialize`."""
+    store.hot.init_task("ws")
+    ws = Workspace(tmp_path, "ws", "steps")
+    ws.sync(store, put(store, {"a.txt": b"a", "b.txt": b"b"}), lazy=True)
+    assert [] == list(ws.tree.iterdir())
+    assert b"a" == ws.resolve("a.txt").read_bytes()
+    assert not (ws.tree / "b.txt").exists()
+    ws.materialize()
+    assert b"b" == (ws.tree / "b.txt").read_bytes()
+    assert {"a.txt", "b.txt"} == set(ws.files())
+
+
+def test_one_tree_serves_agents_in_turn_without_leaking_files(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """A step's writes never show in the next agent's view, touched or listed."""
+    store.hot.init_task("ws")
+    base = put(store, {"shared.txt": b"base", "d/x.txt": b"x"})
+    ws = Workspace(tmp_path, "ws", "steps")
+    ws.sync(store, base, lazy=True)  # the planner's step
+    ws.resolve("shared.txt").write_bytes(b"planner's")
+    ws.resolve("d/x.txt").unlink()
+    ws.resolve("new.txt").write_bytes(b"n")
+    assert {"shared.txt", "d/x.txt", "new.txt"} == set(ws.capture(store))
+    ws.sync(store, base, lazy=True)  # the coder's step, from the same GC
+    assert b"base" == ws.resolve("shared.txt").read_bytes()
+    assert not ws.resolve("new.txt").exists()
+    assert {} == ws.capture(store)  # the planner's leftovers are not the coder's changes
+    assert base == ws.files()
+    ws.materialize()
+    assert {"shared.txt", "d/x.txt"} == {
+        p.relative_to(ws.tree).as_posix() for p in ws.tree.rglob("*") if p.is_file()
+    }
+    assert b"x" == (ws.tree / "d/x.txt").read_bytes()
+
+
+def test_a_stale_file_in_the_way_of_a_directory_is_cleared(
+    store: CheckpointStore, tmp_path: Path
+) -> None:
+    """An earlier state's file `d` does not block the current state's `d/e.txt`."""
+    store.hot.init_task("ws")
+    ws = Workspace(tmp_path, "ws", "steps")
+    ws.sync(store, put(store, {"d": b"a file"}))
+    ws.sync(store, put(store, {"d/e.txt": b"e"}), lazy=True)
+    assert b"e" == ws.resolve("d/e.txt").read_bytes()
 
 
 def test_merge_applies_in_order_and_reports_conflicts() -> None:

@@ -20,7 +20,6 @@ from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
 @dataclass(slots=True)
 class _HotLC:
     entry: LCEntry
-    committed: bool = False
 
 
 @dataclass(slots=True)
@@ -39,7 +38,9 @@ class MemoryHotStore:
         self._epochs: dict[str, int] = {}
         self._attempts: dict[tuple[str, str], tuple[int, int, int]] = {}
         self._lcs: dict[tuple[str, str], _HotLC] = {}
-        self._superstep_lcs: dict[tuple[str, int, int], set[str]] = {}
+        # (task, epoch, superstep) → the tentative LCs written in it: id → the parent it
+        # rests on if that is tentative too, else "" (as write_lc.lua records them)
+        self._superstep_lcs: dict[tuple[str, int, int], dict[str, str]] = {}
         self._votes: dict[tuple[str, int, int], dict[str, LCRef]] = {}
         self._gcs: dict[tuple[str, int], _HotGC] = {}
         self._latest: dict[str, int] = {}
@@ -90,7 +91,9 @@ class MemoryHotStore:
             superstep = (lc.task, lc.epoch, lc.superstep)
             if old is None:
                 self._lcs[(lc.task, lc.id)] = _HotLC(entry)
-                self._superstep_lcs.setdefault(superstep, set()).add(lc.id)
+                tentative = self._superstep_lcs.setdefault(superstep, {})
+                rests_on = not lc.full and lc.parent_id in tentative
+                tentative[lc.id] = (lc.parent_id or "") if rests_on else ""
             ref = LCRef(id=lc.id, checksum=entry.sealed.checksum)
             if lc.level is Level.TOOL:
                 self._progress.setdefault(superstep, {})[lc.agent] = ref
@@ -109,6 +112,11 @@ class MemoryHotStore:
                 lc = hot.entry.record
                 current = None if lc.full else lc.parent_id
             return out
+
+    def read_lcs(self, task: str, lc_ids: Iterable[str]) -> dict[str, bytes]:
+        with self._lock:
+            found = ((i, self._lcs.get((task, i))) for i in lc_ids)
+            return {i: hot.entry.sealed.data for i, hot in found if hot is not None}
 
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
         with self._lock:
@@ -210,9 +218,7 @@ class MemoryHotStore:
                 if hot.entry.sealed.checksum != ref.checksum or hot.entry.record.agent != agent:
                     raise CommitRefused(f"LC {ref.id} of {agent} does not match its vote")
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)
-            for ref in gc.members.values():
-                self._commit_chain(gc.task, ref.id)
-            self._drop_tentative(gc)
+            self._drop_tentative(gc, keep=[ref.id for ref in gc.members.values()])
             if gc.number > self._latest.get(gc.task, -1):
                 self._latest[gc.task] = gc.number
 
@@ -225,18 +231,6 @@ class MemoryHotStore:
         hot = self._gcs.get((task, number))
         return None if hot is None else hot.entry.record.status
 
-    def _commit_chain(self, task: str, lc_id: str) -> None:
-        """Mark an LC committed with its tentative ancestors (a member is a delta on them)."""
-        hot: _HotLC | None = self._lcs[(task, lc_id)]
-        while hot is not None:
-            hot.committed = True
-            lc = hot.entry.record
-            if lc.full or lc.parent_id is None:
-                return
-            hot = self._lcs.get((task, lc.parent_id))
-            if hot is not None and hot.committed:
-                return
-
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         with self._lock:
@@ -246,13 +240,23 @@ class MemoryHotStore:
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)
             self._drop_tentative(gc)
 
-    def _drop_tentative(self, gc: GlobalCheckpoint) -> None:
-        """Forget the superstep's votes and every LC of it that no commit named."""
+    def _drop_tentative(self, gc: GlobalCheckpoint, keep: Iterable[str] = ()) -> None:
+        """End the superstep: drop its votes and its LCs but those `keep` and their chains.
+
+        A kept LC's ancestors written in the same superstep stay too (it is a delta on
+        them); every LC that survives is committed from here on.
+        """
         key = (gc.task, gc.epoch, gc.superstep)
-        for lc_id in self._superstep_lcs.pop(key, set()):
-            hot = self._lcs.get((gc.task, lc_id))
-            if hot is not None and not hot.committed:
-                del self._lcs[(gc.task, lc_id)]
+        tentative = self._superstep_lcs.pop(key, {})
+        for lc_id in keep:
+            current = lc_id
+            while current in tentative:
+                parent = tentative.pop(current)
+                if not parent:
+                    break
+                current = parent
+        for lc_id in tentative:
+            self._lcs.pop((gc.task, lc_id), None)
         self._votes.pop(key, None)
         self._progress.pop(key, None)
 
@@ -287,6 +291,11 @@ class MemoryHotStore:
     def get_blob(self, task: str, sha: str) -> bytes | None:
         with self._lock:
             return self._blobs.get((task, sha))
+
+    def get_blobs(self, task: str, shas: Iterable[str]) -> dict[str, bytes]:
+        with self._lock:
+            found = ((sha, self._blobs.get((task, sha))) for sha in shas)
+            return {sha: data for sha, data in found if data is not None}
 
     def blob_times(self, task: str) -> dict[str, float]:
         with self._lock:

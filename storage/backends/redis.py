@@ -117,6 +117,20 @@ def _ref(value: bytes | None) -> LCRef | None:
     return LCRef(id=lc_id, checksum=checksum)
 
 
+def _pack_members(members: dict[str, LCRef]) -> str:
+    """Pack a GC's members into the one argument commit_gc.lua reads.
+
+    A line per member: LC id, checksum and agent, tab-separated. The command then grows by
+    one short line an agent rather than by a key and two arguments, each of which Redis
+    and the script handle on their own. Raises `CommitRefused` when a field holds a tab or
+    a newline, which would shift the fields the script reads.
+    """
+    packed = "".join([f"{ref.id}\t{ref.checksum}\t{agent}\n" for agent, ref in members.items()])
+    if packed.count("\t") != 2 * len(members) or packed.count("\n") != len(members):
+        raise CommitRefused("a member's agent, LC id or checksum holds a tab or a newline")
+    return packed
+
+
 class RedisHotStore:
     """A `HotStore` on one Redis (or a cluster: each script touches one slot)."""
 
@@ -181,6 +195,15 @@ class RedisHotStore:
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
         found = self._read_chain(keys=[keys.lc(task, lc_id)], args=[keys.lc(task, ""), max_links])
         return cast(list[bytes], found)
+
+    def read_lcs(self, task: str, lc_ids: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(lc_ids))
+        prefix = keys.lc(task, "")
+        pipe = self.redis.pipeline(transaction=False)
+        for lc_id in wanted:
+            pipe.hget(prefix + lc_id, "data")
+        found = cast(list[bytes | None], pipe.execute())
+        return {i: data for i, data in zip(wanted, found, strict=True) if data is not None}
 
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
         fields = cast(
@@ -268,10 +291,6 @@ class RedisHotStore:
     def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
-        member_keys = [keys.lc(t, ref.id) for ref in gc.members.values()]
-        member_args: list[str] = []
-        for agent, ref in gc.members.items():
-            member_args += [agent, ref.checksum]
         _translating(
             lambda: self._commit_gc(
                 keys=[
@@ -284,7 +303,6 @@ class RedisHotStore:
                     keys.votes(t, gc.epoch, gc.superstep),
                     keys.progress(t, gc.epoch, gc.superstep),
                     keys.owner(t),
-                    *member_keys,
                 ],
                 args=[
                     gc.number,
@@ -294,7 +312,8 @@ class RedisHotStore:
                     gc.superstep,
                     keys.lc(t, ""),
                     _token(owner),
-                    *member_args,
+                    _pack_members(gc.members),
+                    len(gc.members),
                 ],
             )
         )
@@ -359,6 +378,15 @@ class RedisHotStore:
 
     def get_blob(self, task: str, sha: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(keys.blob(task, sha)))
+
+    def get_blobs(self, task: str, shas: Iterable[str]) -> dict[str, bytes]:
+        wanted = list(dict.fromkeys(shas))
+        if not wanted:
+            return {}
+        # One MGET: every blob key carries the task's hash tag, so it is one cluster slot.
+        prefix = keys.blob(task, "")
+        found = cast(list[bytes | None], self.redis.mget([prefix + sha for sha in wanted]))
+        return {sha: data for sha, data in zip(wanted, found, strict=True) if data is not None}
 
     def blob_times(self, task: str) -> dict[str, float]:
         pairs = cast(

@@ -1,5 +1,5 @@
 -- Fenced write of a local checkpoint (and its vote), the prepare phase of the 2PC.
--- KEYS: 1 epoch, 2 attempts, 3 lc, 4 superstep set, 5 votes, 6 progress
+-- KEYS: 1 epoch, 2 attempts, 3 lc, 4 tentative LCs of the superstep, 5 votes, 6 progress
 -- ARGV: 1 epoch, 2 agent, 3 "epoch:superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
 --       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0"
 -- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
@@ -20,7 +20,15 @@ if existing then
 else
   redis.call('HSET', KEYS[3], 'data', ARGV[6], 'sum', ARGV[5], 'agent', ARGV[2],
     'parent', ARGV[7], 'full', ARGV[8], 'level', ARGV[9])
-  redis.call('SADD', KEYS[4], ARGV[4])
+  -- id → "parent\tchecksum\tagent": what the commit checks a member against and walks
+  -- chains in, never reading the LCs themselves. The parent is named only when it is
+  -- tentative too (a step LC of this superstep): an LC of an earlier superstep never
+  -- joins this hash later, so "" ends the walk as surely, and spares it a lookup.
+  local parent = ''
+  if ARGV[8] ~= '1' and ARGV[7] ~= '' and redis.call('HEXISTS', KEYS[4], ARGV[7]) == 1 then
+    parent = ARGV[7]
+  end
+  redis.call('HSET', KEYS[4], ARGV[4], parent .. '\t' .. ARGV[5] .. '\t' .. ARGV[2])
 end
 -- A retry of this step resumes from the latest tool-level LC an earlier attempt wrote.
 if ARGV[9] == 'tool' then

@@ -1,0 +1,101 @@
+"""Archiving off the coordinator's loop: committed GCs go to disk in a thread of their own.
+
+Writing a GC's LCs and blobs to disk and fsyncing them takes hundreds of milliseconds for
+a large team; done inline it would hold every task's next superstep. The archiver takes
+GCs in commit order, one at a time (so `archive_gc` and the trims of one task never run
+concurrently), and acknowledges each in the task's run state (`archived`). It holds
+nothing that is not in Redis: a GC it had not reached when its coordinator died stays
+hot (`trim_hot` drops only archived GCs) and goes to disk with the next one archived.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import structlog
+
+from storage.archive import archive_gc, trim_cold, trim_hot
+from storage.errors import CairnError, FencedWrite
+from storage.records import GCStatus
+from storage.store import CheckpointStore
+
+log = structlog.get_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class ArchiveJob:
+    """Archive GC `number` of `task`, then trim both tiers to the task's policy."""
+
+    task: str
+    number: int
+    hot_keep: int
+    cold_keep: int
+
+
+def archive(store: CheckpointStore, job: ArchiveJob) -> bool:
+    """Archive GC `job.number` and every older committed GC still only in Redis, then trim.
+
+    False (logged, nothing damaged) when it failed. Taking the older ones too is what lets
+    `archive_every` batch GCs, and a successor finish what a dead coordinator's archiver
+    had not reached.
+    """
+    try:
+        on_disk = set(store.cold.list_gcs(job.task))
+        for info in store.hot.list_gcs(job.task):
+            older = info.number < job.number and info.number not in on_disk
+            if older and info.status is GCStatus.COMMITTED:
+                archive_gc(store, job.task, info.number)
+        archive_gc(store, job.task, job.number)
+        trim_hot(store, job.task, job.hot_keep)
+        trim_cold(store, job.task, job.cold_keep)
+    except CairnError as exc:  # ArchiveError included: a full or read-only disk
+        log.warning(
+            "archiving failed; the GC stays in Redis", task=job.task, gc=job.number, error=str(exc)
+        )
+        return False
+    return True
+
+
+class Archiver:
+    """One thread that archives the GCs it is given, in order; `acknowledge` is told of each."""
+
+    def __init__(self, store: CheckpointStore, acknowledge: Callable[[str, int], None]) -> None:
+        self.store = store
+        self.acknowledge = acknowledge
+        # Jobs, and events the thread sets when it reaches them (see `drain`).
+        self._queue: queue.Queue[ArchiveJob | threading.Event] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    def submit(self, job: ArchiveJob) -> None:
+        """Queue a GC for archiving."""
+        self._put(job)
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait until every GC queued so far is archived (or failed); False on timeout."""
+        reached = threading.Event()
+        self._put(reached)
+        return reached.wait(timeout)
+
+    def _put(self, item: ArchiveJob | threading.Event) -> None:
+        with self._lock:  # start the thread on first use, or again if it ever died
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._work, name="archiver", daemon=True)
+                self._thread.start()
+        self._queue.put(item)
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if isinstance(item, threading.Event):
+                item.set()
+            elif archive(self.store, item):
+                try:
+                    self.acknowledge(item.task, item.number)
+                except FencedWrite:  # a newer coordinator owns the task and archives on
+                    log.info("archive not acknowledged: another owns the task", task=item.task)
+                except Exception as exc:  # noqa: BLE001 - the thread must outlive a bad Redis
+                    log.warning("archive not acknowledged", task=item.task, error=str(exc))
