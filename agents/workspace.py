@@ -49,6 +49,7 @@ class Workspace:
         self.root = Path(cache) / check_name("task", task) / check_name("workspace", name)
         self.tree = self.root / TREE
         self.tree.mkdir(parents=True, exist_ok=True)
+        self._real_tree = self.tree.resolve()
         self.task = task
         # path → (sha, mtime_ns, size) of each file as this process last wrote or hashed it
         self._index: dict[str, tuple[str, int, int]] = self._hash_tree()
@@ -63,23 +64,23 @@ class Workspace:
         Absolute paths, `..` and symlinks that lead outside the workspace are refused.
         After a lazy sync the path's file is brought up to date first.
         """
-        self._jail(check_path(path))  # before anything is written on the path's way
-        self._check_out(path)
-        target = self._jail(path)
-        if target == self.tree.resolve():
+        target = self._jail(check_path(path))  # before anything is written on its way
+        if self._check_out(path):
+            target = self._jail(path)  # what was at the path (a stale symlink?) is gone
+        if target == self._real_tree:
             self.materialize()  # the whole tree was asked for
         return target
 
     def _jail(self, path: str) -> Path:
         target = (self.tree / path).resolve()
-        tree = self.tree.resolve()
+        tree = self._real_tree
         if target != tree and tree not in target.parents:
             raise ToolError(f"path {path!r} leads outside the workspace (through a symlink)")
         return target
 
     def relative(self, real: Path) -> str:
         """Return the workspace path of a real path inside the tree."""
-        return real.resolve().relative_to(self.tree.resolve()).as_posix()
+        return real.resolve().relative_to(self._real_tree).as_posix()
 
     # syncing -----------------------------------------------------------------------------
     def sync(self, store: CheckpointStore, files: Files, *, lazy: bool = False) -> None:
@@ -106,28 +107,37 @@ class Workspace:
         self._prune_empty_dirs()
         self._whole, self._checked = True, set()
 
-    def _check_out(self, path: str) -> None:
-        """Bring one path (and the directories above it) up to date after a lazy sync."""
+    def _check_out(self, path: str) -> bool:
+        """Bring one path (and the directories above it) up to date after a lazy sync.
+
+        Return whether anything on disk changed.
+        """
         if self._whole or path in self._checked:
-            return
+            return False
+        changed = False
         parts = PurePosixPath(path).parts
         for depth in range(1, len(parts)):  # a stale file where a directory must be
             above = "/".join(parts[:depth])
             if above not in self._target and (self.tree / above).is_file():
                 (self.tree / above).unlink()
                 self._index.pop(above, None)
+                changed = True
         real = self.tree / path
         if path in self._target:
             if not self._fresh(path, _stat(real)):
                 self._write([path])
+                changed = True
         elif real.is_file() or real.is_symlink():
             real.unlink()  # left by an earlier state of the tree
             self._index.pop(path, None)
+            changed = True
         elif real.is_dir() and not any(p.startswith(f"{path}/") for p in self._target):
             shutil.rmtree(real)
             for gone in [p for p in self._index if p.startswith(f"{path}/")]:
                 del self._index[gone]
+            changed = True
         self._checked.add(path)
+        return changed
 
     def _fresh(self, path: str, stat: tuple[int, int] | None) -> bool:
         known = self._index.get(path)

@@ -530,7 +530,7 @@ class Coordinator:
         """
         rollbacks = int(run.get("rollbacks", "0"))
         if rollbacks >= MAX_ROLLBACKS:
-            self.store.hot.raise_epoch(task, int(run["epoch"]) + 1)
+            self.store.hot.raise_epoch(task, int(run["epoch"]) + 1, self.lease.token)
             abort_in_flight(self.runs, self.store, task)
             self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
             return

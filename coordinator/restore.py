@@ -122,13 +122,13 @@ class Restorer:
         # Above every epoch ever used, even when Redis lost its counter: an old job never
         # finds its epoch current again.
         seen = max(self.store.hot.get_epoch(task), self.store.read_gc(task, candidates[0]).epoch)
-        epoch = self.store.hot.raise_epoch(task, seen + 1)
+        epoch = self.store.hot.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
         number = max(g.number for g in self.store.list_gcs(task)) + 1
         failures: list[str] = []
         for tried, target in enumerate(candidates):
             if tried:  # each try stages under an epoch of its own
-                epoch = self.store.hot.raise_epoch(task, epoch + 1)
+                epoch = self.store.hot.raise_epoch(task, epoch + 1, self.runs.token())
             gc = self.store.read_gc(task, target)
             refused = self._stage_all(task, record, gc, epoch, reason, wait)
             if refused is None:

@@ -44,11 +44,21 @@ class CairnJob(Job):
 class CairnWorker(SimpleWorker):
     """An RQ worker on Cairn's queues, with JSON jobs and Cairn's job class.
 
-    Its own liveness beat is rate-limited: stock RQ beats three times a job, three round
-    trips each, to keep a worker key that lives `worker_ttl` (420 s) from expiring; that
-    was a third of an empty job's cost. Cairn's failure detection does not read it (a
-    step's own heartbeat does that job), so once every `BEAT_EVERY` seconds is plenty.
+    Its own bookkeeping is lighter than stock RQ's: the liveness beat is rate-limited
+    (stock RQ beats three times a job, three round trips each, to keep a worker key that
+    lives `worker_ttl`, 420 s, from expiring: a third of an empty job's cost; Cairn's
+    failure detection reads a step's own heartbeat instead), and a state it already
+    holds is not written again.
     """
+
+    def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
+        """Set the worker's state, skipping the round trip when it is already that state.
+
+        Stock RQ sets IDLE after each job and again as it starts waiting for the next.
+        """
+        if pipeline is None and state == self.get_state():
+            return
+        super().set_state(state, pipeline)
 
     def heartbeat(self, timeout: int | None = None, pipeline: Pipeline | None = None) -> None:
         """Beat (in one round trip) unless the last beat was under `BEAT_EVERY` s ago."""

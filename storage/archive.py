@@ -2,7 +2,9 @@
 
 `archive_gc` copies a committed GC and everything it names (every LC of every member's
 chain, the manifest, every file blob) to the archive, verifying each record on the way and
-writing the GC file last: a GC exists on disk only once all it names is there. It is
+writing the GC file last: a GC exists on disk only once all it names is there. LCs go
+oldest first, so an archived LC always has its ancestors archived and a chain is read only
+back to its first archived LC: archiving GC after GC reads and writes each LC once. It is
 idempotent and resumable: a run killed midway is finished by the next one.
 
 `trim_hot` keeps `hot_keep` committed GCs (and the latest) in Redis and drops older ones
@@ -52,15 +54,13 @@ def archive_gc(store: CheckpointStore, task: str, number: int) -> ArchiveReport:
     if gc.status is not GCStatus.COMMITTED:
         raise NotCommitted(f"gc {task}/{number} is {gc.status.value}, not COMMITTED")
     lcs = blobs = written = 0
-    for agent, ref in gc.members.items():
-        if cold.has_lc(task, agent, ref.id):
-            continue  # written oldest first, so its ancestors are archived too
-        chain = store.load_chain(task, agent, ref.id, ref.checksum)
+    for agent, chain in store.load_unarchived(task, gc.members).items():
+        # Oldest first: an archived LC then always has its ancestors archived, which is
+        # what lets the next run stop its walk at the first archived LC.
         for loaded in reversed(chain):
-            if not cold.has_lc(task, agent, loaded.record.id):
-                cold.put_lc(task, agent, loaded.record.id, loaded.data)
-                lcs += 1
-                written += len(loaded.data)
+            cold.put_lc(task, agent, loaded.record.id, loaded.data)
+            lcs += 1
+            written += len(loaded.data)
     manifest = store.read_manifest(task, gc.workspace)
 
     def archive_blob(sha: str) -> int:
@@ -138,15 +138,14 @@ def trim_hot(
     unarchived = [n for n in droppable if n not in archived and n in committed]
     dropping = [n for n in droppable if n not in unarchived]
     kept_gcs = [store.read_gc(task, n) for n in sorted(keep)]
-    needed_lcs = _hot_chains(store, task, kept_gcs)
+    needed_lcs = hot.walk_chains(task, _heads(kept_gcs))
     needed_blobs = _blobs_of(store, task, kept_gcs)
-    lcs_out: set[str] = set()
-    blobs_out: set[str] = set()
-    for n in dropping:
-        gc = store.read_gc(task, n)
-        if gc.status is GCStatus.COMMITTED:
-            lcs_out |= _hot_chains(store, task, [gc]) - needed_lcs
-            blobs_out |= _blobs_of(store, task, [gc]) - needed_blobs
+    read = (store.read_gc(task, n) for n in dropping)
+    dropped_gcs = [gc for gc in read if gc.status is GCStatus.COMMITTED]
+    # The kept chains are closed under "parent of": a walk from a dropped GC that reaches
+    # one of their LCs would find only kept LCs beyond it, so it stops there.
+    lcs_out = hot.walk_chains(task, _heads(dropped_gcs), known=needed_lcs)
+    blobs_out = _blobs_of(store, task, dropped_gcs) - needed_blobs
     # Blobs put after this moment may belong to a change set not yet committed.
     cutoff = min(gc.committed_at or gc.created_at for gc in kept_gcs).timestamp() - skew_margin
     times = hot.blob_times(task)
@@ -158,19 +157,9 @@ def trim_hot(
     return TrimReport(sorted(dropping), len(lcs_out), len(blobs_out), unarchived)
 
 
-def _hot_chains(store: CheckpointStore, task: str, gcs: Iterable[GlobalCheckpoint]) -> set[str]:
-    """Return the ids of every hot LC on the chains of the GCs' members."""
-    ids: set[str] = set()
-    for gc in gcs:
-        for ref in gc.members.values():
-            current: str | None = ref.id
-            while current is not None and current not in ids:
-                link = store.hot.lc_link(task, current)
-                if link is None:
-                    break
-                ids.add(current)
-                current = None if link.full else link.parent_id
-    return ids
+def _heads(gcs: Iterable[GlobalCheckpoint]) -> list[str]:
+    """Return the member LC ids of the GCs, each once."""
+    return list(dict.fromkeys(ref.id for gc in gcs for ref in gc.members.values()))
 
 
 def _blobs_of(store: CheckpointStore, task: str, gcs: Iterable[GlobalCheckpoint]) -> set[str]:
@@ -202,12 +191,11 @@ def trim_cold(store: CheckpointStore, task: str, cold_keep: int) -> list[int]:
         return []  # nothing leaves, so no LC can become unneeded: skip reading the chains
     for n in dropped:
         cold.delete_gc(task, n)
-    needed: set[str] = set()
-    for n in keep:
-        for agent, ref in store.read_gc(task, n).members.items():
-            chain = store.load_chain(task, agent, ref.id, ref.checksum)
-            needed |= {loaded.record.id for loaded in chain}
-    for agent, lc_id in cold.list_lcs(task):
+    kept = [store.read_gc(task, n) for n in sorted(keep)]
+    needed = store.list_chain_ids(task, [(a, ref) for gc in kept for a, ref in gc.members.items()])
+    # Newest first (ids sort by time): a run killed midway leaves no archived LC whose
+    # parent it deleted, which `archive_gc`, stopping at the first archived LC, relies on.
+    for agent, lc_id in sorted(cold.list_lcs(task), reverse=True):
         if lc_id not in needed:
             cold.delete_lc(task, agent, lc_id)
     return dropped

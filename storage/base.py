@@ -76,10 +76,12 @@ class HotStore(Protocol):
     def get_epoch(self, task: str) -> int:
         """Return the task's epoch, 0 when the task is unknown."""
 
-    def raise_epoch(self, task: str, to: int) -> int:
+    def raise_epoch(self, task: str, to: int, owner: int | None = None) -> int:
         """Raise the epoch to at least `to`, fencing older writers; return the epoch now.
 
-        It never lowers the epoch, so a retried call is harmless.
+        It never lowers the epoch, so a retried call is harmless. With `owner` (a
+        coordinator's lease token) it raises `FencedWrite` once a newer coordinator owns
+        the task.
         """
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
@@ -106,6 +108,13 @@ class HotStore(Protocol):
 
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
         """Return the chain fields of a hot LC, or None when it is not hot."""
+
+    def walk_chains(self, task: str, heads: Iterable[str], known: Iterable[str] = ()) -> set[str]:
+        """Return the ids of the hot LCs on the chains from `heads` back, in one round trip.
+
+        Each walk follows parent links and stops after a full LC, before a missing one, and
+        before an id in `known` or already visited (never returned), so a cycle ends too.
+        """
 
     def delete_lcs(self, task: str, lc_ids: Iterable[str]) -> None:
         """Drop LCs from the hot store (retention; they must be safe elsewhere)."""

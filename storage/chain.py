@@ -124,7 +124,7 @@ def rebuild(chain: list[LocalCheckpoint]) -> AgentState:
     trace = list(oldest.trace)
     parent = oldest
     for lc in reversed(chain[:-1]):
-        _check_link(parent, lc, len(messages), len(trace))
+        check_link(parent, lc, len(messages), len(trace))
         messages.extend(lc.messages)
         trace.extend(lc.trace)
         parent = lc
@@ -147,7 +147,12 @@ def rebuild(chain: list[LocalCheckpoint]) -> AgentState:
     return AgentState(messages=messages, trace=trace, base=base, **_context(newest))
 
 
-def _check_link(parent: LocalCheckpoint, child: LocalCheckpoint, messages: int, trace: int) -> None:
+def check_link(parent: LocalCheckpoint, child: LocalCheckpoint, messages: int, trace: int) -> None:
+    """Raise `CorruptCheckpoint` unless `child` links to `parent`.
+
+    Checked: the parent's id and checksum, task and agent, depth, and that the delta
+    starts where the parent's state (`messages` messages, `trace` records) ends.
+    """
     if child.parent_id != parent.id or child.parent_checksum != parent.checksum:
         raise CorruptCheckpoint(child.id, f"parent link does not match {parent.id}")
     if (child.task, child.agent) != (parent.task, parent.agent):

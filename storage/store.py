@@ -12,8 +12,17 @@ from dataclasses import dataclass
 from functools import partial
 from typing import TypeVar
 
+from pydantic import ConfigDict
+
 from storage.base import ColdArchive, GCEntry, HotStore, LCEntry
-from storage.chain import DEFAULT_FULL_EVERY, AgentState, base_after_write, cut_lc, rebuild
+from storage.chain import (
+    DEFAULT_FULL_EVERY,
+    AgentState,
+    base_after_write,
+    check_link,
+    cut_lc,
+    rebuild,
+)
 from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes
 from storage.errors import CorruptCheckpoint, RecordNotFound
 from storage.records import (
@@ -54,6 +63,14 @@ def first_sound(name: str, sources: Iterable[Source], verify: Callable[[bytes], 
     raise RecordNotFound(f"{name} is neither in Redis nor in the archive")
 
 
+def _check_parent(parent: LocalCheckpoint, child: LocalCheckpoint) -> None:
+    """Raise `CorruptCheckpoint` unless `child` continues `parent` as `rebuild` requires."""
+    # A full LC holds the whole history; a delta ends where its base plus its own part do.
+    start = (0, 0) if parent.full else (parent.message_base, parent.trace_base)
+    messages, trace = start[0] + len(parent.messages), start[1] + len(parent.trace)
+    check_link(parent, child, messages, trace)
+
+
 @dataclass(frozen=True, slots=True)
 class GCSummary:
     """A global checkpoint as listed: where it lives and how big it is."""
@@ -64,6 +81,19 @@ class GCSummary:
     hot: bool
     cold: bool
     size: int
+
+
+class _ChainLink(Record):
+    """The fields of an LC that place it in its chain (the rest is verified, not parsed)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    id: str
+    task: str
+    agent: str
+    parent_id: str | None = None
+    parent_checksum: str | None = None
+    full: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,6 +162,79 @@ class CheckpointStore:
                 break
             wanted, expect = lc.parent_id, lc.parent_checksum
         return chain
+
+    def load_unarchived(self, task: str, heads: dict[str, LCRef]) -> dict[str, list[LoadedLC]]:
+        """Return agent → the verified LCs of its chain that are not archived, newest first.
+
+        Each chain runs from the agent's head (which must carry the checksum its ref names)
+        back to a full LC or to the newest LC already archived, which is left out: the
+        archive holds an LC only once it holds its ancestors. Every link read is checked as
+        `rebuild` checks it (parent id and checksum, agent, depth, where the delta starts).
+        The chains are read a generation at a time, all agents' in one round trip.
+        """
+        chains: dict[str, list[LoadedLC]] = {agent: [] for agent in heads}
+        wanted: dict[str, tuple[str, str | None]] = {
+            agent: (ref.id, ref.checksum) for agent, ref in heads.items()
+        }
+        while wanted:
+            wanted = {a: w for a, w in wanted.items() if not self.cold.has_lc(task, a, w[0])}
+            if not wanted:
+                break
+            hot = self.hot.read_lcs(task, [lc_id for lc_id, _ in wanted.values()])
+            parents: dict[str, tuple[str, str | None]] = {}
+            for agent, (lc_id, expect) in wanted.items():
+                chain = chains[agent]
+                if len(chain) >= MAX_CHAIN:
+                    raise CorruptCheckpoint(chain[0].record.id, "chain does not end (a cycle?)")
+                loaded = self._load_one(task, agent, lc_id, expect, hot.get(lc_id))
+                if chain:
+                    _check_parent(loaded.record, chain[-1].record)
+                chain.append(loaded)
+                lc = loaded.record
+                if not lc.full and lc.parent_id is not None:
+                    parents[agent] = (lc.parent_id, lc.parent_checksum)
+            wanted = parents
+        return chains
+
+    def list_chain_ids(self, task: str, heads: Iterable[tuple[str, LCRef]]) -> set[str]:
+        """Return the ids of every LC on the chains from `heads` (agent, ref) back to a full LC.
+
+        An LC on many chains is read once, hot first, else from the archive, and verified
+        against the checksum its first reader names (the head's ref or its child's parent
+        checksum); only the fields placing it in its chain are parsed. A generation of
+        every chain is read per round trip. Raises as `load_chain` does for an LC sound
+        nowhere.
+        """
+        wanted: dict[str, tuple[str, str | None]] = {}  # lc id → (agent, expected checksum)
+        for agent, ref in heads:
+            wanted.setdefault(ref.id, (agent, ref.checksum))
+        seen: set[str] = set()
+        while wanted:  # every round adds ids to `seen` and asks for none of them again
+            seen |= wanted.keys()
+            hot = self.hot.read_lcs(task, wanted)
+            parents: dict[str, tuple[str, str | None]] = {}
+            for lc_id, (agent, expect) in wanted.items():
+                link = self._load_link(task, agent, lc_id, expect, hot.get(lc_id))
+                if not link.full and link.parent_id is not None and link.parent_id not in seen:
+                    parents.setdefault(link.parent_id, (agent, link.parent_checksum))
+            wanted = parents
+        return seen
+
+    def _load_link(
+        self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
+    ) -> _ChainLink:
+        """Verify one LC as `_load_one` does, parsing only where it sits in its chain."""
+        name = f"lc {task}/{agent}/{lc_id}"
+
+        def verify(data: bytes) -> _ChainLink:
+            link = self.codec.decode(data, _ChainLink, name, expect_digest=expect)
+            if (link.id, link.task, link.agent) != (lc_id, task, agent):
+                raise CorruptCheckpoint(name, "record is not the one its key names")
+            return link
+
+        return first_sound(
+            name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
+        )
 
     def _load_one(
         self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None

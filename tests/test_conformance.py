@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from storage.backends.memory import MemoryHotStore
+from storage.backends.memory import MemoryArchive, MemoryHotStore
 from storage.base import ColdArchive, HotStore, LCEntry
 from storage.chain import cut_lc
 from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
@@ -310,6 +310,21 @@ def test_gc_writes_of_a_coordinator_that_lost_the_task_are_refused(store: Checkp
     assert 1 == store.hot.latest_gc(TASK)
 
 
+def test_an_epoch_raise_by_a_coordinator_that_lost_the_task_is_refused(
+    store: CheckpointStore,
+) -> None:
+    """A stale coordinator cannot fence the new owner's steps; the owner and a person can."""
+    _one_agent_gc(store)
+    before = store.hot.get_epoch(TASK)
+    store.hot.claim(TASK, 5)
+    store.hot.claim(TASK, 7)
+    with pytest.raises(FencedWrite, match="token 5 no longer owns"):
+        store.hot.raise_epoch(TASK, before + 1, 5)
+    assert before == store.hot.get_epoch(TASK)
+    assert before + 1 == store.hot.raise_epoch(TASK, before + 1, 7)
+    assert before + 2 == store.hot.raise_epoch(TASK, before + 2)  # no token: a person
+
+
 def test_committed_gc_cannot_be_aborted(store: CheckpointStore) -> None:
     """Once committed, a GC stays committed."""
     _, ref, ws = _one_agent_gc(store)
@@ -347,6 +362,36 @@ def test_hostile_names_are_refused(hot: HotStore, name: str) -> None:
     """A task name that could escape a key or a directory is refused."""
     with pytest.raises(InvalidName):
         hot.init_task(name)
+
+
+def _chain(store: CheckpointStore, agent: str, steps: int) -> list[str]:
+    """Write `steps` step LCs of a new agent; return their ids, oldest first."""
+    state = new_agent(store, TASK, agent)
+    ids = []
+    for i in range(steps):
+        take_step(state, i)
+        ids.append(store.write_lc(state).id)
+    return ids
+
+
+def test_walk_chains_follows_parents_to_a_full_lc(hot: HotStore) -> None:
+    """Walks go back from each head through parents and stop after a full LC."""
+    store = CheckpointStore(hot, MemoryArchive(), full_every=3)
+    a, b = _chain(store, "planner", 5), _chain(store, "coder", 2)  # a[3] is full
+    assert {*a[3:], *b} == hot.walk_chains(TASK, [a[4], b[1]])
+    assert set(a[:3]) == hot.walk_chains(TASK, [a[2], a[1], a[2]])
+    assert set() == hot.walk_chains(TASK, [])
+
+
+def test_walk_chains_stops_before_known_and_missing_lcs(hot: HotStore) -> None:
+    """A walk leaves out and stops at a known id, and stops at an LC that is not hot."""
+    store = CheckpointStore(hot, MemoryArchive(), full_every=10)
+    a = _chain(store, "planner", 5)
+    assert {a[4], a[3]} == hot.walk_chains(TASK, [a[4]], known={a[2]})
+    assert set() == hot.walk_chains(TASK, [a[4]], known=[a[4]])
+    hot.delete_lcs(TASK, [a[2]])
+    assert {a[4], a[3]} == hot.walk_chains(TASK, [a[4], "0" * 36])
+    assert {a[1], a[0]} == hot.walk_chains(TASK, [a[1]])
 
 
 def test_archive_contract(cold: ColdArchive) -> None:

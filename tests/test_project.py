@@ -25,7 +25,7 @@ def test_lua_scripts_ship_with_the_package() -> None:
     lua = resources.files("storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     expected = ["abort_gc", "begin_attempt", "claim", "commit_gc", "prepare_gc", "raise_epoch"]
-    expected += ["read_chain", "step_start", "write_lc"]
+    expected += ["read_chain", "step_start", "walk_chains", "write_lc"]
     assert [f"{name}.lua" for name in expected] == names
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -123,3 +124,106 @@ def test_retention_bounds_must_be_positive(real_store: CheckpointStore, keep: in
         trim_hot(real_store, TASK, keep)
     with pytest.raises(ValueError, match="at least 1"):
         trim_cold(real_store, TASK, keep)
+
+
+def _walk_link_by_link(store: CheckpointStore, heads: Iterable[str]) -> set[str]:
+    """The hot LCs on the chains from `heads`, found one `lc_link` at a time."""
+    found: set[str] = set()
+    for head in heads:
+        current: str | None = head
+        while current is not None and current not in found:
+            link = store.hot.lc_link(TASK, current)
+            if link is None:
+                break
+            found.add(current)
+            current = None if link.full else link.parent_id
+    return found
+
+
+@pytest.mark.parametrize(("archived", "hot_keep"), [(12, 1), (12, 3), (7, 2), (3, 2)])
+def test_trim_hot_drops_what_walking_link_by_link_finds(
+    store: CheckpointStore, archived: int, hot_keep: int
+) -> None:
+    """The LCs trim_hot drops are those of dropped GCs' chains no kept GC's chain holds."""
+    store = _short_chains(store)
+    gcs = run_task(store, TASK, supersteps=12)
+    for n in range(1, archived + 1):
+        archive_gc(store, TASK, n)
+    chains = {
+        gc.number: _walk_link_by_link(store, [r.id for r in gc.members.values()]) for gc in gcs
+    }
+    keep = {gc.number for gc in gcs[-hot_keep:]}
+    needed = set().union(*(chains[n] for n in keep))
+    expected_gcs = [n for n in range(1, archived + 1) if n not in keep]
+    expected_lcs = set().union(*(chains[n] for n in expected_gcs)) - needed
+    everything = set().union(*chains.values())
+    report = trim_hot(store, TASK, hot_keep=hot_keep, skew_margin=0)
+    assert expected_gcs == report.gcs
+    assert len(expected_lcs) == report.lcs > 0
+    assert everything - expected_lcs == _walk_link_by_link(store, everything)
+    assert [n for n in range(archived + 1, 13) if n not in keep] == report.unarchived
+
+
+def test_trim_hot_walks_chains_in_two_round_trips(
+    real_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Kept chains in one walk, dropped ones in another, however long they are."""
+    gcs = run_task(real_store, TASK, supersteps=10)
+    for gc in gcs:
+        archive_gc(real_store, TASK, gc.number)
+    walks: list[int] = []
+    walk = real_store.hot.walk_chains
+
+    def counting(task: str, heads: Iterable[str], known: Iterable[str] = ()) -> set[str]:
+        walks.append(1)
+        return walk(task, heads, known)
+
+    def refused(task: str, lc_id: str) -> None:
+        raise AssertionError("an LC looked up on its own")
+
+    monkeypatch.setattr(real_store.hot, "walk_chains", counting)
+    monkeypatch.setattr(real_store.hot, "lc_link", refused)
+    assert list(range(1, 8)) == trim_hot(real_store, TASK, hot_keep=3, skew_margin=0).gcs
+    assert 2 == len(walks)
+
+
+@pytest.mark.parametrize("cold_keep", [1, 4, 9])
+def test_trim_cold_keeps_exactly_the_kept_gcs_chains(
+    store: CheckpointStore, cold_keep: int
+) -> None:
+    """The archived LCs left are those on the chains of the GCs left, read link by link."""
+    store = _short_chains(store)
+    gcs = run_task(store, TASK, supersteps=12)
+    for gc in gcs:
+        archive_gc(store, TASK, gc.number)
+    trim_hot(store, TASK, hot_keep=1, skew_margin=0)  # most chains now read from disk
+    expected = {
+        loaded.record.id
+        for gc in gcs[-cold_keep:]
+        for agent, ref in gc.members.items()
+        for loaded in store.load_chain(TASK, agent, ref.id, ref.checksum)
+    }
+    assert list(range(1, 13 - cold_keep)) == trim_cold(store, TASK, cold_keep)
+    assert expected == {lc_id for _, lc_id in store.cold.list_lcs(TASK)}
+
+
+def test_trim_cold_deletes_each_agents_newest_lcs_first(
+    real_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Killed midway, trim_cold leaves no archived LC whose parent it already deleted."""
+    real_store = _short_chains(real_store)
+    for gc in run_task(real_store, TASK, supersteps=9):
+        archive_gc(real_store, TASK, gc.number)
+    deleted: list[tuple[str, str]] = []
+    delete_lc = real_store.cold.delete_lc
+
+    def recording(task: str, agent: str, lc_id: str) -> None:
+        deleted.append((agent, lc_id))
+        delete_lc(task, agent, lc_id)
+
+    monkeypatch.setattr(real_store.cold, "delete_lc", recording)
+    trim_cold(real_store, TASK, cold_keep=1)
+    for agent in ("planner", "coder", "reviewer"):
+        ids = [lc_id for a, lc_id in deleted if a == agent]
+        assert len(ids) > 1
+        assert sorted(ids, reverse=True) == ids

@@ -28,6 +28,7 @@ from storage.keys import check_name
 SUFFIX = ".rec"
 TMP_PREFIX = ".tmp-"
 SHA256_HEX_LEN = 64
+MAX_REMEMBERED_DIRS = 100_000  # (task, agent) → LC directory; a few MB at most
 
 
 class DiskArchive:
@@ -36,6 +37,7 @@ class DiskArchive:
     def __init__(self, root: str | os.PathLike[str]) -> None:
         self.root = Path(root)
         self._known_dirs: set[Path] = set()
+        self._lc_dirs: dict[tuple[str, str], Path] = {}
         self._unsynced: set[Path] = set()
         self._lock = threading.Lock()
         try:
@@ -56,8 +58,17 @@ class DiskArchive:
         return self.root / "tasks" / check_name("task", task)
 
     def _lc_path(self, task: str, agent: str, lc_id: str) -> Path:
-        name = check_name("checkpoint", lc_id)
-        return self._task_dir(task) / "lc" / check_name("agent", agent) / f"{name}{SUFFIX}"
+        return self._lc_dir(task, agent) / f"{check_name('checkpoint', lc_id)}{SUFFIX}"
+
+    def _lc_dir(self, task: str, agent: str) -> Path:
+        """Return an agent's LC directory, remembered: a GC's archive and trim ask thousands."""
+        found = self._lc_dirs.get((task, agent))
+        if found is None:
+            if len(self._lc_dirs) >= MAX_REMEMBERED_DIRS:
+                self._lc_dirs.clear()
+            found = self._task_dir(task) / "lc" / check_name("agent", agent)
+            self._lc_dirs[(task, agent)] = found
+        return found
 
     def _gc_path(self, task: str, number: int) -> Path:
         return self._task_dir(task) / "gc" / f"{number:012d}{SUFFIX}"

@@ -60,8 +60,10 @@ class MemoryHotStore:
         with self._lock:
             return self._epochs.get(task, 0)
 
-    def raise_epoch(self, task: str, to: int) -> int:
+    def raise_epoch(self, task: str, to: int, owner: int | None = None) -> int:
         with self._lock:
+            if owner is not None and self._owners.get(task) != owner:
+                raise FencedWrite(f"coordinator token {owner} no longer owns the task")
             self._epochs[task] = max(self._epochs.get(task, 0), to)
             return self._epochs[task]
 
@@ -125,6 +127,22 @@ class MemoryHotStore:
                 return None
             e = hot.entry.record
             return LCLink(e.id, e.agent, e.parent_id, e.full)
+
+    def walk_chains(self, task: str, heads: Iterable[str], known: Iterable[str] = ()) -> set[str]:
+        with self._lock:
+            seen = set(known)
+            visited: set[str] = set()
+            for head in heads:
+                current: str | None = head
+                while current is not None and current not in seen:
+                    hot = self._lcs.get((task, current))
+                    if hot is None:
+                        break
+                    seen.add(current)
+                    visited.add(current)
+                    lc = hot.entry.record
+                    current = None if lc.full else lc.parent_id
+            return visited
 
     def delete_lcs(self, task: str, lc_ids: Iterable[str]) -> None:
         with self._lock:

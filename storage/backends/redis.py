@@ -138,6 +138,7 @@ class RedisHotStore:
         self.redis = client
         self._write_lc = _script(client, "write_lc")
         self._read_chain = _script(client, "read_chain")
+        self._walk_chains = _script(client, "walk_chains")
         self._prepare_gc = _script(client, "prepare_gc")
         self._commit_gc = _script(client, "commit_gc")
         self._abort_gc = _script(client, "abort_gc")
@@ -154,8 +155,17 @@ class RedisHotStore:
         value = self.redis.get(keys.epoch(task))
         return 0 if value is None else int(cast(bytes, value))
 
-    def raise_epoch(self, task: str, to: int) -> int:
-        return int(cast(int, self._raise_epoch(keys=[keys.epoch(task)], args=[to])))
+    def raise_epoch(self, task: str, to: int, owner: int | None = None) -> int:
+        return int(
+            cast(
+                int,
+                _translating(
+                    lambda: self._raise_epoch(
+                        keys=[keys.epoch(task), keys.owner(task)], args=[to, _token(owner)]
+                    )
+                ),
+            )
+        )
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
         _translating(
@@ -213,6 +223,14 @@ class RedisHotStore:
         if agent is None:
             return None
         return LCLink(lc_id, agent.decode(), (parent or b"").decode() or None, full == b"1")
+
+    def walk_chains(self, task: str, heads: Iterable[str], known: Iterable[str] = ()) -> set[str]:
+        prefix = keys.lc(task, "")
+        starts = [prefix + lc_id for lc_id in dict.fromkeys(heads)]
+        if not starts:
+            return set()
+        found = cast(list[bytes], self._walk_chains(keys=starts, args=[prefix, *known]))
+        return {lc_id.decode() for lc_id in found}
 
     def delete_lcs(self, task: str, lc_ids: Iterable[str]) -> None:
         names = [keys.lc(task, i) for i in lc_ids]

@@ -1,5 +1,11 @@
 -- Raise a task's epoch to at least ARGV[1]; never lowers it, so a retried call is harmless.
--- KEYS: 1 epoch
+-- KEYS: 1 epoch, 2 owner
+-- ARGV: 1 epoch wanted, 2 owner token or "" (a person, not a coordinator)
+-- A coordinator that lost the task to a newer one is refused: raising the epoch would
+-- fence the new owner's running steps.
+if ARGV[2] ~= '' and redis.call('GET', KEYS[2]) ~= ARGV[2] then
+  return redis.error_reply('FENCED coordinator token ' .. ARGV[2] .. ' no longer owns the task')
+end
 local current = tonumber(redis.call('GET', KEYS[1]) or '0')
 local wanted = tonumber(ARGV[1])
 if wanted > current then
