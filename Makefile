@@ -25,9 +25,9 @@ lint: $(STAMP)
 bench: $(STAMP)
 	$(BIN)/python -m bench
 
-# Until the `cairn` CLI lands (issue 5), the demo walks through the storage guarantees.
+# A planner, a coder and a reviewer fix a bug through a killed worker and a rollback.
 demo: $(STAMP)
-	$(BIN)/python examples/storage_walkthrough.py
+	$(BIN)/cairn demo
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -5,16 +5,19 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from typing import TextIO
 
 import structlog
 
 
-def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
+def configure_logging(
+    fmt: str | None = None, level: str | None = None, stream: TextIO | None = None
+) -> None:
     """Configure structlog from arguments, else `CAIRN_LOG_FORMAT` and `CAIRN_LOG_LEVEL`.
 
     `fmt` is `console` or `json` (default: console when stderr is a terminal). Context
     bound with `structlog.contextvars` (task, agent, superstep, epoch, attempt) is merged
-    into every event.
+    into every event. Events go to `stream`, by default stderr.
     """
     fmt = (
         fmt or os.environ.get("CAIRN_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
@@ -34,6 +37,6 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
-        logger_factory=structlog.PrintLoggerFactory(sys.stderr),
+        logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=False,
     )

@@ -14,6 +14,7 @@ import threading
 from pathlib import Path
 from types import FrameType
 
+from agents.logs import configure_logging
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import default_archive, default_cache
 from storage.backends.disk import DiskArchive
@@ -29,6 +30,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=f"{socket.gethostname()}")
     parser.add_argument("--lease-ms", type=int, default=5_000)
     args = parser.parse_args(argv)
+    configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
     client = connect(args.url)
     store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
     coordinator = Coordinator(

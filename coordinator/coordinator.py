@@ -231,8 +231,13 @@ class Coordinator:
         self._set_status(task, "running", only_from={"paused"})
 
     def cancel(self, task: str) -> None:
-        """End the task now: fence its running steps and abort the superstep in flight."""
+        """End the task now: fence its running steps and abort the superstep in flight.
+
+        Raises `InvalidSpec` for an unknown task or one that has already ended.
+        """
         run = self._run(task)
+        if run.get("status", "") in TERMINAL or not run:
+            raise InvalidSpec(f"task {task} is {run.get('status') or 'unknown'}: nothing to cancel")
         self.store.hot.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
         if int(run.get("superstep", "0")):
             abort_in_flight(self.runs, self.store, task)

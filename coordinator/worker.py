@@ -19,6 +19,7 @@ from rq.job import Job
 from rq.serializers import JSONSerializer
 from rq.utils import now
 
+from agents.logs import configure_logging
 from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from storage.backends.redis import connect
 from storage.errors import CairnError
@@ -101,6 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("url")
     parser.add_argument("--burst", action="store_true")
     args = parser.parse_args(argv)
+    configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
     run_worker(args.url, burst=args.burst)
     return 0
 

@@ -284,9 +284,11 @@ def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     cluster.start_worker()
     task = cluster.coordinator.submit(team_spec(tmp_path / "ledger", slow=1.5))
     first = cluster.start_coordinator("first")
-    time.sleep(0.3)  # let it take the lease before the standby starts
-    second = cluster.start_coordinator("second")
     deadline = time.monotonic() + 60
+    while not cast(bytes, cluster.client.get(keys.LEASE) or b"").startswith(b"first:"):
+        assert time.monotonic() < deadline, "the first coordinator never took the lease"
+        time.sleep(0.02)
+    second = cluster.start_coordinator("second")  # a standby: the lease is taken
     while int(cluster.client.hget(keys.run(task), "superstep") or 0) != 2:
         assert time.monotonic() < deadline, "superstep 2 never started"
         time.sleep(0.02)

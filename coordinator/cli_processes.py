@@ -1,0 +1,245 @@
+"""Long-running commands: `cairn worker`, `cairn coordinator` and `cairn up`.
+
+`Supervisor` keeps a set of child processes alive (a worker that dies is started again,
+after a backoff when it keeps dying young) and stops them all on SIGTERM or SIGINT:
+SIGTERM first, SIGKILL after a grace period. Workers are stateless and every write they
+make is fenced, so killing one mid-step costs a retry of that step, nothing more.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+from typing import IO
+
+import structlog
+from rich.console import Console
+
+from coordinator.cli_context import RedisUnreachable, client_for, open_store, ping
+from coordinator.coordinator import Coordinator
+from coordinator.settings import Settings, display_url
+from storage.errors import InvalidSpec
+from storage.redis_server import RedisServer
+
+log = structlog.get_logger("cairn.cli")
+YOUNG = 5.0  # seconds: a child dying sooner than this is restarted after a backoff
+MAX_BACKOFF = 10.0
+STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL at shutdown
+
+
+@dataclass(slots=True)
+class Child:
+    """One supervised process: how to start it, and its current incarnation."""
+
+    name: str
+    argv: list[str]
+    env: dict[str, str]
+    log_path: Path | None = None  # None: inherit stderr
+    process: subprocess.Popen[bytes] | None = None
+    log_file: IO[bytes] | None = None
+    started: float = 0.0
+    young_deaths: int = 0
+    restart_at: float | None = None
+    restarts: int = field(default=0)
+
+    def spawn(self) -> None:
+        """Start (or start again) the process."""
+        if self.log_path is not None:
+            self.log_path.parent.mkdir(parents=True, exist_ok=True)
+            self.log_file = self.log_path.open("ab")
+        # Without a log file a child's output goes to our stderr: stdout is for results.
+        out = self.log_file if self.log_file is not None else _stderr_fd()
+        self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and modules
+            self.argv, env=self.env, stdout=out, stderr=out
+        )
+        self.started, self.restart_at = time.monotonic(), None
+        log.info("process started", process=self.name, pid=self.process.pid)
+
+    def reap(self) -> int | None:
+        """Return the exit code if the process ended (closing its log), else None."""
+        if self.process is None:
+            return None
+        code = self.process.poll()
+        if code is not None and self.log_file is not None:
+            self.log_file.close()
+            self.log_file = None
+        return code
+
+
+def _stderr_fd() -> int | None:
+    """Our stderr's descriptor, or None (inherit) when it has none (a test's capture)."""
+    try:
+        return sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+class Supervisor:
+    """Keeps its children running until stopped."""
+
+    def __init__(self, children: list[Child]) -> None:
+        self.children = children
+
+    def start(self) -> None:
+        """Start every child."""
+        for child in self.children:
+            child.spawn()
+
+    def watch(self, stop: threading.Event, poll: float = 0.1) -> None:
+        """Restart children that die, until `stop` is set."""
+        while not stop.wait(poll):
+            now = time.monotonic()
+            for child in self.children:
+                if child.restart_at is not None:
+                    if now >= child.restart_at:
+                        child.restarts += 1
+                        child.spawn()
+                    continue
+                code = child.reap()
+                if code is None:
+                    continue
+                young = now - child.started < YOUNG
+                child.young_deaths = child.young_deaths + 1 if young else 0
+                delay = min(MAX_BACKOFF, 0.25 * 2**child.young_deaths) if young else 0.0
+                child.restart_at = now + delay
+                log.warning(
+                    "process exited; restarting", process=child.name, code=code, after_s=delay
+                )
+
+    def stop(self, grace: float = STOP_GRACE) -> None:
+        """SIGTERM every child, SIGKILL those still alive after `grace` seconds, reap all."""
+        alive = [c.process for c in self.children if c.process and c.process.poll() is None]
+        for process in alive:
+            with contextlib.suppress(ProcessLookupError):
+                process.terminate()
+        deadline = time.monotonic() + grace
+        for process in alive:
+            try:
+                process.wait(max(0.0, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+        for child in self.children:
+            child.reap()
+
+
+def stop_on_signals() -> threading.Event:
+    """An event set by SIGTERM or SIGINT (so Ctrl-C stops a command cleanly)."""
+    stop = threading.Event()
+
+    def request_stop(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    return stop
+
+
+def worker_children(settings: Settings, url: str, count: int, logs: Path | None) -> list[Child]:
+    """`count` worker processes on the Redis at `url`."""
+    env = settings.child_env(url)
+    return [
+        Child(
+            f"worker-{n}",
+            [sys.executable, "-m", "coordinator.worker", url],
+            env,
+            None if logs is None else logs / f"worker-{n}.log",
+        )
+        for n in range(count)
+    ]
+
+
+def run_workers(settings: Settings, url: str, count: int, console: Console) -> int:
+    """`cairn worker --count N`: run N workers in the foreground until stopped."""
+    stop = stop_on_signals()
+    supervisor = Supervisor(worker_children(settings, url, count, None))
+    supervisor.start()
+    console.print(f"{count} worker(s) on {display_url(url)}; Ctrl-C stops them")
+    try:
+        supervisor.watch(stop)
+    finally:
+        supervisor.stop()
+    return 0
+
+
+def run_coordinator(settings: Settings, url: str, name: str, lease_ms: int) -> int:
+    """`cairn coordinator`: lead (or stand by, while another leads) until stopped."""
+    stop = stop_on_signals()
+    client = client_for(url)
+    try:
+        coordinator = Coordinator(
+            client,
+            open_store(settings, client),
+            settings.cache / "coordinator",
+            name=name,
+            lease_ttl_ms=lease_ms,
+        )
+        log.info("coordinator running", name=name, redis=display_url(url))
+        coordinator.run(stop)
+    finally:
+        client.close()
+    return 0
+
+
+def run_up(settings: Settings, workers: int, console: Console) -> int:
+    """`cairn up`: Redis (a private one unless configured), a coordinator and workers.
+
+    A private redis-server keeps its data (AOF) under the state directory, and while it
+    runs its URL is in `<state>/redis.url`, so other `cairn` commands in this directory
+    find it without configuration.
+    """
+    state = settings.state_dir
+    server: RedisServer | None = None
+    if settings.redis_url:
+        url = settings.redis_url
+        ping(url, "CAIRN_REDIS_URL")
+    else:
+        _refuse_second_up(settings)
+        server = RedisServer(state / "redis", appendonly=True).start()
+        url = server.url
+        settings.url_file.write_text(url + "\n")
+    logs = state / "logs"
+    env = settings.child_env(url)
+    coordinator = Child(
+        "coordinator",
+        [sys.executable, "-m", "coordinator", url, "--name", "up"],
+        env,
+        logs / "coordinator.log",
+    )
+    supervisor = Supervisor([coordinator, *worker_children(settings, url, workers, logs)])
+    stop = stop_on_signals()
+    try:
+        supervisor.start()
+        where = "private redis-server, AOF in " + str(state / "redis") if server else "configured"
+        console.print(f"Cairn is up. Redis: [bold]{display_url(url)}[/] ({where})")
+        console.print(
+            f"a coordinator and {workers} worker(s); logs in {logs}; archive in {settings.archive}"
+        )
+        console.print("Ctrl-C stops everything.")
+        supervisor.watch(stop)
+    finally:
+        supervisor.stop()
+        if server is not None:
+            settings.url_file.unlink(missing_ok=True)
+            server.stop()
+    return 0
+
+
+def _refuse_second_up(settings: Settings) -> None:
+    """Raise `InvalidSpec` when a `cairn up` of this state directory is running already."""
+    try:
+        written = settings.url_file.read_text().strip()
+    except OSError:
+        return
+    try:
+        ping(written)
+    except RedisUnreachable:
+        return  # left by an `up` that was killed: its Redis is gone
+    raise InvalidSpec(f"cairn up is running already in {settings.state_dir} (Redis at {written})")

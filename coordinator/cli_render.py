@@ -1,0 +1,165 @@
+"""How the CLI shows things: rich tables for people, plain JSON for scripts."""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+KIB = 1024
+JSON = Mapping[str, Any]  # parsed JSON: the views' own shapes
+STATUS_STYLE = {
+    "running": "cyan",
+    "paused": "yellow",
+    "waiting_approval": "yellow",
+    "succeeded": "green",
+    "failed": "red",
+    "cancelled": "magenta",
+    "unrecoverable": "bold red",
+    "COMMITTED": "green",
+    "PREPARING": "yellow",
+    "ABORTED": "red",
+}
+
+
+def emit_json(data: object) -> None:
+    """Print `data` as JSON on stdout: the stable shape scripts rely on."""
+    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def say(message: str) -> None:
+    """Tell the person something on stderr, in one line (stdout is for results)."""
+    sys.stderr.write(f"cairn: {message}\n")
+    sys.stderr.flush()
+
+
+def plain(data: object) -> Any:  # noqa: ANN401 - whatever JSON the data makes
+    """`data` as JSON would read it back: enums become their values, datetimes strings."""
+    return json.loads(json.dumps(data, default=str))
+
+
+def styled(status: object) -> str:
+    """A status word coloured by what it means."""
+    text = str(status)
+    style = STATUS_STYLE.get(text)
+    return f"[{style}]{text}[/]" if style else text
+
+
+def _when(value: object) -> str:
+    if not isinstance(value, str):
+        return ""
+    return datetime.fromisoformat(value).strftime("%m-%d %H:%M:%S")
+
+
+def _size(value: object) -> str:
+    amount = float(value) if isinstance(value, int | float) else 0.0
+    if amount < KIB:
+        return f"{amount:.0f} B"
+    for unit in ("KiB", "MiB"):
+        amount /= KIB
+        if amount < KIB:
+            return f"{amount:.1f} {unit}"
+    return f"{amount / KIB:.1f} GiB"
+
+
+def _short(value: object, width: int = 60) -> str:
+    text = value if isinstance(value, str) else json.dumps(value, default=str)
+    text = " ".join(text.split())
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def show_status(console: Console, status: JSON) -> None:
+    """The task's status line and a table of its agents."""
+    status = plain(status)
+    console.print(
+        f"[bold]{status['task_id']}[/]  {styled(status['status'])}  "
+        f"superstep {status['superstep']}  epoch {status['epoch']}  "
+        f"checkpoint {status['latest_checkpoint']}"
+    )
+    table = Table("agent", "status", "step")
+    for agent in status.get("agents", []):
+        step = "" if agent["step"] is None else str(agent["step"])
+        table.add_row(agent["name"], styled(agent["status"]), step)
+    console.print(table)
+    if status.get("reason"):
+        console.print(f"reason: {status['reason']}")
+    if status.get("error"):
+        console.print(f"[red]steps unknown: {status['error']}[/]")
+
+
+def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
+    """One line per global checkpoint: state, tiers, size."""
+    table = Table("GC", "status", "superstep", "agents", "hot", "cold", "created", "size")
+    for row in rows:
+        table.add_row(
+            str(row["number"]),
+            styled(row["status"]),
+            str(row["superstep"]),
+            str(len(row["members"])),
+            "yes" if row["hot"] else "",
+            "yes" if row["cold"] else "",
+            _when(row["created_at"]),
+            _size(row["size_bytes"]),
+        )
+    console.print(table)
+
+
+def show_checkpoint(console: Console, gc: JSON) -> None:
+    """One global checkpoint: its members and its files."""
+    tiers = " + ".join(t for t in ("hot", "cold") if gc[t]) or "nowhere"
+    console.print(
+        f"[bold]{gc['name']}[/]  {styled(gc['status'])}  superstep {gc['superstep']}  "
+        f"epoch {gc['epoch']}  {tiers}  {_size(gc['size_bytes'])}  "
+        f"created {_when(gc['created_at'])}"
+    )
+    members = Table("agent", "status", "step", "local checkpoint")
+    for agent in gc["agents"]:
+        step = "" if agent["step"] is None else str(agent["step"])
+        members.add_row(agent["name"], styled(agent["status"]), step, agent["lc_id"])
+    console.print(members)
+    files = Table("file", "sha256")
+    for path, sha in gc["files"].items():
+        files.add_row(path, sha[:16])
+    console.print(files)
+    if gc["inbox"]:
+        console.print(f"{len(gc['inbox'])} message(s) delivered, not yet read")
+
+
+def show_trace(console: Console, rows: Sequence[JSON]) -> None:
+    """One line per model turn or tool call, in order."""
+    table = Table("superstep", "agent", "step", "call", "ms", "result")
+    for row in rows:
+        call = row["tool"] or "model"
+        outcome = f"[red]{_short(row['error'])}[/]" if row["error"] else _short(row["result"])
+        table.add_row(
+            str(row["superstep"]),
+            str(row["agent"]),
+            str(row["step"]),
+            str(call) + (" *" if row["side_effect"] else ""),
+            f"{row['duration_ms']:.0f}",
+            outcome,
+        )
+    console.print(table)
+    console.print("* changes the world (a tool-level checkpoint was taken before it)")
+
+
+def show_archived(console: Console, reports: Sequence[JSON]) -> None:
+    """What `cairn archive` wrote."""
+    if not reports:
+        console.print("every committed checkpoint is on disk already")
+        return
+    table = Table("GC", "local checkpoints", "blobs", "written")
+    for report in reports:
+        table.add_row(
+            str(report["number"]),
+            str(report["lcs"]),
+            str(report["blobs"]),
+            _size(report["bytes"]),
+        )
+    console.print(table)

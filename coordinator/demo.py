@@ -1,0 +1,251 @@
+"""`cairn demo`: a planner, a coder and a reviewer fix a bug through a crash and a rollback.
+
+The team of `coordinator/demo/team.yaml` fixes `calc.py` on two real worker processes.
+While the coder's step runs, the demo SIGKILLs its worker: the coordinator sees the
+heartbeat stop and retries the step (attempt 2) on the other worker. Once the reviewer
+has approved, the demo rolls the task back to an earlier global checkpoint, as a person
+would: every agent and file returns to that superstep and the team plays on to the same
+end, where `verify` runs the project's tests. It prints each event as it happens, then
+the timeline of checkpoints and where the archive is.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import cast
+
+from agents.logs import configure_logging
+from coordinator.coordinator import TERMINAL, Coordinator, StepRun
+from coordinator.spec import TaskSpec, load_spec
+from storage import keys
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec
+from storage.records import GCStatus, GlobalCheckpoint
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+
+KILL_AGENT, KILL_SUPERSTEP = "coder", 2  # whose step loses its worker, and when
+ROLLBACK_AFTER, ROLLBACK_TO = 3, 1  # once GC 3 is committed, go back to GC 1
+TIMEOUT = 120.0  # seconds: the demo ends in ~15 s; this bounds a broken machine
+Say = Callable[[str], None]
+
+
+def demo_dir() -> Path:
+    """Where the demo's team spec and project live (inside the installed package)."""
+    return Path(str(resources.files("coordinator").joinpath("demo")))
+
+
+def demo_spec(model: str | None = None) -> TaskSpec:
+    """The demo team; with `model` ("openai:<name>") every agent uses it instead of its script."""
+    spec = load_spec(demo_dir() / "team.yaml")
+    if model is not None:
+        for agent in spec.agents:
+            agent.model = model
+    return spec
+
+
+@dataclass
+class Workers:
+    """The demo's worker processes (`python -m coordinator.worker URL`), each its own cache."""
+
+    url: str
+    state: Path
+    processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
+
+    def start(self) -> subprocess.Popen[bytes]:
+        """Start one more worker."""
+        n = len(self.processes)
+        env = {
+            **os.environ,
+            "CAIRN_REDIS_URL": self.url,
+            "CAIRN_ARCHIVE_DIR": str(self.state / "archive"),
+            "CAIRN_CACHE_DIR": str(self.state / f"worker-{n}"),
+            "CAIRN_LOG_FORMAT": "json",
+        }
+        log = (self.state / f"worker-{n}.log").open("ab")
+        with log:
+            process = subprocess.Popen(  # noqa: S603 - this interpreter, fixed arguments
+                [sys.executable, "-m", "coordinator.worker", self.url],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+            )
+        self.processes.append(process)
+        return process
+
+    def stop(self) -> None:
+        """Stop every worker still running."""
+        for process in self.processes:
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes:
+            try:
+                process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()
+
+
+@contextlib.contextmanager
+def redis_url(url: str | None, state: Path, say: Say) -> Iterator[str]:
+    """`url`, or else a private redis-server (AOF on) in `state` for the demo's life."""
+    if url:
+        yield url
+        return
+    server = RedisServer(state / "redis", appendonly=True).start()
+    say(f"started a private redis-server at {server.url} (AOF in {server.directory})")
+    try:
+        yield server.url
+    finally:
+        server.stop()
+
+
+@dataclass
+class Demo:
+    """One run of the demo: the task, what happened, and when."""
+
+    coordinator: Coordinator
+    store: CheckpointStore
+    workers: Workers
+    say: Say
+    started: float = field(default_factory=time.monotonic)
+    events: list[tuple[float, str]] = field(default_factory=list)
+    killed: bool = False
+    rolled_back: bool = False
+    seen_gcs: set[int] = field(default_factory=set)
+    attempts: dict[str, int] = field(default_factory=dict)
+
+    def event(self, text: str) -> None:
+        """Print an event and keep it for the timeline."""
+        at = time.monotonic() - self.started
+        self.events.append((at, text))
+        self.say(f"{at:6.1f}s  {text}")
+
+    def run(self, task: str) -> dict[str, object]:
+        """Drive the task to its end, injecting the crash and the rollback on the way."""
+        deadline = self.started + TIMEOUT
+        while True:
+            self.coordinator.tick()
+            self._watch(task)
+            status = self.coordinator.status(task)
+            if status["status"] in TERMINAL:
+                return status
+            if time.monotonic() > deadline:
+                self.event(f"gave up after {TIMEOUT:g} s: {status['status']}")
+                return status
+            time.sleep(0.05)
+
+    def _watch(self, task: str) -> None:
+        for listed in self.store.list_gcs(task):
+            if listed.status is GCStatus.COMMITTED and listed.number not in self.seen_gcs:
+                self.seen_gcs.add(listed.number)
+                self.event(_committed(self.store.read_gc(task, listed.number)))
+        self._note_retries(task)
+        if not self.killed:
+            self._kill_mid_step(task)
+        latest = self.store.hot.latest_gc(task) or 0
+        if not self.rolled_back and latest >= ROLLBACK_AFTER:
+            self.rolled_back = True
+            self.event(f"a person rolls the task back to GC {ROLLBACK_TO}")
+            restored = self.coordinator.restorer.restore(task, to=ROLLBACK_TO, reason="demo")
+            self.event(
+                f"restored: GC {restored.restored_to}'s agents and files are live again as "
+                f"GC {restored.number}, under epoch {restored.epoch}; older steps are fenced"
+            )
+
+    def _kill_mid_step(self, task: str) -> None:
+        beat = self.store.hot.beating(task, KILL_AGENT)
+        if beat is None or not beat.endswith(f":{KILL_SUPERSTEP}:1"):
+            return
+        pid = int(beat.split(":")[1])
+        os.kill(pid, signal.SIGKILL)
+        self.killed = True
+        self.event(f"SIGKILL to worker pid {pid} while {KILL_AGENT}'s step {KILL_SUPERSTEP} ran")
+        self.workers.start()
+        self.event("started a replacement worker")
+
+    def _note_retries(self, task: str) -> None:
+        steps = cast(dict[bytes, bytes], self.coordinator.redis.hgetall(keys.steps(task)))
+        for raw_agent, raw in steps.items():
+            agent, attempt = raw_agent.decode(), StepRun.load(raw).attempt
+            if attempt > self.attempts.get(agent, 1):
+                self.event(f"{agent}'s step retried as attempt {attempt} (its worker died)")
+            self.attempts[agent] = attempt
+
+
+def _committed(gc: GlobalCheckpoint) -> str:
+    agents = ", ".join(f"{a} {s.value}" for a, s in gc.statuses.items())
+    return f"GC {gc.number} committed: superstep {gc.superstep}, epoch {gc.epoch} ({agents})"
+
+
+def timeline(store: CheckpointStore, task: str, say: Say) -> None:
+    """Print every checkpoint of the task: number, superstep, epoch, status, where it is."""
+    say("")
+    say(" GC  superstep  epoch  status     hot  cold  members (agent:LC id)")
+    for listed in store.list_gcs(task):
+        gc = store.read_gc(task, listed.number)
+        members = ", ".join(f"{a}:{r.id[-6:]}" for a, r in sorted(gc.members.items()))
+        hot, cold = ("yes" if x else "-" for x in (listed.hot, listed.cold))
+        say(
+            f"{gc.number:>3}  {gc.superstep:>9}  {gc.epoch:>5}  {gc.status.value:<9}  "
+            f"{hot:>3}  {cold:>4}  {members}"
+        )
+
+
+def run_demo(
+    state: Path, say: Say = print, model: str | None = None, url: str | None = None
+) -> int:
+    """Run the demo on Redis `url` (None: a private one) with its state under `state`.
+
+    The state holds the archive, the workers' caches and the logs (and the private
+    Redis's AOF). Return the exit code: 0 when the task succeeded.
+    """
+    state.mkdir(parents=True, exist_ok=True)
+    with contextlib.ExitStack() as stack:
+        logs = stack.enter_context((state / "coordinator.log").open("a"))
+        configure_logging("json", "info", stream=logs)  # the story is printed; details there
+        url = stack.enter_context(redis_url(url, state, say))
+        client = connect(url)
+        stack.callback(client.close)
+        archive = state / "archive"
+        store = CheckpointStore(RedisHotStore(client), DiskArchive(archive), Codec.from_env())
+        workers = Workers(url, state)
+        stack.callback(workers.stop)
+        for _ in range(2):
+            workers.start()
+        coordinator = Coordinator(client, store, state / "coordinator", heartbeat_grace=1.0)
+        spec = demo_spec(model)
+        task = coordinator.submit(spec, base=demo_dir())
+        demo = Demo(coordinator, store, workers, say)
+        demo.event(f"submitted {task}: {', '.join(a.name for a in spec.agents)} on 2 workers")
+        status = demo.run(task)
+        demo.event(f"task {status['status']}: {status.get('reason')}")
+        timeline(store, task, say)
+        say("")
+        say(f"archive: {archive.resolve()}/tasks/{task}")
+        say(f"verify output: {str(status.get('verify_output') or '').strip()}")
+        return 0 if status["status"] == "succeeded" else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m coordinator.demo [--state DIR] [--model openai:NAME]`."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--state", type=Path, default=Path(".cairn/demo"))
+    parser.add_argument("--model", default=None, help="openai:<name> instead of the scripts")
+    args = parser.parse_args(argv)
+    return run_demo(args.state, model=args.model, url=os.environ.get("CAIRN_REDIS_URL"))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
