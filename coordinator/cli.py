@@ -147,6 +147,7 @@ def build_parser() -> Parser:
     cmd.add_argument("--lease-ms", type=_positive, default=5_000, help=argparse.SUPPRESS)
     cmd = command("demo", cmd_demo, "a team fixes a bug through a crash and a rollback", json=False)
     cmd.add_argument("--model", help="openai:<name>: the same team on a real model")
+    cmd.add_argument("--base-url", help="with --model: an OpenAI-compatible endpoint")
     cmd = command("up", cmd_up, "run Redis, a coordinator and workers here", json=False)
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
     return parser

@@ -281,7 +281,11 @@ def cmd_demo(args: argparse.Namespace, session: Session) -> int:
     """Run the demo: on the configured Redis, or a private one in the state directory."""
     settings = session.settings
     return run_demo(
-        settings.state_dir / "demo", say=print, model=args.model, url=settings.redis_url
+        settings.state_dir / "demo",
+        say=print,
+        model=args.model,
+        url=settings.redis_url,
+        base_url=args.base_url,
     )
 
 

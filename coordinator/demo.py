@@ -31,6 +31,7 @@ from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
+from storage.errors import CairnError
 from storage.records import GCStatus, GlobalCheckpoint
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
@@ -46,12 +47,12 @@ def demo_dir() -> Path:
     return Path(str(resources.files("coordinator").joinpath("demo")))
 
 
-def demo_spec(model: str | None = None) -> TaskSpec:
-    """The demo team; with `model` ("openai:<name>") every agent uses it instead of its script."""
+def demo_spec(model: str | None = None, base_url: str | None = None) -> TaskSpec:
+    """The demo team; with `model` ("openai:<name>") every agent uses it, not its script."""
     spec = load_spec(demo_dir() / "team.yaml")
     if model is not None:
         for agent in spec.agents:
-            agent.model = model
+            agent.model, agent.base_url = model, base_url
     return spec
 
 
@@ -136,6 +137,10 @@ class Demo:
         """Drive the task to its end, injecting the crash and the rollback on the way."""
         deadline = self.started + TIMEOUT
         while True:
+            # The demo drives its coordinator itself, as the leader: never beside another.
+            if not self.coordinator.lease.acquire():
+                raise CairnError("another coordinator leads on this Redis: stop it, or run "
+                                 "the demo without CAIRN_REDIS_URL (a private Redis)")  # fmt: skip
             self.coordinator.tick()
             self._watch(task)
             status = self.coordinator.status(task)
@@ -204,7 +209,11 @@ def timeline(store: CheckpointStore, task: str, say: Say) -> None:
 
 
 def run_demo(
-    state: Path, say: Say = print, model: str | None = None, url: str | None = None
+    state: Path,
+    say: Say = print,
+    model: str | None = None,
+    url: str | None = None,
+    base_url: str | None = None,
 ) -> int:
     """Run the demo on Redis `url` (None: a private one) with its state under `state`.
 
@@ -225,11 +234,14 @@ def run_demo(
         for _ in range(2):
             workers.start()
         coordinator = Coordinator(client, store, state / "coordinator", heartbeat_grace=1.0)
-        spec = demo_spec(model)
+        spec = demo_spec(model, base_url)
         task = coordinator.submit(spec, base=demo_dir())
         demo = Demo(coordinator, store, workers, say)
         demo.event(f"submitted {task}: {', '.join(a.name for a in spec.agents)} on 2 workers")
-        status = demo.run(task)
+        try:
+            status = demo.run(task)
+        finally:
+            coordinator.lease.release()
         demo.event(f"task {status['status']}: {status.get('reason')}")
         timeline(store, task, say)
         say("")
@@ -243,8 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state", type=Path, default=Path(".cairn/demo"))
     parser.add_argument("--model", default=None, help="openai:<name> instead of the scripts")
+    parser.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint")
     args = parser.parse_args(argv)
-    return run_demo(args.state, model=args.model, url=os.environ.get("CAIRN_REDIS_URL"))
+    url = os.environ.get("CAIRN_REDIS_URL")
+    try:
+        return run_demo(args.state, model=args.model, url=url, base_url=args.base_url)
+    except CairnError as exc:
+        print(f"cairn demo: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":
