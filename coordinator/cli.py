@@ -39,6 +39,7 @@ from coordinator.cli_commands import (
     cmd_submit,
     cmd_trace,
     cmd_up,
+    cmd_watch,
     cmd_worker,
     cmd_workspace,
 )
@@ -121,6 +122,9 @@ def build_parser() -> Parser:
     cmd = command("trace", cmd_trace, "what the agents did, step by step")
     cmd.add_argument("task")
     cmd.add_argument("--agent", help="only this agent")
+    cmd.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
+    cmd = command("watch", cmd_watch, "follow a task live until it ends (exit 0 if it succeeded)")
+    cmd.add_argument("task")
     cmd = command("workspace", cmd_workspace, "write a checkpoint's files into a directory")
     cmd.add_argument("task")
     cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")

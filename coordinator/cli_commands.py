@@ -11,11 +11,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 from rich.console import Console
+from rich.live import Live
 
 from coordinator import cli_render as render
 from coordinator import cli_views as views
@@ -25,6 +28,8 @@ from coordinator.coordinator import TERMINAL, Coordinator
 from coordinator.demo import run_demo
 from coordinator.restore import RestoreFailed, Restorer
 from coordinator.spec import load_spec
+from coordinator.timeline import gather, live_view, watch_line
+from coordinator.timeline_page import render as render_timeline
 from storage import keys
 from storage.archive import archive_gc
 from storage.errors import CairnError, InvalidSpec
@@ -32,6 +37,7 @@ from storage.records import GCStatus
 
 OK, FAILED, BAD_INPUT = 0, 1, 2  # success; the operation or task failed; bad input
 WAIT_POLL = 0.2  # seconds between looks at a task `submit --wait` follows
+WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
 
 Handler = Callable[[argparse.Namespace, Session], int]
 
@@ -146,12 +152,47 @@ def cmd_checkpoint(args: argparse.Namespace, session: Session) -> int:
 def cmd_trace(args: argparse.Namespace, session: Session) -> int:
     """The trace records of the latest checkpoint's agents, in order."""
     ctx, console = session.ctx, session.console
+    if args.html is not None:
+        page = render_timeline(gather(ctx.client, ctx.store, args.task))
+        args.html.write_text(page, encoding="utf-8")
+        if args.json:
+            render.emit_json({"task_id": args.task, "html": str(args.html)})
+        else:
+            console.print(f"wrote the timeline of {args.task} to {args.html}")
+        return OK
     rows = views.trace(ctx.store, _task(ctx, args.task), args.agent)
     if args.json:
         render.emit_json(rows)
     else:
         render.show_trace(console, rows)
     return OK
+
+
+def cmd_watch(args: argparse.Namespace, session: Session) -> int:
+    """Follow a task until it ends: a live view, or one JSON line per change."""
+    ctx, console = session.ctx, session.console
+    coordinator = _coordinator(ctx)
+    task = _task(ctx, args.task)
+    live = console.is_terminal and not args.json
+    shown: dict[str, object] | None = None
+    with Live(console=console, auto_refresh=False) if live else contextlib.nullcontext() as view:
+        while True:
+            status = _status(coordinator, task)
+            line = watch_line(status)
+            if line != shown:
+                if isinstance(view, Live):
+                    view.update(live_view(status), refresh=True)
+                else:
+                    sys.stdout.write(json.dumps(line, default=str) + "\n")
+                    sys.stdout.flush()
+                shown = line
+            if status["status"] in TERMINAL:
+                break
+            time.sleep(WATCH_POLL)
+    if status["status"] == "succeeded":
+        return OK
+    render.say(f"task {task} {status['status']}: {status.get('reason') or 'no reason given'}")
+    return FAILED
 
 
 def cmd_workspace(args: argparse.Namespace, session: Session) -> int:
