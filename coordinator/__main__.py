@@ -15,6 +15,7 @@ from pathlib import Path
 from types import FrameType
 
 from agents.logs import configure_logging
+from coordinator import metrics
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import default_archive, default_cache
 from storage.backends.disk import DiskArchive
@@ -32,6 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
     client = connect(args.url)
+    metrics.serve_coordinator(client, metrics.configured_port())  # CAIRN_METRICS_PORT, if set
     store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
     coordinator = Coordinator(
         client,

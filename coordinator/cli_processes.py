@@ -22,6 +22,7 @@ from typing import IO
 import structlog
 from rich.console import Console
 
+from coordinator import metrics
 from coordinator.cli_context import RedisUnreachable, client_for, open_store, ping
 from coordinator.coordinator import Coordinator
 from coordinator.settings import Settings, display_url
@@ -173,6 +174,7 @@ def run_coordinator(settings: Settings, url: str, name: str, lease_ms: int) -> i
     """`cairn coordinator`: lead (or stand by, while another leads) until stopped."""
     stop = stop_on_signals()
     client = client_for(url)
+    metrics.serve_coordinator(client, settings.metrics_port)
     try:
         coordinator = Coordinator(
             client,

@@ -30,6 +30,7 @@ from rq.utils import utcparse
 from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
 from agents.spec import TaskRecord
 from agents.task import start_task
+from coordinator import metrics
 from coordinator.archiver import ArchiveJob, Archiver, archive
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
@@ -182,6 +183,7 @@ class Coordinator:
         task = task_id(spec.name)
         files = spec.workspace_files(base)
         start_task(self.store, spec.record(task), files)
+        metrics.GC_COMMITS.inc()  # GC 0
         limits = Limits(
             verify=spec.verify,
             verify_timeout=spec.verify_timeout,
@@ -433,6 +435,7 @@ class Coordinator:
             Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
         retry = StepRun(step.attempt + 1, retry_at=now + backoff)
         self.runs.write(task, steps={agent: retry.dump()})
+        metrics.STEP_RETRIES.inc()
         log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
         return True
 
@@ -459,6 +462,7 @@ class Coordinator:
             if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
                 raise
             committed = self.store.read_gc(task, barrier.gc.number)  # another did it first
+        metrics.GC_COMMITS.inc()
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
                  conflicts=len(barrier.conflicts))  # fmt: skip
         self._after_commit(task, committed)
@@ -525,6 +529,7 @@ class Coordinator:
         )
         self.store.prepare_gc(barrier.gc, self.lease.token)
         self.store.commit_gc(barrier.gc, self.lease.token)
+        metrics.GC_COMMITS.inc()
         log.info("verify failed; the team goes on", task=task)
 
     def _give_up(self, task: str, run: dict[str, str], reason: str) -> None:
@@ -534,6 +539,7 @@ class Coordinator:
         way from the same state would fail again.
         """
         rollbacks = int(run.get("rollbacks", "0"))
+        metrics.GC_ABORTS.inc()
         if rollbacks >= MAX_ROLLBACKS:
             self.store.hot.raise_epoch(task, int(run["epoch"]) + 1, self.lease.token)
             abort_in_flight(self.runs, self.store, task)

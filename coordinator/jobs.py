@@ -12,6 +12,7 @@ import fcntl
 import itertools
 import json
 import os
+import time
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
@@ -20,11 +21,15 @@ import redis
 import structlog
 
 from agents.step import run_step
+from coordinator import metrics
 from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
+from storage.base import LCEntry
+from storage.chain import AgentState
 from storage.codec import Codec
 from storage.errors import CairnError, FencedWrite, ModelError
+from storage.records import LCRef, Level
 from storage.store import CheckpointStore
 
 STEPS_QUEUE = "cairn-steps"
@@ -80,14 +85,51 @@ _HELD_SLOTS: list[int] = []
 
 
 @cache
+def worker_slot() -> Path:
+    """The cache slot of this process (`slot-N` under `CAIRN_CACHE_DIR`), claimed once."""
+    return claim_slot(default_cache())
+
+
+def serve_worker_metrics() -> None:
+    """Serve this worker's metrics on `CAIRN_METRICS_PORT` + 1 + its slot, if a port is set."""
+    base = metrics.configured_port()
+    if base is not None:
+        slot = int(worker_slot().name.removeprefix("slot-"))
+        metrics.serve(metrics.worker_port(base, slot), "worker")
+
+
+class MeteredHotStore(RedisHotStore):
+    """Redis as the hot store, observing the size of each LC written."""
+
+    def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
+        """Write as Redis does, then observe the sealed bytes' length."""
+        super().write_lc(entry, vote=vote)
+        metrics.LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
+
+
+class MeteredStore(CheckpointStore):
+    """The checkpoint store, observing how long each LC write takes (fenced ones aside)."""
+
+    def write_lc(
+        self, state: AgentState, level: Level = Level.STEP, *, vote: bool = False
+    ) -> LCRef:
+        """Write as the store does, timed."""
+        started = time.perf_counter()
+        ref = super().write_lc(state, level, vote=vote)
+        metrics.LC_WRITE_SECONDS.labels(level.value).observe(time.perf_counter() - started)
+        return ref
+
+
+@cache
 def environment() -> Environment:
-    """Build the process's store from the environment, once."""
+    """Build the process's store from the environment, once (and serve its metrics)."""
     url = os.environ.get("CAIRN_REDIS_URL")
     if not url:
         raise CairnError("CAIRN_REDIS_URL is not set: a worker needs to know its Redis")
     client = connect(url)
-    store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
-    return Environment(client, store, claim_slot(default_cache()))
+    store = MeteredStore(MeteredHotStore(client), DiskArchive(default_archive()), Codec.from_env())
+    serve_worker_metrics()
+    return Environment(client, store, worker_slot())
 
 
 def record_outcome(

@@ -28,6 +28,7 @@ from rq.serializers import JSONSerializer
 from agents.barrier import pending_calls
 from agents.spec import TaskRecord
 from agents.summary import context_summary
+from coordinator import metrics
 from coordinator.jobs import CONTROL_QUEUE, environment
 from coordinator.runs import RunState, abort_in_flight
 from storage import keys
@@ -139,6 +140,7 @@ class Restorer:
                 self.store.commit_gc(restored, self.runs.token())
                 self.runs.write(task, {"status": "running", "superstep": 0}, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
+                metrics.RESTORES.labels("fallback" if tried else "restored").inc()
                 log.info("task restored", task=task, to=target, gc=number, epoch=epoch)
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
@@ -149,6 +151,7 @@ class Restorer:
         why = "; ".join(failures)
         self.runs.write(task, {"status": "unrecoverable", "reason": why})
         self.redis.srem(keys.ACTIVE_TASKS, task)
+        metrics.RESTORES.labels("unrecoverable").inc()
         raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
 
     def _candidates(self, task: str, to: int | None) -> list[int]:

@@ -9,7 +9,7 @@
 | signing_key | `CAIRN_SIGNING_KEY` | none (records are hashed, not signed) |
 | log_format | `CAIRN_LOG_FORMAT` | `console` in a terminal, else `json` |
 | log_level | `CAIRN_LOG_LEVEL` | `warning` for one-shot commands, `info` for processes |
-| metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint) |
+| metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint; see `coordinator.metrics`) |
 
 The signing key has no flag on purpose: a flag would show it in every process listing.
 Worker and coordinator processes the CLI starts get the resolved values as `CAIRN_*`
@@ -117,6 +117,7 @@ class Settings(BaseSettings):
             "CAIRN_SIGNING_KEY": self.signing_key.get_secret_value() if self.signing_key else None,
             "CAIRN_LOG_FORMAT": self.log_format,
             "CAIRN_LOG_LEVEL": self.log_level,
+            "CAIRN_METRICS_PORT": None if self.metrics_port is None else str(self.metrics_port),
         }
         env.update({name: value for name, value in optional.items() if value})
         return env

@@ -20,7 +20,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 
 from agents.logs import configure_logging
-from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
+from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE, serve_worker_metrics
 from storage.backends.redis import connect
 from storage.errors import CairnError
 
@@ -103,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--burst", action="store_true")
     args = parser.parse_args(argv)
     configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
+    serve_worker_metrics()  # CAIRN_METRICS_PORT + 1 + the worker's cache slot, if set
     run_worker(args.url, burst=args.burst)
     return 0
 

@@ -40,6 +40,7 @@ MAX_CHAIN = 10_000  # guards a read against a cycle; real chains are at most ful
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Record)
+P = TypeVar("P", "_ChainLink", LocalCheckpoint)  # an LC, whole or just its place in a chain
 Source = Callable[[], bytes | None]
 
 
@@ -224,29 +225,31 @@ class CheckpointStore:
         self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
     ) -> _ChainLink:
         """Verify one LC as `_load_one` does, parsing only where it sits in its chain."""
-        name = f"lc {task}/{agent}/{lc_id}"
-
-        def verify(data: bytes) -> _ChainLink:
-            link = self.codec.decode(data, _ChainLink, name, expect_digest=expect)
-            if (link.id, link.task, link.agent) != (lc_id, task, agent):
-                raise CorruptCheckpoint(name, "record is not the one its key names")
-            return link
-
-        return first_sound(
-            name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
-        )
+        return self._load_as(_ChainLink, task, agent, lc_id, expect, hot_data)[0]
 
     def _load_one(
         self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
     ) -> LoadedLC:
         """Verify one LC from its hot bytes, falling back to the archive if absent or bad."""
+        return LoadedLC(*self._load_as(LocalCheckpoint, task, agent, lc_id, expect, hot_data))
+
+    def _load_as(
+        self,
+        view: type[P],
+        task: str,
+        agent: str,
+        lc_id: str,
+        expect: str | None,
+        hot_data: bytes | None,
+    ) -> tuple[P, bytes]:
+        """Verify one LC (hot bytes, else the archive's) and parse it into `view`."""
         name = f"lc {task}/{agent}/{lc_id}"
 
-        def verify(data: bytes) -> LoadedLC:
-            record = self.codec.decode(data, LocalCheckpoint, name, expect_digest=expect)
+        def verify(data: bytes) -> tuple[P, bytes]:
+            record = self.codec.decode(data, view, name, expect_digest=expect)
             if (record.id, record.task, record.agent) != (lc_id, task, agent):
                 raise CorruptCheckpoint(name, "record is not the one its key names")
-            return LoadedLC(record, data)
+            return record, data
 
         return first_sound(
             name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify

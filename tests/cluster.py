@@ -36,6 +36,7 @@ class Cluster:
         self.coordinator = Coordinator(
             self.client, self.store, tmp / "coordinator-cache", heartbeat_grace=1.0
         )
+        self.env: dict[str, str] = {}  # more variables for the processes started from now on
         self.workers: list[subprocess.Popen[bytes]] = []
         self.processes: list[subprocess.Popen[bytes]] = []
         self._logs: list[IO[bytes]] = []
@@ -47,6 +48,7 @@ class Cluster:
             "CAIRN_REDIS_URL": self.server.url,
             "CAIRN_ARCHIVE_DIR": str(self.tmp / "archive"),
             "CAIRN_CACHE_DIR": str(self.tmp / cache),
+            **self.env,
         }
 
     def _spawn(self, args: list[str], cache: str, log: str) -> subprocess.Popen[bytes]:

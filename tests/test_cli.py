@@ -20,12 +20,11 @@ from typing import Any
 
 import pytest
 import redis
-import structlog
 
-from coordinator.cli import main
 from coordinator.settings import display_url, load_settings
 from storage.errors import InvalidSpec
 from storage.redis_server import RedisServer, free_port
+from tests.cli_harness import Run, cli_runner
 from tests.cluster import TEAM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -148,27 +147,14 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
         server.stop()
 
 
-Run = Callable[..., tuple[int, str, str]]
-
-
 @pytest.fixture
 def run(
     stack: Stack, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Run]:
     """Call `main(argv)` in this process with the stack's environment; (code, out, err)."""
-    for name, value in stack.env.items():
-        if name.startswith("CAIRN_"):
-            monkeypatch.setenv(name, value)
-    saved = structlog.get_config()
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield call
-    structlog.configure(**saved)
+    env = {name: value for name, value in stack.env.items() if name.startswith("CAIRN_")}
+    with cli_runner(env, monkeypatch, capsys) as call:
+        yield call
 
 
 def status_of(run: Run, task: str) -> dict[str, Any]:

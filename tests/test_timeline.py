@@ -16,18 +16,17 @@ import shutil
 import signal
 import subprocess
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import structlog
 
-from coordinator.cli import main
 from coordinator.restore import Restorer
 from coordinator.timeline import CheckpointMark, StepCell, Timeline, gather
 from coordinator.timeline_page import render
 from storage.redis_server import RedisServer
+from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -64,28 +63,19 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
         server.stop()
 
 
-Run = Callable[..., tuple[int, str, str]]
-
-
 @pytest.fixture
 def run(
     ran: Ran, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> Iterator[Run]:
     """Call `main(argv)` in this process against the module's Redis; (code, out, err)."""
-    monkeypatch.setenv("CAIRN_REDIS_URL", ran.cluster.server.url)
-    monkeypatch.setenv("CAIRN_ARCHIVE_DIR", str(ran.tmp / "archive"))
-    monkeypatch.setenv("CAIRN_CACHE_DIR", str(ran.tmp / "cli-cache"))
-    monkeypatch.setenv("CAIRN_STATE_DIR", str(ran.tmp / "state"))
-    saved = structlog.get_config()
-
-    def call(*argv: str) -> tuple[int, str, str]:
-        capsys.readouterr()
-        code = main(list(argv))
-        out, err = capsys.readouterr()
-        return code, out, err
-
-    yield call
-    structlog.configure(**saved)
+    env = {
+        "CAIRN_REDIS_URL": ran.cluster.server.url,
+        "CAIRN_ARCHIVE_DIR": str(ran.tmp / "archive"),
+        "CAIRN_CACHE_DIR": str(ran.tmp / "cli-cache"),
+        "CAIRN_STATE_DIR": str(ran.tmp / "state"),
+    }
+    with cli_runner(env, monkeypatch, capsys) as call:
+        yield call
 
 
 def chromium_dom(page: Path, tmp: Path) -> tuple[str, str]:
