@@ -38,17 +38,26 @@ class RedisServer:
     """One redis-server child process with its own directory, port and AOF setting."""
 
     def __init__(
-        self, directory: Path, *, appendonly: bool = False, port: int | None = None
+        self,
+        directory: Path,
+        *,
+        appendonly: bool = False,
+        port: int | None = None,
+        bind: str = "127.0.0.1",
+        password: str | None = None,
     ) -> None:
         self.directory = Path(directory).resolve()
         self.appendonly = appendonly
+        self.bind = bind  # another address serves workers on other hosts (or namespaces)
+        self.password = password  # required by Redis to serve beyond the loopback
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
         """The redis:// URL of this server."""
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.bind}:{self.port}/0"
 
     def start(self) -> RedisServer:
         """Start the server (again, on the same port and data) and wait until it answers."""
@@ -61,7 +70,7 @@ class RedisServer:
         args = [
             binary,
             "--port", str(self.port),
-            "--bind", "127.0.0.1",
+            "--bind", self.bind,
             "--dir", str(self.directory),
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
@@ -69,11 +78,19 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
         self.process = subprocess.Popen(  # noqa: S603 - fixed arguments, binary from PATH
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
         deadline = time.monotonic() + START_TIMEOUT
-        client = redis.Redis(port=self.port, socket_timeout=1, retry=Retry(NoBackoff(), 0))
+        client = redis.Redis(
+            host=self.bind,
+            port=self.port,
+            password=self.password,
+            socket_timeout=1,
+            retry=Retry(NoBackoff(), 0),
+        )
         try:
             while True:
                 try:
