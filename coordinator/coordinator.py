@@ -211,6 +211,10 @@ class Coordinator:
                     {"name": agent, "status": gc.statuses.get(agent, "active"), "step": step}
                 )
         status = run["status"]
+        # A restore in progress is a moment of a running task, not a status of its own.
+        restoring = status == "restoring"
+        if restoring:
+            status = "running"
         if status == "running" and any(a["status"] == AgentStatus.WAITING_APPROVAL for a in agents):
             status = "waiting_approval"
         return {
@@ -220,6 +224,7 @@ class Coordinator:
             "epoch": self.store.hot.get_epoch(task),
             "latest_checkpoint": None if gc is None else gc.number,
             "agents": agents,
+            "restoring": restoring,
             "reason": run.get("reason"),
             "verify_output": run.get("verify_output"),
         }
