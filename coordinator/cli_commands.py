@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from rich.console import Console
 from rich.live import Live
@@ -35,6 +36,7 @@ from storage.archive import archive_gc
 from storage.errors import CairnError, InvalidSpec
 from storage.records import GCStatus
 
+T = TypeVar("T")
 OK, FAILED, BAD_INPUT = 0, 1, 2  # success; the operation or task failed; bad input
 WAIT_POLL = 0.2  # seconds between looks at a task `submit --wait` follows
 WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
@@ -120,10 +122,17 @@ def cmd_status(args: argparse.Namespace, session: Session) -> int:
     """The task's status and its agents."""
     ctx, console = session.ctx, session.console
     status = _status(_coordinator(ctx), _task(ctx, args.task))
+    return _show(args, console, status, render.show_status)
+
+
+def _show(
+    args: argparse.Namespace, console: Console, data: T, table: Callable[[Console, T], None]
+) -> int:
+    """Print `data` as JSON with `--json`, else as `table` draws it for people."""
     if args.json:
-        render.emit_json(status)
+        render.emit_json(data)
     else:
-        render.show_status(console, status)
+        table(console, data)
     return OK
 
 
@@ -131,22 +140,14 @@ def cmd_checkpoints(args: argparse.Namespace, session: Session) -> int:
     """Every global checkpoint of the task."""
     ctx, console = session.ctx, session.console
     rows = views.checkpoints(ctx.store, _task(ctx, args.task))
-    if args.json:
-        render.emit_json(rows)
-    else:
-        render.show_checkpoints(console, rows)
-    return OK
+    return _show(args, console, rows, render.show_checkpoints)
 
 
 def cmd_checkpoint(args: argparse.Namespace, session: Session) -> int:
     """One global checkpoint in detail."""
     ctx, console = session.ctx, session.console
     detail = views.checkpoint(ctx.store, _task(ctx, args.task), args.number)
-    if args.json:
-        render.emit_json(detail)
-    else:
-        render.show_checkpoint(console, detail)
-    return OK
+    return _show(args, console, detail, render.show_checkpoint)
 
 
 def cmd_trace(args: argparse.Namespace, session: Session) -> int:
@@ -161,11 +162,7 @@ def cmd_trace(args: argparse.Namespace, session: Session) -> int:
             console.print(f"wrote the timeline of {args.task} to {args.html}")
         return OK
     rows = views.trace(ctx.store, _task(ctx, args.task), args.agent)
-    if args.json:
-        render.emit_json(rows)
-    else:
-        render.show_trace(console, rows)
-    return OK
+    return _show(args, console, rows, render.show_trace)
 
 
 def cmd_watch(args: argparse.Namespace, session: Session) -> int:
