@@ -8,6 +8,17 @@ import sys
 from typing import TextIO
 
 import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+from storage.redact import redact
+
+
+def redact_event(_logger: WrappedLogger, _method: str, event: EventDict) -> EventDict:
+    """A structlog processor: secrets of known shapes in string values become [REDACTED]."""
+    for name, value in event.items():
+        if isinstance(value, str):
+            event[name] = redact(value)
+    return event
 
 
 def configure_logging(
@@ -34,6 +45,7 @@ def configure_logging(
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
+            redact_event,  # last before rendering: nothing is added after it
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),

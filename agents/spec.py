@@ -172,8 +172,13 @@ def parse_model(model: type[M], data: object, what: str) -> M:
         return model.model_validate(data)
     except ValidationError as exc:
         first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or what
+        # A key of the user's (a file name) may hold a newline: quote it to keep one line.
+        where = ".".join(_printable(str(p)) for p in first["loc"]) or what
         raise InvalidSpec(f"invalid {what}: {where}: {first['msg']}") from None
+
+
+def _printable(part: str) -> str:
+    return part if part.isprintable() else repr(part)
 
 
 def load_policy(text: str) -> StepPolicy:

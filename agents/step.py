@@ -44,6 +44,7 @@ from storage.records import (
     TraceRecord,
     WorkspaceManifest,
 )
+from storage.redact import redact, redact_json, redact_optional
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
@@ -207,7 +208,7 @@ class _Step:
                 Message(
                     role=Role.USER,
                     name=message.sender,
-                    content=f"Message from {message.sender}: {message.content}",
+                    content=redact(f"Message from {message.sender}: {message.content}"),
                 )
             )
             state.inbox_cursor = message.seq
@@ -220,7 +221,12 @@ class _Step:
             ModelRequest(self.state.messages, tools, agent=self.agent, attempt=self.attempt)
         )
         self.state.messages.append(
-            Message(role=Role.ASSISTANT, content=reply.content, tool_calls=reply.tool_calls)
+            # Tool calls are kept as the model made them: a retry runs them from here.
+            Message(
+                role=Role.ASSISTANT,
+                content=redact_optional(reply.content),
+                tool_calls=reply.tool_calls,
+            )
         )
         self._trace(None, {}, reply.content, False, None, started, clock, reply)
         log.info("model answered", tool_calls=len(reply.tool_calls))
@@ -253,7 +259,9 @@ class _Step:
         except ToolError as exc:
             self._result(call, tool, None, str(exc), started, clock)
         except (OSError, ValueError) as exc:  # e.g. a file that is not UTF-8 text
-            self._result(call, tool, None, f"{type(exc).__name__}: {exc}", started, clock)
+            # An OSError's text names the worker's real path: the model gets the reason only.
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            self._result(call, tool, None, f"{type(exc).__name__}: {why}", started, clock)
         else:
             self._result(call, tool, result, None, started, clock)
         return True
@@ -277,7 +285,7 @@ class _Step:
         started: datetime | None = None,
         clock: float | None = None,
     ) -> None:
-        content = result if error is None else f"error: {error}"
+        content = redact_optional(result) if error is None else redact(f"error: {error}")
         self.state.messages.append(
             Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
         )
@@ -304,10 +312,10 @@ class _Step:
                     "step": self.state.step,
                     "superstep": self.state.superstep,
                     "tool": tool,
-                    "arguments": args,
-                    "result": result,
+                    "arguments": redact_json(args),
+                    "result": redact_optional(result),
                     "side_effect": side_effect,
-                    "error": error,
+                    "error": redact_optional(error),
                     "started_at": started or now,
                     "finished_at": now,
                     "duration_ms": 0.0 if clock is None else (time.perf_counter() - clock) * 1000,

@@ -141,6 +141,8 @@ def apply_patch(ctx: ToolContext, args: Args) -> str:
 def run_command(ctx: ToolContext, args: Args) -> str:
     """Run a shell command in the workspace; return its exit code and output (truncated)."""
     command = _text(args, "command")
+    if "\x00" in command:  # no program can receive it: Popen would raise ValueError
+        raise ToolError("command contains a NUL byte")
     ctx.workspace.materialize()  # a command may look at any file
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
     env["HOME"] = str(ctx.workspace.tree)

@@ -112,12 +112,23 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
         text = source.read_text()
     except OSError as exc:
         raise InvalidSpec(f"cannot read task spec {source}: {exc.strerror}") from None
+    except UnicodeDecodeError as exc:
+        raise InvalidSpec(
+            f"task spec {source} is not UTF-8 text (byte {exc.start}: {exc.reason})"
+        ) from None
     try:
         data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
+    except (ValueError, yaml.YAMLError, RecursionError) as exc:  # RecursionError: too deep
         kind = "JSON" if source.suffix == ".json" else "YAML"
         first = str(exc).splitlines()[0]
         raise InvalidSpec(f"task spec {source} is not valid {kind}: {first}") from None
     if not isinstance(data, dict):
         raise InvalidSpec(f"task spec {source} must be a mapping of fields")
-    return parse_model(TaskSpec, data, "task spec")
+    spec = parse_model(TaskSpec, data, "task spec")
+    try:  # a JSON or YAML escape can make a lone surrogate, which no record can store
+        spec.model_dump_json()
+    except ValueError:
+        raise InvalidSpec(
+            f"task spec {source} holds text that is not valid Unicode (a lone surrogate)"
+        ) from None
+    return spec

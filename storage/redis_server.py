@@ -12,7 +12,9 @@ import signal
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import quote
 
 import redis
 from redis.backoff import NoBackoff
@@ -34,8 +36,22 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@dataclass(frozen=True, slots=True)
+class TLSFiles:
+    """PEM files for a server that serves TLS only: its certificate, its key, the CA."""
+
+    cert: Path
+    key: Path
+    ca: Path
+
+
 class RedisServer:
-    """One redis-server child process with its own directory, port and AOF setting."""
+    """One redis-server child process with its own directory, port and AOF setting.
+
+    With `username`, that ACL user (with `password`, allowed every key, channel and
+    command) is the only one: the `default` user is switched off. Without it, `password`
+    is `requirepass`. With `tls`, the port serves TLS only (`rediss://`, plain port off).
+    """
 
     def __init__(
         self,
@@ -45,19 +61,30 @@ class RedisServer:
         port: int | None = None,
         bind: str = "127.0.0.1",
         password: str | None = None,
+        username: str | None = None,
+        tls: TLSFiles | None = None,
     ) -> None:
+        if username and not password:
+            raise ValueError("an ACL user needs a password")
         self.directory = Path(directory).resolve()
         self.appendonly = appendonly
         self.bind = bind  # another address serves workers on other hosts (or namespaces)
         self.password = password  # required by Redis to serve beyond the loopback
+        self.username = username
+        self.tls = tls
         self.port = port or free_port()
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
     def url(self) -> str:
-        """The redis:// URL of this server."""
-        auth = f":{self.password}@" if self.password else ""
-        return f"redis://{auth}{self.bind}:{self.port}/0"
+        """The URL of this server: redis://, or rediss:// naming the CA to trust."""
+        auth = ""
+        if self.password:
+            auth = f"{quote(self.username or '', safe='')}:{quote(self.password, safe='')}@"
+        if self.tls is None:
+            return f"redis://{auth}{self.bind}:{self.port}/0"
+        ca = quote(str(self.tls.ca.resolve()), safe="/")
+        return f"rediss://{auth}{self.bind}:{self.port}/0?ssl_ca_certs={ca}"
 
     def start(self) -> RedisServer:
         """Start the server (again, on the same port and data) and wait until it answers."""
@@ -69,7 +96,7 @@ class RedisServer:
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             binary,
-            "--port", str(self.port),
+            *self._listen_args(),
             "--bind", self.bind,
             "--dir", str(self.directory),
             "--save", "",
@@ -78,32 +105,50 @@ class RedisServer:
             "--daemonize", "no",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip
-        if self.password:
+        if self.username:
+            args += ["--user", self.username, "on", f">{self.password}", "~*", "&*", "+@all"]
+            args += ["--user", "default", "off"]
+        elif self.password:
             args += ["--requirepass", self.password]
         self.process = subprocess.Popen(  # noqa: S603 - fixed arguments, binary from PATH
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )
+        try:
+            self._wait_until_it_answers(self.process)
+        except BaseException:
+            self.kill()  # a server that never became usable is not left behind
+            raise
+        return self
+
+    def _wait_until_it_answers(self, process: subprocess.Popen[bytes]) -> None:
         deadline = time.monotonic() + START_TIMEOUT
-        client = redis.Redis(
-            host=self.bind,
-            port=self.port,
-            password=self.password,
-            socket_timeout=1,
-            retry=Retry(NoBackoff(), 0),
-        )
+        client = redis.Redis.from_url(self.url, socket_timeout=1, retry=Retry(NoBackoff(), 0))
         try:
             while True:
                 try:
                     if client.ping():
-                        return self
+                        return
                 except redis.ConnectionError:
                     pass
-                if self.process.poll() is not None or time.monotonic() > deadline:
+                if process.poll() is not None or time.monotonic() > deadline:
                     log = self.directory / "redis.log"
                     raise RedisServerError(f"redis-server did not start on {self.port}; see {log}")
                 time.sleep(0.02)
         finally:
             client.close()
+
+    def _listen_args(self) -> list[str]:
+        """The port arguments: plain TCP, or TLS only (`--port 0`) with the given files."""
+        if self.tls is None:
+            return ["--port", str(self.port)]
+        return [
+            "--port", "0",
+            "--tls-port", str(self.port),
+            "--tls-cert-file", str(self.tls.cert),
+            "--tls-key-file", str(self.tls.key),
+            "--tls-ca-cert-file", str(self.tls.ca),
+            "--tls-auth-clients", "no",
+        ]  # fmt: skip
 
     def stop(self) -> None:
         """Stop the server gracefully (it writes its AOF)."""

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import redis
+import structlog
 
 from storage.backends.disk import DiskArchive
 from storage.backends.memory import MemoryArchive, MemoryHotStore
@@ -16,6 +17,14 @@ from storage.codec import Codec
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 from tests.cluster import Cluster
+
+
+@pytest.fixture(autouse=True)
+def _logging_restored() -> Iterator[None]:
+    """Give every test the logging set-up the last one found (commands reconfigure it)."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
 
 
 @pytest.fixture(scope="session")
