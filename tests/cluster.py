@@ -10,9 +10,14 @@ from pathlib import Path
 from typing import IO, cast
 
 import yaml
+from rq import Queue
+from rq.job import Job
+from rq.serializers import JSONSerializer
 
 from coordinator.coordinator import Coordinator
+from coordinator.jobs import STEPS_QUEUE
 from coordinator.spec import TaskSpec
+from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
@@ -168,3 +173,16 @@ def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
         for agent, ref in gc.members.items()
     }
     return files_of(cluster.store, gc), histories, ledger.read_text().count("coder-ran")
+
+
+def run_foreign_job(url: str, func: str, *args: object) -> Job:
+    """Push a JSON job naming `func` onto Cairn's steps queue; run one burst Cairn worker."""
+    client = connect(url)
+    job = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer).enqueue_call(
+        func, args=args
+    )
+    served = queues(url)
+    CairnWorker(served, connection=served[0].connection, serializer=JSONSerializer,
+                job_class=CairnJob).work(burst=True)  # fmt: skip
+    served[0].connection.close()
+    return job  # its client stays open: the caller reads the job's status through it

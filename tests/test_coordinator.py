@@ -10,7 +10,6 @@ from pathlib import Path
 from typing import cast
 
 import pytest
-from rq import Queue
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -18,14 +17,11 @@ from rq.serializers import JSONSerializer
 from agents.barrier import build_gc
 from agents.spec import FailSpec
 from coordinator.coordinator import Coordinator
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
-from storage.backends.redis import connect
 from storage.errors import FencedWrite, InvalidSpec
 from storage.records import GCStatus
 from storage.redis_server import RedisServer
-from tests.cluster import Cluster, outcome, team_spec
+from tests.cluster import Cluster, outcome, run_foreign_job, team_spec
 
 
 def test_three_agents_on_two_workers(cluster: Cluster, tmp_path: Path) -> None:
@@ -165,16 +161,10 @@ def test_workers_refuse_functions_that_are_not_cairn_jobs(
 ) -> None:
     """A job naming any other function fails without that function running."""
     marker = tmp_path / "pwned"
-    queue = Queue(STEPS_QUEUE, connection=connect(redis_server.url), serializer=JSONSerializer)
-    job = queue.enqueue_call("os.system", args=(f"touch {marker}",))
-    worker_queues = queues(redis_server.url)
-    CairnWorker(worker_queues, connection=worker_queues[0].connection, serializer=JSONSerializer,
-                job_class=CairnJob).work(burst=True)  # fmt: skip
+    job = run_foreign_job(redis_server.url, "os.system", f"touch {marker}")
     assert JobStatus.FAILED == job.get_status()
     assert "not a Cairn job" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert not marker.exists()
-    for q in (queue, *worker_queues):
-        q.connection.close()
 
 
 def test_exhausted_retries_roll_back_then_fail(cluster: Cluster, tmp_path: Path) -> None:

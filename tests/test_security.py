@@ -45,7 +45,7 @@ from storage.records import GCStatus, LocalCheckpoint, Message, Role
 from storage.redact import REDACTED, redact
 from storage.redis_server import RedisServer, TLSFiles
 from storage.store import CheckpointStore
-from tests.cluster import Cluster, team_spec
+from tests.cluster import Cluster, run_foreign_job, team_spec
 
 PICKLE_PROTO = b"\x80"  # every pickle of protocol 2 or later starts with the PROTO opcode
 
@@ -135,15 +135,11 @@ def test_a_worker_refuses_builtins_eval_pushed_onto_cairns_queue(
 ) -> None:
     """A JSON job naming `builtins.eval` on the steps queue fails and its code never runs."""
     marker = tmp_path / "evaluated"
-    queue = Queue(STEPS_QUEUE, connection=redis_client, serializer=JSONSerializer)
-    job = queue.enqueue_call("builtins.eval", args=(f"open({str(marker)!r}, 'w').close()",))
-    served = queues(redis_server.url)
-    CairnWorker(served, connection=served[0].connection, serializer=JSONSerializer,
-                job_class=CairnJob).work(burst=True)  # fmt: skip
+    code = f"open({str(marker)!r}, 'w').close()"
+    job = run_foreign_job(redis_server.url, "builtins.eval", code)
     assert JobStatus.FAILED == job.get_status()
     assert "not a Cairn job" in (job.latest_result().exc_string or "")  # type: ignore[union-attr]
     assert not marker.exists()
-    served[0].connection.close()
 
 
 class _Payload:
@@ -262,22 +258,16 @@ def test_a_team_runs_over_tls_only(tls_files: TLSFiles, tmp_path: Path) -> None:
             cluster.start_worker()
             run_team(cluster, tmp_path)
             assert issubclass(cluster.client.connection_pool.connection_class, SSLConnection)
-        plain = connect(
-            f"redis://:{server.password}@127.0.0.1:{server.port}/0",
-            socket_timeout=2,
-            retry=Retry(NoBackoff(), 0),
-        )
-        with pytest.raises(redis.ConnectionError):
-            plain.ping()
-        plain.close()
-        untrusting = connect(  # the server's certificate is not trusted without its CA
-            f"rediss://:{server.password}@127.0.0.1:{server.port}/0",
-            socket_timeout=2,
-            retry=Retry(NoBackoff(), 0),
-        )
-        with pytest.raises(redis.ConnectionError):
-            untrusting.ping()
-        untrusting.close()
+        # Plain TCP is refused, and so is TLS that does not trust the server's CA.
+        for scheme in ("redis", "rediss"):
+            refused = connect(
+                f"{scheme}://:{server.password}@127.0.0.1:{server.port}/0",
+                socket_timeout=2,
+                retry=Retry(NoBackoff(), 0),
+            )
+            with pytest.raises(redis.ConnectionError):
+                refused.ping()
+            refused.close()
 
 
 # Signing ---------------------------------------------------------------------------------------
