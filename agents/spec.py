@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
 from storage.errors import InvalidSpec
 from storage.keys import check_name
 from storage.records import Record
@@ -33,6 +34,7 @@ TOOL_NAMES = (
     "send_message",
     "finish",
 )
+MAX_PROMPT_CHARS = 1_000_000  # of a task's goal or an agent's system prompt
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -63,12 +65,21 @@ class ToolRequest(Strict):
     name: str
     args: dict[str, JsonValue] = Field(default_factory=dict)
 
+    @field_validator("args")
+    @classmethod
+    def _bounded_args(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        # The scripted model must not make a call a real model's reply could not.
+        size = json_size(value)
+        if size > MAX_ARGS_BYTES:
+            raise ValueError(f"{size} bytes as JSON; at most {MAX_ARGS_BYTES}")
+        return value
+
 
 class Turn(Strict):
     """One scripted model turn."""
 
-    say: str | None = None
-    tools: list[ToolRequest] = Field(default_factory=list)
+    say: str | None = Field(default=None, max_length=MAX_REPLY_CHARS)
+    tools: list[ToolRequest] = Field(default_factory=list, max_length=MAX_TOOL_CALLS)
     latency: float = Field(default=0.0, ge=0.0, le=3600.0)
     fail: FailSpec | None = None
     crash: CrashSpec | None = None
@@ -78,7 +89,7 @@ class AgentSpec(Strict):
     """One member of the team."""
 
     name: str
-    system: str = ""
+    system: str = Field(default="", max_length=MAX_PROMPT_CHARS)
     model: str = "scripted"
     script: list[Turn] = Field(default_factory=list)
     base_url: str | None = None

@@ -29,7 +29,7 @@ from agents.models.base import Model, ModelReply, ModelRequest
 from agents.models.openai import OpenAIModel
 from agents.models.scripted import ScriptedModel
 from agents.spec import AgentSpec, StepPolicy, TaskRecord
-from agents.tools import TOOLS, Tool, ToolContext
+from agents.tools import TOOLS, Tool, ToolContext, idempotency_key
 from agents.workspace import apply_changes, net_changes
 from storage.errors import FencedWrite, ToolError
 from storage.keys import SPEC_DOC
@@ -188,9 +188,10 @@ class _Step:
                 self._checkpoint_tools()
         # Fault injection: die during tool `crash_at` (0-based), after its checkpoint.
         self.crash_at = reply.crash_after_tools if reply is not None else None
+        places = _places(state.messages)
         ran = 0
         for index, call in enumerate(pending):
-            if not self._call(call, index):
+            if not self._call(call, index, places[call.id]):
                 break  # waiting for a person's approval
             ran += 1
         if self.crash_at is not None:
@@ -232,8 +233,8 @@ class _Step:
         log.info("model answered", tool_calls=len(reply.tool_calls))
         return reply
 
-    def _call(self, call: ToolCall, index: int) -> bool:
-        """Run one tool call and record it; False when it must wait for approval."""
+    def _call(self, call: ToolCall, index: int, place: int) -> bool:
+        """Run one tool call (the `place`-th of its turn); False when it waits for approval."""
         tool = TOOLS.get(call.name) if call.name in self.spec.tools else None
         if tool is not None and call.name in self.spec.approve:
             decision = decision_for(self.store, self.task, self.agent, call.id)
@@ -254,16 +255,20 @@ class _Step:
             return True
         self.dirty = self.dirty or tool.side_effect
         self.touched = True
+        self.ctx.idempotency_key = idempotency_key(
+            self.task, self.agent, self.state.superstep, place
+        )
+        key = self.ctx.idempotency_key
         try:
             result = tool.run(self.ctx, call.args)
         except ToolError as exc:
-            self._result(call, tool, None, str(exc), started, clock)
+            self._result(call, tool, None, str(exc), started, clock, key)
         except (OSError, ValueError) as exc:  # e.g. a file that is not UTF-8 text
             # An OSError's text names the worker's real path: the model gets the reason only.
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
-            self._result(call, tool, None, f"{type(exc).__name__}: {why}", started, clock)
+            self._result(call, tool, None, f"{type(exc).__name__}: {why}", started, clock, key)
         else:
-            self._result(call, tool, result, None, started, clock)
+            self._result(call, tool, result, None, started, clock, key)
         return True
 
     def _wants_checkpoint(self, tool: Tool) -> bool:
@@ -284,13 +289,15 @@ class _Step:
         error: str | None,
         started: datetime | None = None,
         clock: float | None = None,
+        key: str | None = None,
     ) -> None:
         content = redact_optional(result) if error is None else redact(f"error: {error}")
         self.state.messages.append(
             Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
         )
         side_effect = tool.side_effect if tool is not None else False
-        self._trace(call.name, call.args, result, side_effect, error, started, clock, None)
+        self._trace(call.name, call.args, result, side_effect, error, started, clock, None,
+                    key if side_effect else None)  # fmt: skip
         if error is not None:
             log.info("tool failed", tool=call.name, error=error)
 
@@ -304,6 +311,7 @@ class _Step:
         started: datetime | None,
         clock: float | None,
         reply: ModelReply | None,
+        key: str | None = None,
     ) -> None:
         now = datetime.now(UTC)
         self.state.trace.append(
@@ -315,6 +323,7 @@ class _Step:
                     "arguments": redact_json(args),
                     "result": redact_optional(result),
                     "side_effect": side_effect,
+                    "idempotency_key": key,
                     "error": redact_optional(error),
                     "started_at": started or now,
                     "finished_at": now,
@@ -366,6 +375,16 @@ def _status(messages: list[Message]) -> AgentStatus:
     if any(call.name == "finish" for call in last.tool_calls):
         return AgentStatus.FINISHED
     return AgentStatus.ACTIVE
+
+
+def _places(messages: list[Message]) -> dict[str, int]:
+    """Each call id of the last assistant turn → its place in that turn (0-based).
+
+    A call's idempotency key uses its place in the turn, not its place among the calls
+    still pending, so a step resumed after some tools ran hands the same keys.
+    """
+    last = next((m for m in reversed(messages) if m.role is Role.ASSISTANT), None)
+    return {} if last is None else {call.id: place for place, call in enumerate(last.tool_calls)}
 
 
 def _crash() -> None:

@@ -8,9 +8,12 @@ tool's result; the step goes on.
 
 from __future__ import annotations
 
+import codecs
 import os
+import selectors
 import signal
 import subprocess
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -26,6 +29,9 @@ from storage.records import InboxMessage
 
 MAX_LISTED = 2_000
 MAX_READ = 1_000_000
+MAX_WRITE = 10 * 1024 * 1024  # bytes of a write_file content or an apply_patch patch
+MAX_MESSAGE = 100 * 1024  # bytes of a send_message content
+READ_CHUNK = 64 * 1024  # a pipe holds 64 KiB on Linux: one read empties it
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # all a command inherits: no secrets
 
 
@@ -40,6 +46,18 @@ class ToolContext:
     policy: StepPolicy
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
+    idempotency_key: str = ""  # the current call's; see `idempotency_key`
+
+
+def idempotency_key(task: str, agent: str, superstep: int, index: int) -> str:
+    """The key of the `index`-th tool call of `agent`'s step in `superstep` of `task`.
+
+    It names the call's place in the task's history, not an execution of it: a retry of
+    the step, a resume from a tool-level checkpoint and a replay after a restore to a
+    checkpoint before it all hand the same key, so an external system that records the
+    keys it has seen applies the effect once. A tool that ignores it is at-least-once.
+    """
+    return f"{task}:{agent}:{superstep}:{index}"
 
 
 Args = dict[str, JsonValue]
@@ -65,6 +83,15 @@ def _text(args: Args, name: str, default: str | None = None) -> str:
     value = args.get(name, default)
     if not isinstance(value, str):
         raise ToolError(f"argument {name!r} must be a string")
+    return value
+
+
+def _bounded_text(args: Args, name: str, tool: str, limit: int) -> str:
+    """Return string argument `name`, or raise `ToolError` when it is over `limit` bytes."""
+    value = _text(args, name)
+    size = len(value.encode(errors="surrogatepass"))  # a lone surrogate still counts
+    if size > limit:
+        raise ToolError(f"{name} is {size} bytes; {tool} takes at most {limit}")
     return value
 
 
@@ -105,7 +132,7 @@ def read_file(ctx: ToolContext, args: Args) -> str:
 def write_file(ctx: ToolContext, args: Args) -> str:
     """Write a file (creating its directories), replacing what was there."""
     path = ctx.workspace.resolve(_text(args, "path"))
-    content = _text(args, "content")
+    content = _bounded_text(args, "content", "write_file", MAX_WRITE)
     if path.is_dir():
         raise ToolError(f"{_text(args, 'path')} is a directory")
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -115,7 +142,7 @@ def write_file(ctx: ToolContext, args: Args) -> str:
 
 def apply_patch(ctx: ToolContext, args: Args) -> str:
     """Apply a unified diff to the workspace: all of it, or none of it."""
-    patches = parse_patch(_text(args, "patch"))
+    patches = parse_patch(_bounded_text(args, "patch", "apply_patch", MAX_WRITE))
     if not patches:
         raise ToolError("the patch holds no file changes")
     results: list[tuple[str, str | None]] = []
@@ -146,6 +173,7 @@ def run_command(ctx: ToolContext, args: Args) -> str:
     ctx.workspace.materialize()  # a command may look at any file
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
     env["HOME"] = str(ctx.workspace.tree)
+    env["CAIRN_IDEMPOTENCY_KEY"] = ctx.idempotency_key  # stable across retries: see the README
     proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job
         ["/bin/sh", "-c", command],
         cwd=ctx.workspace.tree,
@@ -155,23 +183,83 @@ def run_command(ctx: ToolContext, args: Args) -> str:
         stderr=subprocess.STDOUT,
         start_new_session=True,  # its own process group, so a timeout kills it all
     )
+    assert proc.stdout is not None  # stdout=PIPE
+    output = _Output(ctx.policy.output_limit)
     try:
-        out, _ = proc.communicate(timeout=ctx.policy.command_timeout)
-    except subprocess.TimeoutExpired:
-        os.killpg(proc.pid, signal.SIGKILL)
-        proc.communicate()
-        raise ToolError(
-            f"command timed out after {ctx.policy.command_timeout:g} s and was killed"
-        ) from None
-    text = out.decode("utf-8", errors="replace")
-    limit = ctx.policy.output_limit
-    if len(text) > limit:
-        text = (
-            text[: limit // 2]
-            + f"\n… [{len(text) - limit} characters cut] …\n"
-            + text[-limit // 2 :]
+        done = _collect(proc, output, time.monotonic() + ctx.policy.command_timeout)
+    finally:
+        if proc.returncode is None:  # timed out, or interrupted: leave nothing running
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+        proc.stdout.close()
+    if not done:
+        raise ToolError(f"command timed out after {ctx.policy.command_timeout:g} s and was killed")
+    return f"exit code {proc.returncode}\n{output.text()}"
+
+
+class _Output:
+    """A command's output, decoded as it comes, of which only a head and a tail are kept.
+
+    The text is what decoding all of it at once would give, truncated to `limit`
+    characters the same way, yet a command printing gigabytes holds O(`limit`) in memory.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.head_size = limit // 2
+        self.tail_size = limit - self.head_size
+        self.head = ""
+        self.tail = ""  # what follows the head; trimmed to its last `tail_size` characters
+        self.chars = 0
+        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def feed(self, data: bytes, *, final: bool = False) -> None:
+        """Take the next bytes of output (`final` when there are no more)."""
+        text = self._decoder.decode(data, final)
+        self.chars += len(text)
+        room = self.head_size - len(self.head)
+        if room > 0:
+            self.head, text = self.head + text[:room], text[room:]
+        self.tail += text
+        if len(self.tail) > 2 * self.tail_size:  # trim rarely: copying is amortized O(1)
+            self.tail = self.tail[-self.tail_size :]
+
+    def text(self) -> str:
+        """The whole output, or its head and tail around a note of how much was cut."""
+        self.feed(b"", final=True)
+        if self.chars <= self.limit:
+            return self.head + self.tail
+        return (
+            self.head
+            + f"\n… [{self.chars - self.limit} characters cut] …\n"
+            + self.tail[-self.tail_size :]
         )
-    return f"exit code {proc.returncode}\n{text}"
+
+
+def _collect(proc: subprocess.Popen[bytes], output: _Output, deadline: float) -> bool:
+    """Feed `proc`'s output to `output` and wait for it to exit: False if `deadline` came first."""
+    assert proc.stdout is not None  # stdout=PIPE
+    if not _drain(proc.stdout.fileno(), output, deadline):
+        return False
+    try:  # its output is closed, but the command may still run: the deadline covers both
+        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        return False
+    return True
+
+
+def _drain(fd: int, output: _Output, deadline: float) -> bool:
+    """Feed what `fd` yields to `output` until end of file (True) or `deadline` (False)."""
+    with selectors.DefaultSelector() as selector:
+        selector.register(fd, selectors.EVENT_READ)
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0 or not selector.select(remaining):
+                return False
+            chunk = os.read(fd, READ_CHUNK)
+            if not chunk:
+                return True
+            output.feed(chunk)
 
 
 def send_message(ctx: ToolContext, args: Args) -> str:
@@ -188,7 +276,7 @@ def send_message(ctx: ToolContext, args: Args) -> str:
             sender=ctx.agent,
             recipient=to,
             superstep=ctx.superstep,
-            content=_text(args, "content"),
+            content=_bounded_text(args, "content", "send_message", MAX_MESSAGE),
         )
     )
     return f"message to {to} will be delivered at the end of this superstep"

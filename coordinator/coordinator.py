@@ -245,7 +245,7 @@ class Coordinator:
         run = self._run(task)
         if run.get("status", "") in TERMINAL or not run:
             raise InvalidSpec(f"task {task} is {run.get('status') or 'unknown'}: nothing to cancel")
-        self.store.hot.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
+        self.store.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
         if int(run.get("superstep", "0")):
             abort_in_flight(self.runs, self.store, task)
         self._finish(task, "cancelled", "cancelled by a person")
@@ -321,6 +321,8 @@ class Coordinator:
         """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go."""
         for agent, attempt in attempts.items():
             self.store.hot.begin_attempt(task, agent, superstep, attempt)
+        # Logged before the jobs exist: a history checker reads which attempt was current.
+        log.info("steps launched", task=task, epoch=epoch, superstep=superstep, attempts=attempts)
         jobs = {
             agent: f"cairn-{task}-{epoch}-{superstep}-{agent}-{attempt}"
             for agent, attempt in attempts.items()
@@ -493,6 +495,7 @@ class Coordinator:
 
     def _archived(self, task: str, number: int) -> None:
         self.runs.write(task, {"archived": number})
+        log.info("checkpoints archived", task=task, through=number)
 
     def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
         if not limits.verify:
@@ -546,7 +549,7 @@ class Coordinator:
         rollbacks = int(run.get("rollbacks", "0"))
         metrics.GC_ABORTS.inc()
         if rollbacks >= MAX_ROLLBACKS:
-            self.store.hot.raise_epoch(task, int(run["epoch"]) + 1, self.lease.token)
+            self.store.raise_epoch(task, int(run["epoch"]) + 1, self.lease.token)
             abort_in_flight(self.runs, self.store, task)
             self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
             return

@@ -122,14 +122,18 @@ class Restorer:
             raise RestoreFailed(f"task {task} has no committed checkpoint {to or ''} to restore")
         # Above every epoch ever used, even when Redis lost its counter: an old job never
         # finds its epoch current again.
-        seen = max(self.store.hot.get_epoch(task), self.store.read_gc(task, candidates[0]).epoch)
-        epoch = self.store.hot.raise_epoch(task, seen + 1, self.runs.token())
+        seen = max(
+            self.store.hot.get_epoch(task),
+            self.store.epoch_floor(task),
+            self.store.read_gc(task, candidates[0]).epoch,
+        )
+        epoch = self.store.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
         number = max(g.number for g in self.store.list_gcs(task)) + 1
         failures: list[str] = []
         for tried, target in enumerate(candidates):
             if tried:  # each try stages under an epoch of its own
-                epoch = self.store.hot.raise_epoch(task, epoch + 1, self.runs.token())
+                epoch = self.store.raise_epoch(task, epoch + 1, self.runs.token())
             gc = self.store.read_gc(task, target)
             refused = self._stage_all(task, record, gc, epoch, reason, wait)
             if refused is None:

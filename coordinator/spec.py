@@ -15,7 +15,15 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy, Strict, TaskRecord, parse_model
+from agents.spec import (
+    MAX_PROMPT_CHARS,
+    AgentSpec,
+    CheckpointTriggers,
+    StepPolicy,
+    Strict,
+    TaskRecord,
+    parse_model,
+)
 from agents.workspace import check_path
 from storage.errors import InvalidSpec, ToolError
 
@@ -39,7 +47,7 @@ class TaskSpec(Strict):
     """A task: its goal, its team, its workspace, how it is verified, its limits."""
 
     name: str = Field(min_length=1, max_length=200)
-    goal: str = Field(min_length=1)
+    goal: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
     workspace: str | None = None  # a directory, relative to the spec's own
     files: dict[str, str] = Field(default_factory=dict)  # or inline files
     agents: list[AgentSpec] = Field(min_length=1, max_length=1_000)
@@ -61,6 +69,9 @@ class TaskSpec(Strict):
                 check_path(path)
             except ToolError as exc:
                 raise ValueError(f"files: {exc}") from None
+        total = sum(len(c.encode(errors="surrogatepass")) for c in self.files.values())
+        if total > MAX_WORKSPACE_BYTES:  # as a `workspace` directory is, in workspace_files
+            raise ValueError(f"files: {total} bytes in all; at most {MAX_WORKSPACE_BYTES}")
         return self
 
     def policy(self) -> StepPolicy:

@@ -27,7 +27,7 @@ import orjson
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from storage.errors import CorruptCheckpoint
+from storage.errors import CorruptCheckpoint, RecordTooLarge
 from storage.records import SCHEMA_VERSION, Record
 
 MAGIC = b"CRN1"
@@ -36,6 +36,7 @@ FLAG_HMAC = 0x02
 DIGEST_END = len(MAGIC) + 1 + 32
 HEADER_SIZE = DIGEST_END + 4
 MAX_RECORD_BYTES = 512 * 1024 * 1024  # refuse to inflate anything larger (a zstd bomb)
+MAX_SEALED_BYTES = 64 * 1024 * 1024  # refuse to write a record larger (canonical bytes)
 # A delta LC (one message, ~1.3 KB) is cheaper to store plainly than to compress; a full
 # one (hundreds of KB of repetitive JSON) shrinks ~5x. 4 KiB separates them.
 DEFAULT_COMPRESS_ABOVE = 4096
@@ -176,8 +177,15 @@ class Codec:
             raise CorruptCheckpoint(name, f"cannot decompress: {exc}") from None
 
     def encode(self, record: Record, *, level: int = ZSTD_LEVEL) -> Sealed:
-        """Seal a record's canonical bytes (signed when a key is configured)."""
-        return self.seal(canonical_bytes(record), level=level)
+        """Seal a record's canonical bytes (signed when a key is configured).
+
+        Raises `RecordTooLarge` when they are over `MAX_SEALED_BYTES`. Blobs (`seal`) are
+        bounded by the workspace limits instead: a file may be larger than any record.
+        """
+        payload = canonical_bytes(record)
+        if len(payload) > MAX_SEALED_BYTES:
+            raise RecordTooLarge(_describe(record), len(payload), MAX_SEALED_BYTES)
+        return self.seal(payload, level=level)
 
     def decode(
         self, data: bytes, model: type[R], name: str, *, expect_digest: str | None = None
@@ -197,3 +205,10 @@ class Codec:
         record.checksum = data[5:DIGEST_END].hex()
         record.size = len(data)
         return record
+
+
+def _describe(record: Record) -> str:
+    """Name `record` for an error: its kind and, when it has them, its task, agent and id."""
+    parts = [type(record).__name__]
+    parts += [str(v) for f in ("task", "agent", "id") if (v := getattr(record, f, None))]
+    return " ".join(parts)

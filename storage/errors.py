@@ -6,6 +6,7 @@ CairnError
 ├── CommitRefused        a global checkpoint named a missing or mismatched record
 ├── RecordNotFound       a record is in neither the hot store nor the archive
 ├── CorruptCheckpoint    stored bytes failed their checksum, framing or schema
+├── RecordTooLarge       a record to write is over the size a record may have
 └── ArchiveError         the disk archive could not be written
 """
 
@@ -43,6 +44,20 @@ class CorruptCheckpoint(CairnError):
         super().__init__(f"corrupt record {record}: {reason}")
         self.record = record
         self.reason = reason
+
+
+class RecordTooLarge(CairnError):
+    """Raised when a record to be written is over the bound on records; nothing was written.
+
+    Reading a record back must hold all of it in memory, and so must every restore: a
+    record past the bound would make its task impossible to resume on a modest worker.
+    """
+
+    def __init__(self, record: str, size: int, limit: int) -> None:
+        super().__init__(f"record {record} is {size} bytes; a record may have at most {limit}")
+        self.record = record
+        self.size = size
+        self.limit = limit
 
 
 class ArchiveError(CairnError, OSError):

@@ -13,6 +13,7 @@ from storage.errors import InvalidName
 
 PREFIX = "cairn"
 SPEC_DOC = "spec"  # the task document every step reads
+EPOCH_DOC = "epoch"  # the archive's record of the highest epoch a task ever handed out
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 
@@ -34,6 +35,11 @@ def task_prefix(task: str) -> str:
 def epoch(task: str) -> str:
     """String: the task's fencing epoch."""
     return task_prefix(task) + "epoch"
+
+
+def audit(task: str) -> str:
+    """Stream: with auditing on, every epoch raise, fence and accepted LC write, in order."""
+    return task_prefix(task) + "audit"
 
 
 def attempts(task: str) -> str:

@@ -63,6 +63,12 @@ class Level(str, Enum):
     TOOL = "tool"
 
 
+class EpochFloor(Record):
+    """The highest epoch a task has handed out, kept in the archive (see `raise_epoch`)."""
+
+    epoch: int
+
+
 class GCStatus(str, Enum):
     """The two-phase-commit state of a global checkpoint."""
 
@@ -111,6 +117,8 @@ class TraceRecord(Record):
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     result: JsonValue = None
     side_effect: bool = False
+    # Handed to a side-effecting tool: the same on every retry and replay of this call.
+    idempotency_key: str | None = None
     error: str | None = None
     started_at: datetime
     finished_at: datetime

@@ -48,9 +48,10 @@ class TLSFiles:
 class RedisServer:
     """One redis-server child process with its own directory, port and AOF setting.
 
-    With `username`, that ACL user (with `password`, allowed every key, channel and
-    command) is the only one: the `default` user is switched off. Without it, `password`
-    is `requirepass`. With `tls`, the port serves TLS only (`rediss://`, plain port off).
+    `fsync` is the AOF's `appendfsync` (`everysec`, `always` or `no`). With `username`,
+    that ACL user (with `password`, allowed every key, channel and command) is the only
+    one: the `default` user is switched off. Without it, `password` is `requirepass`.
+    With `tls`, the port serves TLS only (`rediss://`, plain port off).
     """
 
     def __init__(
@@ -63,11 +64,13 @@ class RedisServer:
         password: str | None = None,
         username: str | None = None,
         tls: TLSFiles | None = None,
+        fsync: str = "everysec",
     ) -> None:
         if username and not password:
             raise ValueError("an ACL user needs a password")
         self.directory = Path(directory).resolve()
         self.appendonly = appendonly
+        self.fsync = fsync  # the AOF's appendfsync: `always` loses nothing to a SIGKILL
         self.bind = bind  # another address serves workers on other hosts (or namespaces)
         self.password = password  # required by Redis to serve beyond the loopback
         self.username = username
@@ -101,7 +104,7 @@ class RedisServer:
             "--dir", str(self.directory),
             "--save", "",
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.fsync,
             "--daemonize", "no",
             "--logfile", str(self.directory / "redis.log"),
         ]  # fmt: skip

@@ -25,7 +25,9 @@ from storage.chain import (
 )
 from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes
 from storage.errors import CorruptCheckpoint, RecordNotFound
+from storage.keys import EPOCH_DOC
 from storage.records import (
+    EpochFloor,
     GCStatus,
     GlobalCheckpoint,
     LCRef,
@@ -352,6 +354,24 @@ class CheckpointStore:
         sealed = self.codec.encode(record)
         self.cold.put_doc(task, name, sealed.data)
         self.hot.put_doc(task, name, sealed.data)
+
+    def raise_epoch(self, task: str, to: int, owner: int | None = None) -> int:
+        """Raise the task's epoch to at least `to` (as `HotStore.raise_epoch`); return it.
+
+        `to` is written to the archive first, durably: Redis may lose its counter (a
+        FLUSHALL, a lost AOF), and a restore after that must still pick an epoch above
+        every one handed out, or a zombie of a reused epoch could write again. Raises
+        `ArchiveError` (and raises nothing) when the archive cannot record it.
+        """
+        self.cold.put_doc(task, EPOCH_DOC, self.codec.encode(EpochFloor(epoch=to)).data)
+        return self.hot.raise_epoch(task, to, owner)
+
+    def epoch_floor(self, task: str) -> int:
+        """The highest epoch the archive recorded as handed out for `task` (0: none)."""
+        data = self.cold.get_doc(task, EPOCH_DOC)
+        if data is None:
+            return 0
+        return self.codec.decode(data, EpochFloor, f"doc {task}/{EPOCH_DOC}").epoch
 
     def read_doc(self, task: str, name: str, model: type[R]) -> R:
         """Return a verified task-level document, from Redis or else the archive."""

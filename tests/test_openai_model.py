@@ -96,6 +96,11 @@ class ScriptedHandler(BaseHTTPRequestHandler):
 @pytest.fixture
 def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
     """A scripted server on a free port of 127.0.0.1, with no API key in the environment."""
+    yield from serve_scripted(monkeypatch)
+
+
+def serve_scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
+    """Run a `ScriptedServer` until resumed (a fixture's body: tests of other files share it)."""
     for variable in API_KEY_VARIABLES:
         monkeypatch.delenv(variable, raising=False)
     # A proxy configured in the environment must not see the requests to 127.0.0.1.

@@ -11,7 +11,7 @@ from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
-from storage.errors import CommitRefused
+from storage.errors import CommitRefused, FencedWrite
 from storage.records import Level
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
@@ -82,3 +82,33 @@ def test_a_member_name_with_a_tab_is_refused_before_sending(real_store: Checkpoi
     with pytest.raises(CommitRefused, match="tab or a newline"):
         real_store.commit_gc(make_gc("t", 1, 1, 1, {"co\tder": ref}, ws))
     assert [] == real_store.hot.list_gcs("t")
+
+
+def test_the_audit_stream_holds_fences_and_accepted_writes_in_order(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """With auditing on, Redis's own order of epochs, fences and accepted LC writes is kept.
+
+    A write refused by the fence is not in it; with auditing off nothing is written.
+    """
+    hot = RedisHotStore(redis_client, audit=True)
+    store = CheckpointStore(hot, DiskArchive(tmp_path / "a"), Codec())
+    state = new_agent(store, "audited", "coder")
+    take_step(state, 1)
+    first = store.write_lc(state, Level.STEP, vote=True)
+    hot.begin_attempt("audited", "coder", 1, 2)  # the step is retried: attempt 1 is fenced
+    take_step(state, 2)
+    with pytest.raises(FencedWrite):
+        store.write_lc(state, Level.STEP, vote=True)
+    hot.raise_epoch("audited", 2)
+    assert [
+        {"kind": "fence", "agent": "coder", "at": "1:1:1"},
+        {"kind": "lc", "agent": "coder", "at": "1:1:1", "lc": first.id},
+        {"kind": "fence", "agent": "coder", "at": "1:1:2"},
+        {"kind": "epoch", "at": "2"},
+    ] == hot.read_audit("audited")
+    quiet = CheckpointStore(RedisHotStore(redis_client, audit=False), store.cold, Codec())
+    plain = new_agent(quiet, "unaudited", "coder")
+    take_step(plain, 1)
+    quiet.write_lc(plain, Level.STEP, vote=True)
+    assert 0 == redis_client.exists(keys.audit("unaudited"))

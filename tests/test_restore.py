@@ -121,6 +121,27 @@ def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -
     assert "succeeded" == cluster.drive(task)["status"]
 
 
+def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_path: Path) -> None:
+    """Redis lost its epoch counter: the archive's record keeps the next epoch above it.
+
+    The restore to GC 1 handed out epoch 2 but its GC was not archived yet; the newest
+    archived GC says epoch 1. Reusing epoch 2 would let a zombie of it write again.
+    """
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.durability = "sync"
+    task = cluster.coordinator.submit(spec)
+    run_until(cluster, task, 2)
+    first = cluster.coordinator.restorer.restore(task, to=1)
+    assert 2 == first.epoch
+    assert first.number not in cluster.store.cold.list_gcs(task)
+    assert 1 == cluster.store.read_gc(task, cluster.store.cold.list_gcs(task)[-1]).epoch
+    cluster.client.flushall()
+    second = cluster.coordinator.restorer.restore(task)
+    assert 3 == second.epoch
+    assert 3 == cluster.store.hot.get_epoch(task) == cluster.store.epoch_floor(task)
+
+
 def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -> None:
     """Two concurrent restores both finish, one after the other, leaving one consistent state."""
     cluster.start_worker()

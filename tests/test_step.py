@@ -381,3 +381,36 @@ def test_heartbeat_is_alive_while_the_step_runs(
     run_step("hb", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
     watcher.join()
     assert all(token == f"{socket.gethostname()}:{os.getpid()}:1:1" for token in seen[1:7]), seen
+
+
+def test_a_rerun_tool_gets_the_same_idempotency_key(
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Killed after its last command ran, the step's retry runs it again with the same key.
+
+    The key is the call's place in its turn: the retry resumes with one call pending, and
+    that call still gets index 2, not 0.
+    """
+    ledger, log = tmp_path / "ledger", tmp_path / "log"
+    record_key = {"name": "run_command",
+                  "args": {"command": f'echo "$CAIRN_IDEMPOTENCY_KEY" >> {ledger}'}}  # fmt: skip
+    turn = {
+        "say": "Working.",
+        "tools": [record_key, {"name": "write_file", "args": {"path": "a", "content": "a"}},
+                  record_key],
+        "crash": {"attempts": [1], "after_tools": 3},  # all three ran; no step LC yet
+    }  # fmt: skip
+    start_task(own_store, record("keyed", scripted("coder", [turn])), {"README.md": b"hi\n"})
+    own_store.hot.begin_attempt("keyed", "coder", 1, 1)
+    first = run_in_process(own_redis, tmp_path / "archive", tmp_path / "c1", log, "keyed", 1, 1)
+    assert -signal.SIGKILL == first.returncode
+    own_store.hot.begin_attempt("keyed", "coder", 1, 2)
+    second = run_in_process(own_redis, tmp_path / "archive", tmp_path / "c2", log, "keyed", 1, 2)
+    assert 0 == second.returncode, second.stderr
+    # At-least-once without the key: the last command ran twice, under one key.
+    assert ["keyed:coder:1:0", "keyed:coder:1:2", "keyed:coder:1:2"] == ledger.read_text().split()
+    vote = own_store.hot.get_votes("keyed", 1, 1)["coder"]
+    state = own_store.read_state("keyed", "coder", vote.id, vote.checksum)
+    keys = [(r.tool, r.idempotency_key) for r in state.trace if r.tool is not None]
+    assert [("run_command", "keyed:coder:1:0"), ("write_file", "keyed:coder:1:1"),
+            ("run_command", "keyed:coder:1:2")] == keys  # fmt: skip

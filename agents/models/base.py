@@ -6,12 +6,19 @@ A model either answers with a `ModelReply` or raises `storage.errors.ModelError`
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field
 from typing import Protocol
 
+import orjson
 from pydantic import JsonValue
 
+from storage.errors import ModelError
 from storage.records import Message, ToolCall, Usage
+
+MAX_REPLY_CHARS = 1_000_000  # characters of a reply's text
+MAX_TOOL_CALLS = 64  # tool calls in one reply
+MAX_ARGS_BYTES = 1_000_000  # bytes of one tool call's arguments, serialized as JSON
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,3 +59,40 @@ class Model(Protocol):
 
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer one turn, or raise `ModelError` (retryable or fatal)."""
+
+
+def check_reply(reply: ModelReply) -> ModelReply:
+    """Return `reply`, or raise `ModelError` if its text, tool calls or arguments are too big.
+
+    A reply that large is a runaway generation, not an answer, and would bloat every
+    checkpoint after it. It is retryable like a malformed reply: a model samples anew on
+    the next attempt, and the step's retry budget bounds what a model that insists costs.
+    """
+    if reply.content is not None and len(reply.content) > MAX_REPLY_CHARS:
+        raise ModelError(
+            f"reply text is {len(reply.content)} characters; at most {MAX_REPLY_CHARS}",
+            retryable=True,
+        )
+    if len(reply.tool_calls) > MAX_TOOL_CALLS:
+        raise ModelError(
+            f"reply makes {len(reply.tool_calls)} tool calls; at most {MAX_TOOL_CALLS}",
+            retryable=True,
+        )
+    for call in reply.tool_calls:
+        size = json_size(call.args)
+        if size > MAX_ARGS_BYTES:
+            raise ModelError(
+                f"arguments of tool call {call.id} ({call.name}) are {size} bytes; "
+                f"at most {MAX_ARGS_BYTES}",
+                retryable=True,
+            )
+    return reply
+
+
+def json_size(value: JsonValue) -> int:
+    """Bytes of `value` as compact JSON text, in UTF-8."""
+    try:
+        return len(orjson.dumps(value))
+    except TypeError:  # integers beyond 64 bits, lone surrogates: orjson refuses them
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"))
+        return len(text.encode(errors="surrogatepass"))

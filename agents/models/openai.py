@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
-from agents.models.base import ModelReply, ModelRequest, ToolSchema
+from agents.models.base import ModelReply, ModelRequest, ToolSchema, check_reply
 from storage.errors import ModelError
 from storage.records import Message, ToolCall, Usage
 
@@ -31,6 +31,8 @@ API_KEY_VARIABLES = ("CAIRN_OPENAI_API_KEY", "OPENAI_API_KEY")
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
 FIRST_SERVER_ERROR = 500
 MAX_ERROR_CHARS = 300
+MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # of a 2xx body; a reply within check_reply's is far less
+MAX_ERROR_BODY_BYTES = 64 * 1024  # of an error body, of which MAX_ERROR_CHARS are shown
 
 
 class OpenAIModel:
@@ -95,7 +97,12 @@ class OpenAIModel:
         request = urllib.request.Request(self.url, payload, headers, method="POST")  # noqa: S310
         try:
             with urllib.request.urlopen(request, timeout=self.timeout) as response:  # noqa: S310
-                body: bytes = response.read()
+                body: bytes = response.read(MAX_RESPONSE_BYTES + 1)
+                if len(body) > MAX_RESPONSE_BYTES:
+                    # Retryable as a malformed reply is (see check_reply); nothing more is read.
+                    raise ModelError(
+                        f"response body is over {MAX_RESPONSE_BYTES} bytes", retryable=True
+                    )
                 return body
         except urllib.error.HTTPError as error:
             with error:  # closes the connection the error response holds
@@ -184,7 +191,7 @@ def _parse_reply(body: bytes) -> ModelReply:
         raise ModelError(f"malformed response ({error!r}): {snippet}", retryable=True) from error
     if not isinstance(content, str | None):
         raise ModelError(f"malformed response: content is {type(content).__name__}", retryable=True)
-    return ModelReply(content=content, tool_calls=calls, usage=tokens)
+    return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
 
 
 def _parse_tool_call(index: int, call: Mapping[str, Any]) -> ToolCall:
@@ -206,7 +213,7 @@ def _parse_tool_call(index: int, call: Mapping[str, Any]) -> ToolCall:
 def _server_message(error: urllib.error.HTTPError) -> str:
     """The server's `error.message`, else its body, else the HTTP reason."""
     try:
-        body = error.read()
+        body = error.read(MAX_ERROR_BODY_BYTES)
     except (OSError, http.client.HTTPException):
         body = b""
     try:

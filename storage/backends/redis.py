@@ -7,6 +7,7 @@ is idempotent, because redis-py 8 retries a command whose reply it lost (10 trie
 from __future__ import annotations
 
 import importlib.util
+import os
 import time
 from collections.abc import Callable, Iterable
 from importlib import resources
@@ -134,8 +135,13 @@ def _pack_members(members: dict[str, LCRef]) -> str:
 class RedisHotStore:
     """A `HotStore` on one Redis (or a cluster: each script touches one slot)."""
 
-    def __init__(self, client: redis.Redis) -> None:
+    def __init__(self, client: redis.Redis, *, audit: bool | None = None) -> None:
         self.redis = client
+        # With auditing (default: CAIRN_AUDIT=1), the scripts append every epoch raise,
+        # fence and accepted LC write to the task's `audit` stream, in the order Redis ran
+        # them: the history the chaos suite's checker replays. Off, it costs nothing.
+        self.audit = os.environ.get("CAIRN_AUDIT") == "1" if audit is None else audit
+        self._audit_flag = "1" if self.audit else "0"
         self._write_lc = _script(client, "write_lc")
         self._read_chain = _script(client, "read_chain")
         self._walk_chains = _script(client, "walk_chains")
@@ -146,6 +152,15 @@ class RedisHotStore:
         self._step_start = _script(client, "step_start")
         self._begin_attempt = _script(client, "begin_attempt")
         self._claim = _script(client, "claim")
+
+    def read_audit(self, task: str) -> list[dict[str, str]]:
+        """The task's audit stream, oldest first (empty unless some writer audited).
+
+        Each entry has `kind` (epoch, fence or lc) and `at`, and `agent` and `lc` where
+        they apply.
+        """
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], self.redis.xrange(keys.audit(task)))
+        return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
 
     def init_task(self, task: str) -> int:
         self.redis.set(keys.epoch(task), 1, nx=True)
@@ -161,7 +176,8 @@ class RedisHotStore:
                 int,
                 _translating(
                     lambda: self._raise_epoch(
-                        keys=[keys.epoch(task), keys.owner(task)], args=[to, _token(owner)]
+                        keys=[keys.epoch(task), keys.owner(task), keys.audit(task)],
+                        args=[to, _token(owner), self._audit_flag],
                     )
                 ),
             )
@@ -170,7 +186,8 @@ class RedisHotStore:
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
         _translating(
             lambda: self._begin_attempt(
-                keys=[keys.attempts(task), keys.epoch(task)], args=[agent, superstep, attempt]
+                keys=[keys.attempts(task), keys.epoch(task), keys.audit(task)],
+                args=[agent, superstep, attempt, self._audit_flag],
             )
         )
 
@@ -186,6 +203,7 @@ class RedisHotStore:
                     keys.superstep_lcs(t, lc.epoch, lc.superstep),
                     keys.votes(t, lc.epoch, lc.superstep),
                     keys.progress(t, lc.epoch, lc.superstep),
+                    keys.audit(t),
                 ],
                 args=[
                     lc.epoch,
@@ -198,6 +216,7 @@ class RedisHotStore:
                     "1" if lc.full else "0",
                     lc.level.value,
                     "1" if vote else "0",
+                    self._audit_flag,
                 ],
             )
         )

@@ -1,6 +1,6 @@
 -- Make (epoch, superstep, attempt) the only attempt of an agent allowed to write LCs.
--- KEYS: 1 attempts, 2 epoch
--- ARGV: 1 agent, 2 superstep, 3 attempt
+-- KEYS: 1 attempts, 2 epoch, 3 audit stream
+-- ARGV: 1 agent, 2 superstep, 3 attempt, 4 audit "1"/"0"
 -- It only moves forward: a stale coordinator (or a retried call) can never hand a step
 -- back to an older attempt, whose zombie would then be able to write again.
 local epoch = tonumber(redis.call('GET', KEYS[2]) or '0')
@@ -15,4 +15,8 @@ if current then
   end
 end
 redis.call('HSET', KEYS[1], ARGV[1], wanted)
+if ARGV[4] == '1' then
+  redis.call('XADD', KEYS[3], 'MAXLEN', '~', '100000', '*', 'kind', 'fence', 'agent', ARGV[1],
+    'at', wanted)
+end
 return wanted

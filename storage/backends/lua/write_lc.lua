@@ -1,7 +1,8 @@
 -- Fenced write of a local checkpoint (and its vote), the prepare phase of the 2PC.
--- KEYS: 1 epoch, 2 attempts, 3 lc, 4 tentative LCs of the superstep, 5 votes, 6 progress
+-- KEYS: 1 epoch, 2 attempts, 3 lc, 4 tentative LCs of the superstep, 5 votes, 6 progress,
+--       7 audit stream
 -- ARGV: 1 epoch, 2 agent, 3 "epoch:superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
---       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0"
+--       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0", 11 audit "1"/"0"
 -- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
 -- is a no-op, because redis-py retries commands whose reply it lost.
 local epoch = redis.call('GET', KEYS[1])
@@ -36,5 +37,9 @@ if ARGV[9] == 'tool' then
 end
 if ARGV[10] == '1' then
   redis.call('HSET', KEYS[5], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
+end
+if ARGV[11] == '1' then
+  redis.call('XADD', KEYS[7], 'MAXLEN', '~', '100000', '*', 'kind', 'lc', 'agent', ARGV[2],
+    'at', ARGV[3], 'lc', ARGV[4])
 end
 return 'OK'

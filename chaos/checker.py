@@ -1,0 +1,201 @@
+"""The six invariants a chaos run must keep, checked on what was recorded and stored.
+
+1. `mixed_restore`: a restore leaves every agent at the one GC it restored to: each member
+   of the GC it wrote is a state of its epoch, at the target's superstep, whose history
+   is the target member's history (plus the restore note), over the target's workspace.
+2. `lost_commit`: every GC acknowledged as committed stays restorable: it reads back whole
+   (every member's state, the manifest, every file). Under `durability: sync` the
+   acknowledgement is the archive's (a GC committed but not yet archived may go with a
+   FLUSHALL); under `async` it is the commit itself (this Redis fsyncs every write). A GC
+   that fails only because the harness corrupted one of its archived files, and the
+   failure was detected as corruption, is not lost: it is refused, as it must be.
+3. `fenced_write`: no LC write was accepted from a fenced epoch or attempt. Replayed from
+   Redis's own order of events (the task's audit stream: every epoch raise, every fence
+   of a step's attempt, every accepted LC write), each accepted write must carry the
+   epoch then current and its agent's attempt then current. And every GC member written
+   in the GC's own superstep carries the GC's epoch and the attempt the coordinator last
+   launched for that step.
+4. `diverged`: the final workspace and every agent's history (restore notes aside) equal
+   the fault-free run's.
+5. `effect_not_once`: the ledger applied each committed side effect exactly once: its
+   applied keys are exactly the idempotency keys of the `run_command` calls in the final
+   histories, each once, and the same keys as the fault-free run's.
+6. `stuck`: the task ended `succeeded` within the run's time bound.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+
+from chaos.observe import GCView, History, Observed, Turn
+
+INVARIANTS = {
+    "mixed_restore": "a restore left agents from different GCs",
+    "lost_commit": "an acknowledged GC is no longer restorable",
+    "fenced_write": "a write from a fenced epoch or attempt was accepted",
+    "diverged": "final workspace or histories differ from the fault-free run",
+    "effect_not_once": "a committed side effect did not happen exactly once",
+    "stuck": "the task did not end succeeded within the bound",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Violation:
+    """One broken invariant, said plainly."""
+
+    invariant: str
+    detail: str
+
+
+def check(
+    history: History, observed: Observed, reference: Observed, durability: str, ended: bool
+) -> list[Violation]:
+    """Every violation of the six invariants in one run (none: the run passed)."""
+    found: list[Violation] = []
+    found += _restores(history, observed)
+    found += _acknowledged(history, observed, durability)
+    found += _fencing(history, observed)
+    if not ended or observed.status != "succeeded":
+        found.append(Violation("stuck", f"ended {observed.status or 'never'}: {observed.reason}"))
+    else:
+        found += _outcome(observed, reference)
+    found += _effects(observed, reference)
+    return found
+
+
+def _restores(history: History, observed: Observed) -> list[Violation]:
+    found = []
+    for to, number, epoch in history.restores:
+        restored, target = observed.gcs.get(number), observed.gcs.get(to)
+        if restored is None or restored.error or target is None or target.error:
+            continue  # not readable any more: `lost_commit` judges whether it had to be
+        why = _mixed(restored, target, epoch)
+        if why:
+            found.append(Violation("mixed_restore", f"GC {number} (restore to {to}): {why}"))
+    return found
+
+
+def _mixed(restored: GCView, target: GCView, epoch: int) -> str | None:
+    if restored.members.keys() != target.members.keys():
+        return f"members {sorted(restored.members)} ≠ {sorted(target.members)}"
+    if restored.workspace != target.workspace:
+        return "workspace differs from the target's"
+    for agent, member in restored.members.items():
+        want = target.members[agent]
+        if (member.epoch, member.superstep) != (epoch, target.superstep):
+            return (
+                f"{agent} is at epoch {member.epoch}, superstep {member.superstep}; "
+                f"the restore wrote epoch {epoch}, superstep {target.superstep}"
+            )
+        if member.messages != want.messages:
+            return f"{agent}'s history is not the target's"
+    return None
+
+
+def _acknowledged(history: History, observed: Observed, durability: str) -> list[Violation]:
+    acked = sorted(history.committed)
+    if durability == "sync":
+        acked = [n for n in acked if n <= history.archived_through]
+    found = []
+    for number in acked:
+        view = observed.gcs.get(number)
+        if view is None:
+            found.append(Violation("lost_commit", f"GC {number} is gone"))
+        elif view.error and not (view.corrupt and history.corrupted):
+            found.append(Violation("lost_commit", f"GC {number}: {view.error}"))
+    return found
+
+
+def _accepted(observed: Observed) -> list[Violation]:
+    """Replay the audit stream: each accepted write was of the current epoch and attempt."""
+    found = []
+    epoch, fences = "1", dict[str, str]()  # a task starts at epoch 1, unaudited
+    for kind, agent, at, lc in observed.audit:
+        if kind == "epoch":
+            epoch = at
+        elif kind == "fence":
+            fences[agent] = at
+        elif kind == "lc" and (at.split(":")[0] != epoch or fences.get(agent) != at):
+            found.append(Violation(
+                "fenced_write",
+                f"LC {lc} of {agent} at {at} accepted while epoch {epoch}, "
+                f"attempt {fences.get(agent)} were current",
+            ))  # fmt: skip
+    return found
+
+
+def _fencing(history: History, observed: Observed) -> list[Violation]:
+    found = _accepted(observed)
+    previous: GCView | None = None
+    for number in sorted(observed.gcs):
+        view = observed.gcs[number]
+        if view.error:
+            continue
+        # GC 0 is the submission's; a restore writes a GC at a superstep already passed.
+        restore = previous is not None and view.superstep <= previous.superstep
+        previous = view
+        if restore or number == 0:
+            continue
+        for agent, member in view.members.items():
+            if member.superstep != view.superstep:
+                continue  # carried over from an earlier GC: the agent did not step
+            launched = history.launched.get((view.epoch, view.superstep, agent))
+            if member.epoch != view.epoch or member.attempt != launched:
+                found.append(Violation(
+                    "fenced_write",
+                    f"GC {number}: {agent}'s LC is epoch {member.epoch} attempt "
+                    f"{member.attempt}; current were epoch {view.epoch} attempt {launched}",
+                ))  # fmt: skip
+    return found
+
+
+def _outcome(observed: Observed, reference: Observed) -> list[Violation]:
+    found = []
+    if observed.files != reference.files:
+        differ = sorted(
+            p for p in observed.files.keys() | reference.files.keys()
+            if observed.files.get(p) != reference.files.get(p)
+        )  # fmt: skip
+        found.append(Violation("diverged", f"files differ: {differ[:5]}"))
+    latest, want = _final(observed), _final(reference)
+    found += [
+        Violation("diverged", f"{agent}'s history differs")
+        for agent in sorted(latest.keys() | want.keys())
+        if latest.get(agent) != want.get(agent)
+    ]
+    return found
+
+
+def _final(observed: Observed) -> dict[str, list[Turn]]:
+    readable = [v for v in observed.gcs.values() if not v.error]
+    if not readable:
+        return {}
+    last = max(readable, key=lambda v: v.number)
+    return {agent: m.messages for agent, m in last.members.items()}
+
+
+def _effects(observed: Observed, reference: Observed) -> list[Violation]:
+    found = []
+    twice = [key for key, n in Counter(observed.ledger).items() if n > 1]
+    if twice:
+        found.append(Violation("effect_not_once", f"applied more than once: {twice[:5]}"))
+    committed = _committed_keys(observed)
+    applied = set(observed.ledger)
+    if observed.status == "succeeded" and applied != committed:
+        extra, missing = sorted(applied - committed), sorted(committed - applied)
+        found.append(Violation(
+            "effect_not_once",
+            f"ledger ≠ committed calls: not committed {extra[:5]}, never applied {missing[:5]}",
+        ))  # fmt: skip
+    if observed.status == "succeeded" and committed != _committed_keys(reference):
+        found.append(Violation("effect_not_once", "committed calls differ from the fault-free run"))
+    return found
+
+
+def _committed_keys(observed: Observed) -> set[str]:
+    readable = [v for v in observed.gcs.values() if not v.error]
+    if not readable:
+        return set()
+    last = max(readable, key=lambda v: v.number)
+    return {key for member in last.members.values() for key in member.keys}

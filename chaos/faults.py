@@ -1,0 +1,73 @@
+"""The faults a chaos run injects, and the schedule a seed draws.
+
+A schedule is a pure function of the seed: the same seed gives the same durability, the
+same faults in the same order at the same offsets from the task's submission. (Processes
+still race, so a replay repeats the schedule, not every interleaving.)
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass, field
+
+# kind → what it does (the table's rows, in this order)
+KINDS = {
+    "kill_worker": "SIGKILL a worker running a step",
+    "pause_worker": "SIGSTOP a worker mid-step; SIGCONT once its step is retried (a zombie)",
+    "kill_coordinator": "SIGKILL the leading coordinator; a standby takes over",
+    "kill_coordinator_mid_commit": "SIGKILL the leader once every vote of a superstep is in",
+    "restart_redis": "SIGKILL redis-server and start it again on its AOF",
+    "flushall": "FLUSHALL (durability sync), then `cairn restore` from the archive",
+    "corrupt_archive": "flip bytes of an archived file no fallback to GC 0 needs",
+    "full_archive": "fill the archive's small filesystem for a while, then free it",
+    "slow_redis": "delay every request to Redis through a proxy for a while",
+    "manual_restore": "`cairn restore` by hand, to the latest or an older checkpoint",
+}
+ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive"))
+
+
+@dataclass(frozen=True, slots=True)
+class Fault:
+    """One fault: what, when (seconds after submission) and its drawn parameters."""
+
+    kind: str
+    at: float
+    value: float = 0.0  # kind-specific: a duration, a delay, or a draw in [0, 1)
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """A run's schedule: durability, team size in workers, and the faults."""
+
+    seed: int
+    durability: str
+    workers: int
+    faults: list[Fault] = field(default_factory=list)
+
+
+def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
+    """The schedule of `seed`: 2 to 5 faults within `horizon` seconds of the submission.
+
+    `flushall` only under `durability: sync` (under async a GC not yet archived may be
+    lost with Redis, as documented); `full_archive` only when a small filesystem can be
+    mounted (root).
+    """
+    rng = random.Random(seed)
+    durability = rng.choice(("sync", "async"))
+    kinds = list(ALWAYS_POSSIBLE)
+    if durability == "sync":
+        kinds.append("flushall")
+    if can_mount:
+        kinds.append("full_archive")
+    faults = []
+    for _ in range(rng.randint(2, 5)):
+        kind = rng.choice(kinds)
+        at = round(rng.uniform(0.5, horizon), 2)
+        value = {
+            "pause_worker": rng.uniform(2.0, 8.0),  # seconds stopped at most
+            "restart_redis": rng.uniform(0.2, 1.5),  # seconds down
+            "full_archive": rng.uniform(1.0, 4.0),  # seconds full
+            "slow_redis": rng.uniform(0.005, 0.03),  # seconds per request
+        }.get(kind, rng.random())
+        faults.append(Fault(kind, at, round(value, 4)))
+    return Plan(seed, durability, rng.randint(2, 4), sorted(faults, key=lambda f: f.at))

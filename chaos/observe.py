@@ -1,0 +1,185 @@
+"""What the checker reads: the recorded history, and the task's checkpoints as stored.
+
+`History` comes from the JSON log lines every Cairn process wrote (coordinators, workers,
+the `cairn restore` commands) and from the harness's own event log. `Observed` is read
+from the store after the run: every GC the task has, hot or archived, with each member's
+state, plus the final workspace and the ledger. Both are plain data, so the checker can
+be shown violations built by hand (tests/test_chaos_checker.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from storage.backends.redis import RedisHotStore
+from storage.errors import CairnError, CorruptCheckpoint
+from storage.records import GCStatus, Message, Role
+from storage.store import CheckpointStore
+
+Turn = tuple[str, str | None, str | None, str]  # role, name, content, tool calls as JSON
+# One entry of the task's audit stream: kind (epoch, fence, lc), agent, "e" or "e:s:a", LC id
+Audit = tuple[str, str, str, str]
+
+
+@dataclass
+class History:
+    """What the processes and the harness said happened, in the order they said it."""
+
+    launched: dict[tuple[int, int, str], int] = field(default_factory=dict)  # → latest attempt
+    committed: set[int] = field(default_factory=set)  # GC numbers said to be committed
+    restores: list[tuple[int, int, int]] = field(default_factory=list)  # (to, gc, epoch)
+    archived_through: int = -1
+    fenced: int = 0  # attempts refused because a newer epoch or attempt owned the step
+    faults: Counter[str] = field(default_factory=Counter)  # injected, by kind
+    corrupted: list[str] = field(default_factory=list)  # archive files the harness damaged
+
+    def take(self, event: dict[str, Any]) -> None:
+        """Fold one log event in."""
+        name = event.get("event")
+        if name == "steps launched":
+            for agent, attempt in event["attempts"].items():
+                slot = (int(event["epoch"]), int(event["superstep"]), agent)
+                self.launched[slot] = max(self.launched.get(slot, 0), int(attempt))
+        elif name == "superstep committed":
+            self.committed.add(int(event["gc"]))
+        elif name == "task restored":
+            self.restores.append((int(event["to"]), int(event["gc"]), int(event["epoch"])))
+            self.committed.add(int(event["gc"]))
+        elif name == "checkpoints archived":
+            self.archived_through = max(self.archived_through, int(event["through"]))
+        elif name == "attempt fenced":
+            self.fenced += 1
+        elif name == "fault injected":
+            self.faults[str(event["fault"])] += 1
+            if event.get("file"):
+                self.corrupted.append(str(event["file"]))
+
+
+def read_history(logs: Path, task: str) -> History:
+    """Read every `*.log` and `*.jsonl` under `logs`: the events of `task`, in file order."""
+    history = History()
+    for path in sorted([*logs.glob("*.log"), *logs.glob("*.jsonl")]):
+        for line in path.read_text(errors="replace").splitlines():
+            if not line.startswith("{"):
+                continue  # RQ's own log lines, tracebacks of killed processes
+            try:
+                event = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # a line cut short by a SIGKILL
+            if isinstance(event, dict) and event.get("task") in (task, None):
+                history.take(event)
+    return history
+
+
+@dataclass
+class MemberView:
+    """One member of a GC: where its LC came from, what the agent said and did."""
+
+    epoch: int
+    attempt: int
+    superstep: int
+    messages: list[Turn]
+    keys: list[str]  # idempotency keys of the side-effecting calls it ran, task id cut
+
+
+@dataclass
+class GCView:
+    """One committed GC as read back; `error` when it could not be read whole."""
+
+    number: int
+    superstep: int = 0
+    epoch: int = 0
+    workspace: str = ""
+    members: dict[str, MemberView] = field(default_factory=dict)
+    error: str | None = None
+    corrupt: bool = False  # the error was a detected corruption
+
+
+@dataclass
+class Observed:
+    """The task after the run: its end, its checkpoints, its workspace, the ledger."""
+
+    status: str
+    reason: str
+    gcs: dict[int, GCView]
+    files: dict[str, bytes]
+    ledger: list[str]  # applied keys of this task, task id cut, in order
+    ledger_calls: int  # every call the ledger saw, applied or not
+    audit: list[Audit] = field(default_factory=list)  # Redis's order of fences and writes
+
+
+def turns(messages: list[Message]) -> list[Turn]:
+    """A history as compared across runs: restore notes (from `cairn`) left out."""
+    return [
+        (m.role.value, m.name, m.content,
+         json.dumps([[c.name, c.args] for c in m.tool_calls], sort_keys=True))
+        for m in messages
+        if not (m.role is Role.USER and m.name == "cairn")
+    ]  # fmt: skip
+
+
+def _view(store: CheckpointStore, task: str, number: int) -> GCView:
+    try:
+        gc = store.read_gc(task, number)
+        if gc.status is not GCStatus.COMMITTED:
+            return GCView(number, error=f"status {gc.status.value}")
+        members = {}
+        for agent, ref in gc.members.items():
+            state = store.read_state(task, agent, ref.id, ref.checksum)
+            keys = [
+                r.idempotency_key.removeprefix(f"{task}:")
+                for r in state.trace
+                if r.idempotency_key and r.tool == "run_command" and r.error is None
+            ]
+            members[agent] = MemberView(
+                state.epoch, state.attempt, state.superstep, turns(state.messages), keys
+            )
+        manifest = store.read_manifest(task, gc.workspace)
+        store.get_blobs(task, manifest.files.values())
+    except CairnError as exc:
+        return GCView(number, error=str(exc), corrupt=isinstance(exc, CorruptCheckpoint))
+    return GCView(number, gc.superstep, gc.epoch, gc.workspace, members)
+
+
+def read_audit(client: redis.Redis, task: str) -> list[Audit]:
+    """The task's audit stream (written with CAIRN_AUDIT=1), oldest first."""
+    return [
+        (e["kind"], e.get("agent", ""), e["at"], e.get("lc", ""))
+        for e in RedisHotStore(client, audit=False).read_audit(task)
+    ]
+
+
+def observe(
+    store: CheckpointStore, client: redis.Redis, task: str, run: dict[str, str], ledger: Path
+) -> Observed:
+    """Read the task's end, every GC it has (hot or cold), its files, audit and ledger."""
+    numbers = {info.number for info in store.hot.list_gcs(task)} | set(store.cold.list_gcs(task))
+    gcs = {n: _view(store, task, n) for n in sorted(numbers)}
+    files: dict[str, bytes] = {}
+    try:
+        latest = store.latest_gc(task)
+        if latest is not None:
+            manifest = store.read_manifest(task, latest.workspace)
+            found = store.get_blobs(task, manifest.files.values())
+            files = {path: found[sha] for path, sha in manifest.files.items()}
+    except CairnError:
+        pass  # the status says why the task could not end well
+    applied, calls = _ledger(ledger, task)
+    return Observed(run.get("status", ""), run.get("reason", ""), gcs, files, applied, calls,
+                    read_audit(client, task))  # fmt: skip
+
+
+def _ledger(directory: Path, task: str) -> tuple[list[str], int]:
+    def mine(name: str) -> list[str]:
+        path = directory / name
+        lines = path.read_text().splitlines() if path.exists() else []
+        return [ln.split("\t", 1)[0].removeprefix(f"{task}:") for ln in lines
+                if ln.startswith(f"{task}:")]  # fmt: skip
+
+    return mine("applied.log"), len(mine("calls.log"))

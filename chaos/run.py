@@ -1,0 +1,422 @@
+"""One chaos run: real processes, the seed's faults, and what the checker needs afterwards.
+
+A run starts its own redis-server (AOF, fsync on every write) behind a delaying proxy,
+two coordinator processes (one leads, one stands by), and the plan's worker processes, all
+reaching Redis through the proxy. It submits the team with `cairn submit`, injects the
+plan's faults on a thread while the main loop keeps the worker pool and a standby alive
+(as a supervisor would), and stops when the task ends or the time bound passes. Then it
+reads the history and the stored checkpoints, and checks them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, cast
+
+import redis
+import yaml
+
+from chaos.checker import Violation, check
+from chaos.faults import Fault, Plan
+from chaos.observe import History, Observed, observe, read_history
+from chaos.proxy import DelayProxy
+from chaos.team import AGENTS, team
+from storage import keys
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
+from storage.codec import Codec
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+
+ROOT = Path(__file__).resolve().parents[1]
+TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
+ARCHIVE_FS_BYTES = 32 * 1024 * 1024
+
+
+@dataclass
+class RunResult:
+    """A run's verdict and what it saw."""
+
+    plan: Plan
+    task: str
+    seconds: float
+    history: History
+    observed: Observed
+    violations: list[Violation] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # faults not injected, and why
+
+
+class ChaosRun:
+    """One run of one plan in `directory`; `ledger` is the session's shared ledger."""
+
+    def __init__(
+        self, plan: Plan, directory: Path, ledger: Path, timeout: float, mount: bool
+    ) -> None:
+        self.plan, self.dir, self.ledger, self.timeout = plan, directory, ledger, timeout
+        self.mount = mount and any(f.kind == "full_archive" for f in plan.faults)
+        self.logs = directory / "logs"
+        self.archive = directory / "archive"
+        self.server = RedisServer(directory / "redis", appendonly=True, fsync="always")
+        self.proxy: DelayProxy | None = None
+        self.client: redis.Redis | None = None  # straight to Redis, for the harness alone
+        self.workers: list[subprocess.Popen[bytes]] = []
+        self.paused: set[int] = set()
+        self.coordinators: dict[str, subprocess.Popen[bytes]] = {}
+        self.handles: list[IO[bytes]] = []
+        self.task = ""
+        self.started = 0.0
+        self.done = threading.Event()
+        self.skipped: list[str] = []
+        self.events = self.logs / "harness.jsonl"
+        self.rng = random.Random(plan.seed * 7919)  # targets of faults, apart from the plan
+        self._spawned = 0
+
+    # the run ------------------------------------------------------------------------------
+    def execute(self, reference: Observed | None) -> RunResult:
+        """Run the plan; check against `reference` (None: this is the fault-free run)."""
+        self.logs.mkdir(parents=True, exist_ok=True)
+        try:
+            self._start()
+            self.task = self._submit()
+            self.started = time.monotonic()
+            injector = threading.Thread(target=self._inject_all, name="faults", daemon=True)
+            injector.start()
+            ended = self._wait()
+            seconds = time.monotonic() - self.started
+            self.done.set()
+            injector.join(timeout=120)
+            self._calm()
+            return self._verdict(reference, ended, seconds)
+        finally:
+            self._stop()
+
+    def _start(self) -> None:
+        if self.mount:
+            self.archive.mkdir(parents=True, exist_ok=True)
+            subprocess.run(
+                ["mount", "-t", "tmpfs", "-o", f"size={ARCHIVE_FS_BYTES}", "tmpfs",
+                 str(self.archive)], check=True, capture_output=True,
+            )  # fmt: skip
+        self.server.start()
+        self.client = connect(self.server.url)
+        self.proxy = DelayProxy(self.server.port).start()
+        for _ in range(2):
+            self._start_coordinator()
+        for _ in range(self.plan.workers):
+            self.workers.append(self._start_worker())
+
+    def _env(self, name: str) -> dict[str, str]:
+        assert self.proxy is not None
+        return {
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "CAIRN_REDIS_URL": f"redis://127.0.0.1:{self.proxy.port}/0",
+            "CAIRN_ARCHIVE_DIR": str(self.archive),
+            "CAIRN_CACHE_DIR": str(self.dir / "cache" / name),
+            "CAIRN_LOG_FORMAT": "json",
+            "CAIRN_LOG_LEVEL": "info",
+            "CAIRN_AUDIT": "1",  # fences and accepted writes, in Redis's order, for the checker
+        }
+
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        handle = (self.logs / f"{name}.log").open("ab")
+        self.handles.append(handle)
+        return subprocess.Popen(
+            [sys.executable, "-m", *args], env=self._env(name), stdout=handle, stderr=handle,
+            stdin=subprocess.DEVNULL,
+        )  # fmt: skip
+
+    def _start_coordinator(self) -> None:
+        self._spawned += 1
+        name = f"coordinator-{self._spawned}"
+        url = self._env(name)["CAIRN_REDIS_URL"]
+        self.coordinators[name] = self._spawn(
+            ["coordinator", url, "--name", name, "--lease-ms", "1000"], name
+        )
+
+    def _start_worker(self) -> subprocess.Popen[bytes]:
+        self._spawned += 1
+        name = f"worker-{self._spawned}"
+        return self._spawn(["coordinator.worker", self._env(name)["CAIRN_REDIS_URL"]], name)
+
+    def _cairn(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """Run a `cairn` command as a person would, its log lines kept with the others."""
+        self._spawned += 1
+        env = self._env(f"cli-{self._spawned}")
+        with (self.logs / f"cli-{self._spawned}.log").open("ab") as log:
+            return subprocess.run(
+                [sys.executable, "-m", "coordinator.cli", *args], env=env, stdout=subprocess.PIPE,
+                stderr=log, text=True, timeout=timeout, check=False,
+            )  # fmt: skip
+
+    def _submit(self) -> str:
+        spec = self.dir / "team.yaml"
+        spec.write_text(yaml.safe_dump(team(self.ledger, self.plan.durability)))
+        done = self._cairn("submit", str(spec), "--json")
+        if done.returncode != 0:
+            raise RuntimeError(f"cairn submit failed ({done.returncode}): see {self.logs}")
+        return str(json.loads(done.stdout)["task_id"])
+
+    def _run_state(self) -> dict[str, str]:
+        assert self.client is not None
+        try:
+            raw = cast(dict[bytes, bytes], self.client.hgetall(keys.run(self.task)))
+        except redis.RedisError:
+            return {}
+        return {k.decode(): v.decode() for k, v in raw.items()}
+
+    def _wait(self) -> bool:
+        """Keep the pool alive until the task ends (True) or the bound passes (False)."""
+        deadline = self.started + self.timeout
+        while time.monotonic() < deadline:
+            if self._run_state().get("status") in TERMINAL:
+                return True
+            self._supervise()
+            time.sleep(0.1)
+        return False
+
+    def _supervise(self) -> None:
+        """Start a worker for each that died, and a standby when fewer than two coordinate."""
+        for n, worker in enumerate(self.workers):
+            if worker.poll() is not None:
+                self.workers[n] = self._start_worker()
+        for name, process in list(self.coordinators.items()):
+            if process.poll() is not None:
+                del self.coordinators[name]
+        while len(self.coordinators) < 2:
+            self._start_coordinator()
+
+    def _calm(self) -> None:
+        """Undo what faults left behind, so the end state can be read."""
+        for pid in self.paused:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if self.proxy is not None:
+            self.proxy.delay = 0.0
+        (self.archive / "filler").unlink(missing_ok=True)
+        if self.server.process is None:
+            self.server.start()
+
+    def _verdict(self, reference: Observed | None, ended: bool, seconds: float) -> RunResult:
+        assert self.client is not None
+        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        observed = observe(store, self.client, self.task, self._run_state(), self.ledger)
+        history = read_history(self.logs, self.task)
+        result = RunResult(self.plan, self.task, seconds, history, observed, skipped=self.skipped)
+        result.violations = check(
+            history, observed, reference or observed, self.plan.durability, ended
+        )
+        return result
+
+    def _stop(self) -> None:
+        processes = [*self.workers, *self.coordinators.values()]
+        for process in processes:
+            with contextlib.suppress(ProcessLookupError):
+                process.kill()
+        for process in processes:
+            process.wait()
+        for handle in self.handles:
+            handle.close()
+        if self.proxy is not None:
+            self.proxy.close()
+        if self.client is not None:
+            self.client.close()
+        self.server.kill()
+        if self.mount:
+            subprocess.run(["umount", "-l", str(self.archive)], check=False, capture_output=True)
+
+    # faults -------------------------------------------------------------------------------
+    def _event(self, **fields: object) -> None:
+        fields = {"task": self.task, "t": round(time.monotonic() - self.started, 3), **fields}
+        with self.events.open("a") as out:
+            out.write(json.dumps(fields) + "\n")
+
+    def _inject_all(self) -> None:
+        for fault in self.plan.faults:
+            if self.done.wait(max(0.0, self.started + fault.at - time.monotonic())):
+                self.skipped.append(f"{fault.kind}: the task had ended")
+                continue
+            try:
+                detail = getattr(self, f"_{fault.kind}")(fault)
+            except (OSError, redis.RedisError, subprocess.SubprocessError) as exc:
+                self._event(event="fault failed", fault=fault.kind, error=str(exc))
+                self.skipped.append(f"{fault.kind}: {exc}")
+                continue
+            if detail is None:
+                self.skipped.append(f"{fault.kind}: nothing to inject it into")
+                continue
+            self._event(event="fault injected", fault=fault.kind, **detail)
+
+    def _busy_worker(self) -> tuple[subprocess.Popen[bytes], str | None] | None:
+        """A worker running a step of the task now (by its heartbeat), and its agent.
+
+        With no step running, any live worker, and None for the agent.
+        """
+        assert self.client is not None
+        beats = cast(
+            list[bytes | None], self.client.mget([keys.heartbeat(self.task, a) for a in AGENTS])
+        )
+        running = {int(b.decode().split(":")[1]): a for a, b in zip(AGENTS, beats, strict=True)
+                   if b is not None}  # fmt: skip
+        live = [w for w in self.workers if w.poll() is None and w.pid not in self.paused]
+        busy = [w for w in live if w.pid in running]
+        if not live:
+            return None
+        worker = self.rng.choice(busy or live)
+        return worker, running.get(worker.pid)
+
+    def _kill_worker(self, fault: Fault) -> dict[str, object] | None:
+        found = self._busy_worker()
+        if found is None:
+            return None
+        found[0].kill()
+        return {"pid": found[0].pid, "agent": found[1]}
+
+    def _pause_worker(self, fault: Fault) -> dict[str, object] | None:
+        """SIGSTOP a busy worker; SIGCONT it once its step was retried elsewhere.
+
+        So it wakes as a zombie racing its successor; or after `fault.value` seconds,
+        whichever comes first.
+        """
+        found = self._busy_worker()
+        if found is None:
+            return None
+        worker, agent = found
+        os.kill(worker.pid, signal.SIGSTOP)
+        self.paused.add(worker.pid)
+        threading.Thread(target=self._wake, args=(worker.pid, agent, fault.value),
+                         daemon=True).start()  # fmt: skip
+        return {"pid": worker.pid, "agent": agent, "seconds": fault.value}
+
+    def _wake(self, pid: int, agent: str | None, most: float) -> None:
+        assert self.client is not None
+        deadline = time.monotonic() + most
+        while agent is not None and time.monotonic() < deadline and not self.done.is_set():
+            with contextlib.suppress(redis.RedisError):
+                raw = cast(bytes | None, self.client.hget(keys.steps(self.task), agent))
+                if raw is not None and json.loads(raw)["attempt"] > 1:
+                    time.sleep(self.rng.uniform(0.0, 0.5))  # into the retry's run
+                    break
+            time.sleep(0.02)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGCONT)
+        self.paused.discard(pid)
+
+    def _leader(self) -> str | None:
+        assert self.client is not None
+        holder = cast(bytes | None, self.client.get(keys.LEASE))
+        return None if holder is None else holder.decode().rsplit(":", 1)[0]
+
+    def _kill_leader(self) -> dict[str, object] | None:
+        """SIGKILL the coordinator holding the lease (waiting a while for a live one)."""
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not self.done.is_set():
+            name = self._leader() or ""
+            process = self.coordinators.get(name)
+            if process is not None and process.poll() is None:
+                process.kill()
+                return {"coordinator": name}
+            time.sleep(0.05)  # the lease still names a dead leader: wait for its successor
+        return None
+
+    def _kill_coordinator(self, fault: Fault) -> dict[str, object] | None:
+        return self._kill_leader()
+
+    def _kill_coordinator_mid_commit(self, fault: Fault) -> dict[str, object] | None:
+        """Kill the leader once every vote of the superstep in flight is in, before commit."""
+        assert self.client is not None
+        deadline = time.monotonic() + 15
+        while time.monotonic() < deadline and not self.done.is_set():
+            run = self._run_state()
+            superstep = int(run.get("superstep", "0"))
+            if superstep:
+                steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps(self.task)))
+                votes = RedisHotStore(self.client).get_votes(
+                    self.task, int(run.get("epoch", "0")), superstep
+                )
+                if steps and {s.decode() for s in steps} <= votes.keys():
+                    detail = self._kill_leader()
+                    return None if detail is None else {**detail, "superstep": superstep}
+            time.sleep(0.003)
+        return None
+
+    def _restart_redis(self, fault: Fault) -> dict[str, object] | None:
+        self.server.kill()
+        time.sleep(fault.value)
+        self.server.start()
+        return {"down_s": fault.value}
+
+    def _flushall(self, fault: Fault) -> dict[str, object] | None:
+        assert self.client is not None
+        self.client.flushall()
+        time.sleep(0.5)
+        done = self._cairn("restore", self.task, "--json")  # the operator brings it back
+        return {"restore_exit": done.returncode}
+
+    def _corrupt_archive(self, fault: Fault) -> dict[str, object] | None:
+        """Flip a byte of an archived LC, GC or file that GC 0 (the last fallback) lacks."""
+        assert self.client is not None
+        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        gc0 = store.read_gc(self.task, 0)
+        keep = {f"{ref.id}" for ref in gc0.members.values()} | {gc0.workspace}
+        keep |= set(store.read_manifest(self.task, gc0.workspace).files.values())
+        task_dir = self.archive / "tasks" / self.task
+        candidates = sorted(
+            p for p in [*task_dir.glob("lc/*/*"), *task_dir.glob("gc/*"),
+                        *(self.archive / "blobs").glob("*/*/*")]
+            if p.is_file() and not any(k in p.name for k in keep)
+            and not p.name.startswith(f"{0:012d}")
+        )  # fmt: skip
+        if not candidates:
+            return None
+        path = self.rng.choice(candidates)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+        return {"file": str(path.relative_to(self.archive))}
+
+    def _full_archive(self, fault: Fault) -> dict[str, object] | None:
+        if not self.mount:
+            return None
+        filler = self.archive / "filler"
+        written = 0
+        with filler.open("wb") as out:
+            chunk = b"\0" * 65_536
+            with contextlib.suppress(OSError):  # ENOSPC: the filesystem is full
+                while True:
+                    out.write(chunk)
+                    out.flush()
+                    written += len(chunk)
+        threading.Timer(fault.value, lambda: filler.unlink(missing_ok=True)).start()
+        return {"bytes": written, "seconds": fault.value}
+
+    def _slow_redis(self, fault: Fault) -> dict[str, object] | None:
+        assert self.proxy is not None
+        proxy = self.proxy
+        proxy.delay = fault.value
+
+        def restore() -> None:
+            proxy.delay = 0.0
+
+        threading.Timer(3.0, restore).start()
+        return {"delay_s": fault.value}
+
+    def _manual_restore(self, fault: Fault) -> dict[str, object] | None:
+        assert self.client is not None
+        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        committed = [
+            g.number for g in store.hot.list_gcs(self.task) if g.status.value == "committed"
+        ]
+        to = [] if fault.value < 0.5 or not committed else ["--to", str(self.rng.choice(committed))]
+        done = self._cairn("restore", self.task, *to, "--json")
+        return {"to": to[1] if to else "latest", "exit": done.returncode}

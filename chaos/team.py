@@ -1,0 +1,66 @@
+"""The task every chaos run submits: four scripted agents whose fault-free result is known.
+
+Every agent works for `TURNS` supersteps, each turn writing a file of its own, recording
+an effect in the ledger outside the workspace (through `run_command`, with the call's
+idempotency key), and passing a note to the next agent; two agents write one shared file
+in the same superstep (a conflict the barrier resolves by team order). The scripts are
+fixed, so the final workspace, every agent's history and the ledger of a run with faults
+must equal those of a run without.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+from pydantic import JsonValue
+
+AGENTS = ("planner", "coder", "tester", "reviewer")
+TURNS = 8
+LATENCY = 0.4  # seconds a model turn takes: long enough for faults to land mid-step
+LEDGER_SCRIPT = Path(__file__).with_name("ledger.py")
+
+
+def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
+    after = AGENTS[(AGENTS.index(agent) + 1) % len(AGENTS)]
+    effect = f"{agent}-{turn}"
+    tools: list[JsonValue] = [
+        {"name": "write_file",
+         "args": {"path": f"{agent}/part{turn}.txt", "content": f"{agent} wrote part {turn}\n"}},
+        {"name": "run_command",
+         "args": {"command": f'{sys.executable} {LEDGER_SCRIPT} {ledger} '
+                             f'"$CAIRN_IDEMPOTENCY_KEY" {effect}'}},
+        {"name": "send_message",
+         "args": {"to": after, "content": f"{agent} finished part {turn}."}},
+    ]  # fmt: skip
+    if turn == 1 and agent in ("coder", "tester"):
+        # Both write STATUS.md in the same superstep: the tester (later in order) wins.
+        tools.append(
+            {"name": "write_file", "args": {"path": "STATUS.md", "content": f"{agent} was here\n"}}
+        )
+    return {"say": f"{agent}, turn {turn}.", "latency": LATENCY, "tools": tools}
+
+
+def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
+    """The task spec (as `cairn submit` reads it) recording effects in `ledger`."""
+    agents: list[JsonValue] = []
+    for agent in AGENTS:
+        script: list[JsonValue] = [_turn(agent, turn, ledger) for turn in range(TURNS)]
+        last: dict[str, JsonValue] = {"say": f"{agent} is done.", "latency": LATENCY}
+        if agent == "reviewer":
+            last["tools"] = [{"name": "finish", "args": {"summary": "all parts are in"}}]
+        script.append(last)
+        agents.append({"name": agent, "system": f"You are the {agent}.", "script": script})
+    parts = " ".join(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS))
+    return {
+        "name": "chaos team",
+        "goal": "Every agent writes its parts and records each in the ledger.",
+        "files": {"README.md": "The chaos team's workspace.\n"},
+        "verify": f"for f in {parts}; do test -f $f || exit 1; done",
+        "max_supersteps": 30,
+        "step_timeout": 60,
+        "agents": agents,
+        # hot_keep small, so reads go to the archive; cold_keep large, so nothing an
+        # invariant needs is ever trimmed.
+        "checkpoints": {"durability": durability, "hot_keep": 2, "cold_keep": 100_000},
+    }

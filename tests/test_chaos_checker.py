@@ -1,0 +1,225 @@
+"""The chaos suite's parts: the checker finds each violation, the ledger, the schedules.
+
+The checker is shown a clean history built by hand, then the same history broken in one
+way per invariant: each must be reported, and only it. (A checker that cannot fail would
+make every chaos run pass.) The runs themselves are `make chaos`.
+"""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import redis
+
+from chaos.checker import INVARIANTS, check
+from chaos.faults import draw
+from chaos.ledger import record
+from chaos.observe import GCView, History, MemberView, Observed, read_history
+from chaos.proxy import DelayProxy
+from storage.redis_server import RedisServer
+
+
+def member(epoch: int, attempt: int, superstep: int, said: str, keys: list[str]) -> MemberView:
+    return MemberView(epoch, attempt, superstep, [("assistant", None, said, "[]")], keys)
+
+
+def clean() -> tuple[History, Observed]:
+    """Two agents, two supersteps, a retry of b's first step, then a restore to GC 1."""
+    history = History(
+        launched={(1, 1, "a"): 1, (1, 1, "b"): 2, (1, 2, "a"): 1, (1, 2, "b"): 1},
+        committed={1, 2, 3},
+        restores=[(1, 3, 2)],
+        archived_through=3,
+    )
+    gc1 = GCView(1, 1, 1, "w1", {"a": member(1, 1, 1, "a1", ["a:1:0"]),
+                                 "b": member(1, 2, 1, "b1", ["b:1:0"])})  # fmt: skip
+    gc2 = GCView(2, 2, 1, "w2", {"a": member(1, 1, 2, "a2", ["a:1:0", "a:2:0"]),
+                                 "b": member(1, 1, 2, "b2", ["b:1:0"])})  # fmt: skip
+    gc3 = GCView(3, 1, 2, "w1", {"a": member(2, 1, 1, "a1", ["a:1:0"]),
+                                 "b": member(2, 1, 1, "b1", ["b:1:0"])})  # fmt: skip
+    gc4 = GCView(4, 2, 2, "w2", {"a": member(2, 1, 2, "a2", ["a:1:0", "a:2:0"]),
+                                 "b": member(2, 1, 2, "b2", ["b:1:0"])})  # fmt: skip
+    history.launched |= {(2, 2, "a"): 1, (2, 2, "b"): 1}
+    history.committed.add(4)
+    gcs = {g.number: g for g in (gc1, gc2, gc3, gc4)}
+    observed = Observed("succeeded", "verify passed", gcs, {"f": b"x"},
+                        ["a:1:0", "b:1:0", "a:2:0"], 5)  # fmt: skip
+    return history, observed
+
+
+def found(history: History, observed: Observed, durability: str = "async") -> set[str]:
+    _, reference = clean()
+    return {v.invariant for v in check(history, observed, reference, durability, ended=True)}
+
+
+def test_a_clean_history_passes() -> None:
+    history, observed = clean()
+    assert set() == found(history, observed)
+    assert set() == found(history, observed, "sync")
+
+
+def test_a_restore_that_mixes_gcs_is_caught() -> None:
+    history, observed = clean()
+    observed.gcs[3].members["b"] = member(2, 1, 1, "b2", ["b:1:0"])  # b got GC 2's history
+    assert {"mixed_restore"} == found(history, observed) - {"fenced_write"}
+    history, observed = clean()
+    observed.gcs[3].members["a"].epoch = 1  # a was not restaged under the restore's epoch
+    assert "mixed_restore" in found(history, observed)
+
+
+def test_a_lost_acknowledged_gc_is_caught() -> None:
+    history, observed = clean()
+    del observed.gcs[2]
+    assert "lost_commit" in found(history, observed)
+    history, observed = clean()
+    observed.gcs[2].error = "no such record"
+    assert {"lost_commit"} == found(history, observed)
+
+
+def test_under_sync_only_archived_gcs_count_as_acknowledged() -> None:
+    history, observed = clean()
+    history.archived_through = 3
+    observed.gcs[4].error = "gone with a FLUSHALL before its archive"
+    assert "lost_commit" not in found(history, observed, "sync")
+    assert "lost_commit" in found(history, observed, "async")
+
+
+def test_detected_corruption_of_a_damaged_file_is_not_a_loss() -> None:
+    history, observed = clean()
+    observed.gcs[2].error, observed.gcs[2].corrupt = "checksum mismatch", True
+    assert "lost_commit" in found(history, observed)  # nobody damaged anything
+    history.corrupted.append("tasks/t/lc/b/x.zst")
+    assert "lost_commit" not in found(history, observed)
+
+
+def test_a_write_from_a_fenced_attempt_or_epoch_is_caught() -> None:
+    history, observed = clean()
+    observed.gcs[1].members["b"].attempt = 1  # attempt 2 was current
+    assert {"fenced_write"} == found(history, observed)
+    history, observed = clean()
+    observed.gcs[2].members["a"].epoch = 0
+    assert {"fenced_write"} == found(history, observed)
+
+
+def test_a_write_accepted_after_its_fence_is_caught_from_the_audit_stream() -> None:
+    """Redis's order says b's attempt 1 wrote after attempt 2 was fenced in: a violation.
+
+    It is one even though the GC took attempt 2's LC (the zombie's vote was overwritten).
+    """
+    history, observed = clean()
+    observed.audit = [
+        ("fence", "b", "1:1:1", ""), ("lc", "b", "1:1:1", "x1"),
+        ("fence", "b", "1:1:2", ""), ("lc", "b", "1:1:2", "x2"),
+    ]  # fmt: skip
+    assert set() == found(history, observed)
+    observed.audit.append(("lc", "b", "1:1:1", "zombie"))
+    assert {"fenced_write"} == found(history, observed)
+    observed.audit = [("fence", "a", "1:2:1", ""), ("epoch", "", "2", ""),
+                      ("lc", "a", "1:2:1", "old epoch")]  # fmt: skip
+    assert {"fenced_write"} == found(history, observed)
+
+
+def test_a_different_end_is_caught() -> None:
+    history, observed = clean()
+    observed.files = {"f": b"y"}
+    assert {"diverged"} == found(history, observed)
+    history, observed = clean()
+    observed.gcs[4].members["a"].messages.append(("user", "b", "extra", "[]"))
+    assert {"diverged"} == found(history, observed)
+
+
+def test_an_effect_applied_twice_missing_or_extra_is_caught() -> None:
+    for ledger in (["a:1:0", "b:1:0", "a:2:0", "a:2:0"], ["a:1:0", "b:1:0"],
+                   ["a:1:0", "b:1:0", "a:2:0", "b:2:0"]):  # fmt: skip
+        history, observed = clean()
+        observed.ledger = ledger
+        assert {"effect_not_once"} == found(history, observed), ledger
+
+
+def test_a_task_that_did_not_succeed_in_time_is_caught() -> None:
+    history, observed = clean()
+    _, reference = clean()
+    stuck = check(history, observed, reference, "async", ended=False)
+    assert {"stuck"} == {v.invariant for v in stuck}
+    observed.status, observed.reason = "unrecoverable", "no checkpoint could be restored"
+    assert "stuck" in found(history, observed)
+
+
+def test_every_invariant_has_a_way_to_fail() -> None:
+    """Each invariant listed in the table was shown failing above."""
+    shown = {"mixed_restore", "lost_commit", "fenced_write", "diverged", "effect_not_once",
+             "stuck"}  # fmt: skip
+    assert shown == set(INVARIANTS)
+
+
+def test_history_is_read_from_log_lines_of_every_process(tmp_path: Path) -> None:
+    """JSON events of the task are folded in; other tasks, RQ's lines and cut lines are not."""
+    (tmp_path / "coordinator-1.log").write_text(
+        '{"event": "steps launched", "task": "t", "epoch": 1, "superstep": 1,'
+        ' "attempts": {"a": 1}}\n'
+        "12:00:01 default: Job OK (cairn-t-1-1-a-1)\n"
+        '{"event": "steps launched", "task": "t", "epoch": 1, "superstep": 1,'
+        ' "attempts": {"a": 2}}\n'
+        '{"event": "superstep committed", "task": "t", "gc": 1}\n'
+        '{"event": "superstep committed", "task": "other", "gc": 9}\n'
+        '{"event": "checkpoints archived", "task": "t", "through": 1}\n'
+        '{"event": "task restored", "task": "t", "to": 1, "gc": 2, "epoch": 2}\n'
+        '{"event": "superstep comm'
+    )
+    (tmp_path / "worker-2.log").write_text('{"event": "attempt fenced", "task": "t"}\n')
+    (tmp_path / "harness.jsonl").write_text(
+        '{"event": "fault injected", "task": "t", "fault": "corrupt_archive", "file": "x"}\n'
+    )
+    history = read_history(tmp_path, "t")
+    assert {(1, 1, "a"): 2} == history.launched
+    assert {1, 2} == history.committed
+    assert [(1, 2, 2)] == history.restores
+    assert (1, 1, ["x"]) == (history.archived_through, history.fenced, history.corrupted)
+    assert {"corrupt_archive": 1} == dict(history.faults)
+
+
+def test_the_ledger_applies_a_key_once_and_refuses_a_call_without_one(tmp_path: Path) -> None:
+    assert record(tmp_path, "t:a:1:0", "one")
+    assert not record(tmp_path, "t:a:1:0", "one again")
+    assert record(tmp_path, "t:a:1:1", "two")
+    applied = (tmp_path / "applied.log").read_text().splitlines()
+    assert ["t:a:1:0\tone", "t:a:1:1\ttwo"] == applied
+    assert 3 == len((tmp_path / "calls.log").read_text().splitlines())
+    script = Path(__file__).resolve().parents[1] / "chaos" / "ledger.py"
+    run = [sys.executable, str(script), str(tmp_path), "", "x"]
+    refused = subprocess.run(run, capture_output=True, text=True, check=False)
+    assert 2 == refused.returncode
+    assert "CAIRN_IDEMPOTENCY_KEY" in refused.stderr
+
+
+def test_a_seed_draws_one_schedule() -> None:
+    """The same seed gives the same plan; FLUSHALL only under sync; a full disk only as root."""
+    assert draw(7, 8.0, True) == draw(7, 8.0, True)
+    plans = [draw(seed, 8.0, False) for seed in range(200)]
+    kinds = {f.kind for p in plans for f in p.faults}
+    assert "full_archive" not in kinds
+    assert all(p.durability == "sync" for p in plans for f in p.faults if f.kind == "flushall")
+    assert {"kill_worker", "flushall", "manual_restore"} <= kinds
+    assert all(0.5 <= f.at <= 8.0 for p in plans for f in p.faults)
+
+
+def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path) -> None:
+    server = RedisServer(tmp_path / "redis").start()
+    proxy = DelayProxy(server.port).start()
+    try:
+        client = redis.Redis(port=proxy.port, socket_timeout=2)
+        assert client.ping()
+        proxy.delay = 0.01
+        assert client.set("k", "v")
+        assert b"v" == client.get("k")
+        client.close()
+        server.kill()
+        with socket.create_connection(("127.0.0.1", proxy.port), timeout=2) as sock:
+            sock.settimeout(2)
+            assert b"" == sock.recv(1)  # closed by the proxy: Redis is not there
+    finally:
+        proxy.close()
+        server.kill()
