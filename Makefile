@@ -9,7 +9,7 @@ STAMP := $(VENV)/.installed
 $(STAMP): pyproject.toml constraints.txt
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph]'
 	touch $(STAMP)
 
 install: $(STAMP)

@@ -16,7 +16,8 @@ from pathlib import Path
 
 from bench.report import Target, now_ns, summary
 
-PARTS = ("storage", "agents", "coordinator")  # in the order `python -m bench` runs them
+# in the order `python -m bench` runs them
+PARTS = ("storage", "agents", "coordinator", "langgraph")
 
 
 def cpu_model() -> str:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import shutil
 import threading
 import time
 from pathlib import Path
@@ -236,6 +237,28 @@ class DiskArchive:
 
     def get_doc(self, task: str, name: str) -> bytes | None:
         return self._read(self._doc_path(task, name))
+
+    def put_docs(self, task: str, docs: dict[str, bytes]) -> None:
+        """Put many documents of a task, made durable together by one `sync()`."""
+        for name, data in docs.items():
+            self._write(self._doc_path(task, name), data)
+        self.sync()
+
+    def delete_doc(self, task: str, name: str) -> None:
+        """Delete one document of a task (gone already: nothing to do)."""
+        self._delete(self._doc_path(task, name))
+
+    def delete_docs(self, task: str) -> None:
+        """Delete every document of a task (its other records stay)."""
+        directory = self._task_dir(task) / "doc"
+        try:
+            shutil.rmtree(directory)
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise ArchiveError(f"cannot delete {directory}: {_reason(exc)}") from None
+        with self._lock:
+            self._known_dirs = {d for d in self._known_dirs if not d.is_relative_to(directory)}
 
     def tasks(self) -> list[str]:
         base = self.root / "tasks"

@@ -87,12 +87,13 @@ def connect(url: str, **kwargs: object) -> redis.Redis:
     return redis.Redis.from_pool(pool)  # closing the client closes its connections
 
 
-def _script(r: redis.Redis, name: str) -> Script:
+def script(r: redis.Redis, name: str) -> Script:
+    """Register `lua/<name>.lua` of this package on `r`."""
     source = resources.files("storage.backends").joinpath(f"lua/{name}.lua").read_text()
     return r.register_script(source)
 
 
-def _translating(call: Callable[[], object]) -> object:
+def translating(call: Callable[[], object]) -> object:
     """Run a script call, turning its FENCED/REFUSED replies into Cairn's errors."""
     try:
         return call()
@@ -142,16 +143,16 @@ class RedisHotStore:
         # them: the history the chaos suite's checker replays. Off, it costs nothing.
         self.audit = os.environ.get("CAIRN_AUDIT") == "1" if audit is None else audit
         self._audit_flag = "1" if self.audit else "0"
-        self._write_lc = _script(client, "write_lc")
-        self._read_chain = _script(client, "read_chain")
-        self._walk_chains = _script(client, "walk_chains")
-        self._prepare_gc = _script(client, "prepare_gc")
-        self._commit_gc = _script(client, "commit_gc")
-        self._abort_gc = _script(client, "abort_gc")
-        self._raise_epoch = _script(client, "raise_epoch")
-        self._step_start = _script(client, "step_start")
-        self._begin_attempt = _script(client, "begin_attempt")
-        self._claim = _script(client, "claim")
+        self._write_lc = script(client, "write_lc")
+        self._read_chain = script(client, "read_chain")
+        self._walk_chains = script(client, "walk_chains")
+        self._prepare_gc = script(client, "prepare_gc")
+        self._commit_gc = script(client, "commit_gc")
+        self._abort_gc = script(client, "abort_gc")
+        self._raise_epoch = script(client, "raise_epoch")
+        self._step_start = script(client, "step_start")
+        self._begin_attempt = script(client, "begin_attempt")
+        self._claim = script(client, "claim")
 
     def read_audit(self, task: str) -> list[dict[str, str]]:
         """The task's audit stream, oldest first (empty unless some writer audited).
@@ -174,7 +175,7 @@ class RedisHotStore:
         return int(
             cast(
                 int,
-                _translating(
+                translating(
                     lambda: self._raise_epoch(
                         keys=[keys.epoch(task), keys.owner(task), keys.audit(task)],
                         args=[to, _token(owner), self._audit_flag],
@@ -184,7 +185,7 @@ class RedisHotStore:
         )
 
     def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
-        _translating(
+        translating(
             lambda: self._begin_attempt(
                 keys=[keys.attempts(task), keys.epoch(task), keys.audit(task)],
                 args=[agent, superstep, attempt, self._audit_flag],
@@ -194,7 +195,7 @@ class RedisHotStore:
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
         t = lc.task
-        _translating(
+        translating(
             lambda: self._write_lc(
                 keys=[
                     keys.epoch(t),
@@ -306,12 +307,12 @@ class RedisHotStore:
         return cast(bytes | None, self.redis.get(keys.doc(task, name)))
 
     def claim(self, task: str, token: int) -> None:
-        _translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
+        translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
 
     def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
-        _translating(
+        translating(
             lambda: self._prepare_gc(
                 keys=[keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t), keys.owner(t)],
                 args=[
@@ -328,7 +329,7 @@ class RedisHotStore:
     def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
-        _translating(
+        translating(
             lambda: self._commit_gc(
                 keys=[
                     keys.epoch(t),
@@ -358,7 +359,7 @@ class RedisHotStore:
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         t = gc.task
-        _translating(
+        translating(
             lambda: self._abort_gc(
                 keys=[
                     keys.gc(t, gc.number),

@@ -1,0 +1,749 @@
+"""`CairnSaver`: a LangGraph checkpointer on Cairn's storage.
+
+Installed with `pip install 'cairn-agents[langgraph]'`.
+
+It runs on plain Redis 7 (no modules) with a disk archive behind it, and closes the gaps
+LangGraph's own savers leave:
+
+- **Fenced writes.** A put must extend the head of its thread's namespace: two writers
+  racing on one thread get `FencedWrite` instead of two silent branches
+  (langchain-ai/langgraph#8796). Time travel still forks: a writer that read a checkpoint
+  by its id may put a child of it, and the fork becomes the head. A put naming no parent
+  starts a new history beside the old one, as LangGraph's conformance suite expects;
+  `strict=True` refuses that too (two runs starting one new thread at once).
+- **Cost that depends on what changed.** A list channel that only grew since the version
+  this saver last wrote or read (`add_messages` histories) is stored as pieces: each
+  version's blob holds its new items and folds in the newest pieces no bigger than it
+  (a binary counter), so a read joins O(log n) blobs and a step with 1,000 messages of
+  history stores about what it added, not the 1,000 messages.
+- **Checksums.** Every record is sealed by Cairn's codec (SHA-256, HMAC-SHA256 with
+  `CAIRN_SIGNING_KEY`, zstd above a size); a damaged one is refused with its name.
+- **Retention and a cold tier.** `archive(thread_id, keep=N)` moves all but the newest N
+  checkpoints of each namespace (their writes and the blobs only they use) to the disk
+  archive; with `hot_keep=N` the saver does it itself once a namespace holds 2N in Redis.
+  Every read falls back to the archive.
+
+Keys live under `cairn:lg:{<thread>}:`, one hash slot per thread. Values are serialized
+with LangGraph's serializer (`JsonPlusSerializer`, no pickle).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import operator
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Generic, TypeVar, cast
+
+import ormsgpack
+import redis
+from langchain_core.runnables import RunnableConfig
+from langgraph.checkpoint.base import (
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    PendingWrite,
+    get_checkpoint_id,
+    get_checkpoint_metadata,
+    writes_sort_key,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol
+
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import script, translating
+from storage.codec import Codec
+from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+
+PREFIX = "cairn:lg"
+THREADS = f"{PREFIX}:threads"  # every thread with checkpoints, for `list(None)`
+MAX_PIECES = 40  # a list channel's blobs a read joins at most (O(log n) in practice)
+REMEMBERED = 1_000  # threads' channels (and forks) a saver remembers for its next put
+NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces
+_SAFE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+Typed = tuple[str, bytes]
+
+
+def _slot(name: str) -> str:
+    """A name safe inside a hash tag and a file name: itself if plain, else its digest."""
+    if _SAFE.fullmatch(name) and not name.startswith((".", "-")):
+        return name
+    return "h-" + hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:40]
+
+
+@dataclass(frozen=True, slots=True)
+class _Where:
+    """A thread's namespace, and how its keys are spelled."""
+
+    thread: str
+    ns: str
+
+    @property
+    def base(self) -> str:
+        return f"{PREFIX}:{{{_slot(self.thread)}}}:"
+
+    @property
+    def ns_key(self) -> str:
+        return _slot(self.ns) if self.ns else "_"
+
+    def head(self) -> str:
+        return f"{self.base}head:{self.ns_key}"
+
+    def ids(self) -> str:
+        return f"{self.base}ids:{self.ns_key}"
+
+    def namespaces(self) -> str:
+        return f"{self.base}nss"
+
+    def checkpoint(self, checkpoint_id: str) -> str:
+        return f"{self.base}cp:{self.ns_key}:{checkpoint_id}"
+
+    def writes(self, checkpoint_id: str) -> str:
+        return f"{self.base}w:{self.ns_key}:{checkpoint_id}"
+
+    def blob(self, channel: str, version: str) -> str:
+        return f"{self.base}b:{self.ns_key}:{_slot(channel)}:{version}"
+
+
+@dataclass(slots=True)
+class _Grown:
+    """What this saver last stored of a list channel, to store only what it gained.
+
+    `pieces` are the versions whose blobs hold the list, oldest first, each with how many
+    of its items it holds: the first from item 0, each next one where the last ended.
+    """
+
+    value: list[Any]
+    pieces: list[tuple[str, int]]
+
+
+K = TypeVar("K")
+V = TypeVar("V")
+
+
+class _Recent(Generic[K, V]):
+    """A small map that forgets its least recently used entries past `size`.
+
+    Thread-safe: the async methods run the sync ones on threads.
+    """
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self._items: OrderedDict[K, V] = OrderedDict()
+        self._lock = threading.Lock()
+
+    def get(self, key: K) -> V | None:
+        with self._lock:
+            found = self._items.get(key)
+            if found is not None:
+                self._items.move_to_end(key)
+            return found
+
+    def put(self, key: K, value: V) -> None:
+        with self._lock:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self.size:
+                self._items.popitem(last=False)
+
+    def pop(self, key: K) -> V | None:
+        with self._lock:
+            return self._items.pop(key, None)
+
+    def forget(self, keep: Callable[[K], bool]) -> None:
+        """Drop every entry whose key `keep` rejects."""
+        with self._lock:
+            for key in [k for k in self._items if not keep(k)]:
+                del self._items[key]
+
+
+def _pack(value: object) -> bytes:
+    return ormsgpack.packb(value)
+
+
+def _unpack(data: bytes) -> dict[str, Any]:
+    found = ormsgpack.unpackb(data)
+    if not isinstance(found, dict):
+        raise CorruptCheckpoint("langgraph record", "not a map")
+    return found
+
+
+class CairnSaver(BaseCheckpointSaver[str]):
+    """A LangGraph `BaseCheckpointSaver`, sync and async, on Redis and a disk archive."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        archive: str | Path | None = None,
+        *,
+        serde: SerializerProtocol | None = None,
+        codec: Codec | None = None,
+        max_pieces: int = MAX_PIECES,
+        strict: bool = False,
+        hot_keep: int | None = None,
+    ) -> None:
+        super().__init__(serde=serde)
+        if hot_keep is not None and (archive is None or hot_keep < 1):
+            raise CairnError("hot_keep needs an archive directory and a count of at least 1")
+        self.strict = strict
+        self.hot_keep = hot_keep
+        self.redis = client
+        self.codec = codec or Codec.from_env()
+        self.cold = DiskArchive(archive) if archive is not None else None
+        self.max_pieces = max_pieces
+        self._put = script(client, "lg_put")
+        # (thread, ns, channel) → the list last stored or read; bounded, for a saver that
+        # serves many threads holds their histories.
+        self._grown: _Recent[tuple[str, str, str], _Grown] = _Recent(REMEMBERED)
+        self._forks: _Recent[tuple[str, str, str], bool] = _Recent(REMEMBERED)  # read by id
+
+    # sealing ------------------------------------------------------------------------------
+    def _seal(self, value: object) -> bytes:
+        return self.codec.seal(_pack(value)).data
+
+    def _open(self, data: bytes, name: str) -> dict[str, Any]:
+        return _unpack(self.codec.open(data, name))
+
+    # put ----------------------------------------------------------------------------------
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint as the new head of its thread's namespace.
+
+        Raises `FencedWrite` when its parent is not the head (another writer extended the
+        thread since this one read it), unless this saver read that parent by its id.
+        """
+        conf = config["configurable"]
+        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        parent = conf.get("checkpoint_id") or ""
+        saved = checkpoint.copy()
+        values: dict[str, Any] = saved.pop("channel_values")  # type: ignore[misc]
+        blob_keys, blobs, grown = [], [], {}
+        for channel, version in new_versions.items():
+            blob_keys.append(where.blob(channel, str(version)))
+            blob, grown[channel] = self._blob(where, channel, str(version), values)
+            blobs.append(self._seal(blob))
+        merged = get_checkpoint_metadata(config, metadata)
+        record = {
+            "v": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
+            "c": list(self.serde.dumps_typed(saved)),
+            "m": list(self.serde.dumps_typed(merged)),
+            "p": parent or None,
+            "r": merged.get("run_id"),
+        }
+        # A put naming no parent starts a new history; only `strict` refuses it in a
+        # namespace that has one (LangGraph writes none there unless two runs start a
+        # thread at once, but its conformance suite does, on purpose).
+        forked = self._forks.pop((where.thread, where.ns, parent)) is not None
+        fork = "1" if forked or (not parent and not self.strict) else "0"
+        hot = translating(lambda: self._put(
+            keys=[where.head(), where.checkpoint(checkpoint["id"]), where.ids(),
+                  where.namespaces(), *blob_keys],
+            args=[checkpoint["id"], parent, fork, where.ns, self._seal(record), *blobs],
+        ))  # fmt: skip
+        self.redis.sadd(THREADS, where.thread)
+        # Only now, stored: a refused put must not become the base of the next one.
+        for channel, state in grown.items():
+            key = (where.thread, where.ns, channel)
+            if state is None:
+                self._grown.pop(key)
+            else:
+                self._grown.put(key, state)
+        # Retention: archive down to `hot_keep` once Redis holds twice that, so the
+        # archive's cost (a few fsyncs) comes once every `hot_keep` puts.
+        if self.hot_keep is not None and int(cast(int, hot)) > 2 * self.hot_keep:
+            self.archive(where.thread, keep=self.hot_keep)
+        return {"configurable": {"thread_id": where.thread, "checkpoint_ns": where.ns,
+                                 "checkpoint_id": checkpoint["id"]}}  # fmt: skip
+
+    def _blob(
+        self, where: _Where, channel: str, version: str, values: dict[str, Any]
+    ) -> tuple[dict[str, Any], _Grown | None]:
+        """The stored form of a channel's new version, and what to remember once stored.
+
+        Whole, or the items it adds to the version this saver last wrote or read.
+        """
+        if channel not in values:
+            return {"t": "empty"}, None
+        value = values[channel]
+        if not isinstance(value, list):
+            kind, data = self.serde.dumps_typed(value)
+            return {"t": kind, "d": data}, None
+        last = self._grown.get((where.thread, where.ns, channel))
+        # The same objects in the same places: LangGraph's reducers build a new list and
+        # leave the old items be, so this holds exactly when the list only grew.
+        if (
+            last is None
+            or len(value) < len(last.value)
+            or not all(map(operator.is_, value, last.value))
+        ):
+            kind, data = self.serde.dumps_typed(value)
+            return {"t": kind, "d": data}, _Grown(value, [(version, len(value))])
+        # This version's blob holds the new items, and takes in each newest piece that is
+        # no bigger than it: piece sizes halve from the first, as the digits of a binary
+        # counter, so a read joins O(log n) pieces and a write rewrites each item O(log n)
+        # times over the list's life: a cost that stays flat as the history grows.
+        pieces, start = list(last.pieces), len(last.value)
+        while pieces and (pieces[-1][1] <= len(value) - start or len(pieces) >= self.max_pieces):
+            start -= pieces.pop()[1]
+        kind, data = self.serde.dumps_typed(value[start:])
+        blob = {"t": kind, "d": data}
+        if pieces:
+            blob["base"] = [v for v, _ in pieces]
+        return blob, _Grown(value, [*pieces, (version, len(value) - start)])
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Store a task's pending writes for a checkpoint (a write already there is kept)."""
+        conf = config["configurable"]
+        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        key = where.writes(str(conf["checkpoint_id"]))
+        pipe = self.redis.pipeline(transaction=True)
+        for index, (channel, value) in enumerate(writes):
+            idx = WRITES_IDX_MAP.get(channel, index)
+            kind, data = self.serde.dumps_typed(value)
+            sealed = self._seal({"task": task_id, "idx": idx, "ch": channel, "t": kind,
+                                 "d": data, "path": task_path})  # fmt: skip
+            field = f"{task_id}\x00{idx}"
+            # Special writes (errors, interrupts) replace; ordinary ones are written once.
+            (pipe.hset if idx < 0 else pipe.hsetnx)(key, field, sealed)
+        pipe.execute()
+
+    # get ----------------------------------------------------------------------------------
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint the config names, or its namespace's latest; None if none."""
+        conf = config["configurable"]
+        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            self._forks.put((where.thread, where.ns, checkpoint_id), True)
+        else:
+            checkpoint_id = self._latest(where)
+            if checkpoint_id is None:
+                return None
+        return self._tuple(where, checkpoint_id, seed=True)
+
+    def _latest(self, where: _Where) -> str | None:
+        newest = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), "+", "-", 0, 1))
+        if newest:
+            return newest[0].decode()
+        archived = self._cold_ids(where)
+        return archived[-1] if archived else None
+
+    def _ids(self, where: _Where, before: str | None = None) -> list[str]:
+        """The namespace's checkpoint ids, hot and archived, newest first."""
+        top = f"({before}" if before else "+"
+        found = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), top, "-"))
+        hot = [i.decode() for i in found]
+        cold = [i for i in self._cold_ids(where) if before is None or i < before]
+        return sorted(set(hot) | set(cold), reverse=True)
+
+    def _tuple(
+        self, where: _Where, checkpoint_id: str, *, seed: bool = False
+    ) -> CheckpointTuple | None:
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.get(where.checkpoint(checkpoint_id))
+        pipe.hgetall(where.writes(checkpoint_id))
+        raw, raw_writes = cast(tuple[bytes | None, dict[bytes, bytes]], pipe.execute())
+        if raw is None:  # archived, or never there
+            raw = self._cold_get(where, where.checkpoint(checkpoint_id))
+            if raw is None:
+                return None
+            # Writes put after the checkpoint was archived are still in Redis.
+            raw_writes = {**self._cold_writes(where, checkpoint_id), **raw_writes}
+        name = f"langgraph checkpoint {where.thread}/{where.ns}/{checkpoint_id}"
+        record = self._open(raw, name)
+        checkpoint = cast(Checkpoint, self.serde.loads_typed(tuple(record["c"])))
+        checkpoint["channel_values"] = self._values(
+            where, checkpoint["channel_versions"], seed=seed
+        )
+        return CheckpointTuple(
+            config=_config(where, checkpoint_id),
+            checkpoint=checkpoint,
+            metadata=cast(CheckpointMetadata, self.serde.loads_typed(tuple(record["m"]))),
+            parent_config=_config(where, record["p"]) if record["p"] else None,
+            pending_writes=self._pending(raw_writes, name),
+        )
+
+    def _pending(self, raw: dict[bytes, bytes], name: str) -> list[PendingWrite]:
+        found = [self._open(data, f"{name} write") for data in raw.values()]
+        found.sort(key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]))
+        return [(w["task"], w["ch"], self.serde.loads_typed((w["t"], w["d"]))) for w in found]
+
+    def _values(
+        self, where: _Where, versions: ChannelVersions, *, seed: bool = False
+    ) -> dict[str, Any]:
+        """The channels' values at `versions`, every blob of them read in two round trips.
+
+        With `seed`, the lists read are remembered as the last stored versions of their
+        channels: a writer that goes on from this checkpoint hands LangGraph's reducers
+        these very objects, and its next put stores only what they add to them.
+        """
+        wanted = {ch: where.blob(ch, str(v)) for ch, v in versions.items()}
+        stored = self._blobs(where, wanted.values())
+        bases = {
+            where.blob(ch, v) for ch, key in wanted.items() for v in stored[key].get("base", ())
+        }
+        stored |= self._blobs(where, bases - stored.keys())
+        values: dict[str, Any] = {}
+        for channel, key in wanted.items():
+            blob = stored[key]
+            if blob["t"] == "empty":
+                continue
+            value = self.serde.loads_typed((blob["t"], blob["d"]))
+            pieces: list[tuple[str, int]] = []
+            if "base" in blob:
+                whole: list[Any] = []
+                for version in blob["base"]:
+                    part = stored[where.blob(channel, version)]
+                    items = self.serde.loads_typed((part["t"], part["d"]))
+                    pieces.append((version, len(items)))
+                    whole.extend(items)
+                value = whole + value
+            if isinstance(value, list):
+                pieces.append((str(versions[channel]), len(value) - sum(n for _, n in pieces)))
+            if seed and isinstance(value, list):
+                self._grown.put((where.thread, where.ns, channel), _Grown(value, pieces))
+            values[channel] = value
+        return values
+
+    def _blobs(self, where: _Where, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
+        """Blob key → its record: the hot ones in one round trip, the rest from the archive."""
+        wanted = list(keys)
+        if not wanted:
+            return {}
+        found = cast(list[bytes | None], self.redis.mget(wanted))
+        out = {}
+        for key, data in zip(wanted, found, strict=True):
+            sealed = data if data is not None else self._cold_get(where, key)
+            if sealed is None:
+                raise RecordNotFound(f"langgraph blob {key}")
+            out[key] = self._open(sealed, f"langgraph blob {key}")
+        return out
+
+    def _namespaces(self, thread: str) -> list[str]:
+        members = cast(set[bytes], self.redis.smembers(_Where(thread, "").namespaces()))
+        return sorted({m.decode() for m in members} | set(self._cold_namespaces(thread)))
+
+    # delete -------------------------------------------------------------------------------
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete every checkpoint, write and blob of a thread."""
+        pattern = _Where(thread_id, "").base.replace("[", "\\[") + "*"
+        doomed = list(self.redis.scan_iter(match=pattern, count=1_000))
+        for start in range(0, len(doomed), 1_000):
+            self.redis.delete(*doomed[start : start + 1_000])
+        self.redis.srem(THREADS, thread_id)
+        if self.cold is not None:
+            self.cold.delete_docs(_cold_task(thread_id))
+        self._grown.forget(lambda key: key[0] != thread_id)
+
+    # the cold tier ------------------------------------------------------------------------
+    def archive(self, thread_id: str, keep: int = 1) -> int:
+        """Move all but the newest `keep` checkpoints of each namespace to the archive.
+
+        Their records, writes and the blobs only they need are written to disk (durably)
+        before they leave Redis; reads fall back to the archive. Returns how many moved.
+        Raises `CairnError` without an archive.
+        """
+        if self.cold is None:
+            raise CairnError("this CairnSaver has no archive directory")
+        moved = 0
+        for ns in self._namespaces(thread_id):
+            where = _Where(thread_id, ns)
+            ids = sorted(
+                i.decode() for i in cast(list[bytes], self.redis.zrange(where.ids(), 0, -1))
+            )
+            going, staying = ids[: max(0, len(ids) - keep)], ids[max(0, len(ids) - keep) :]
+            if going:
+                self._archive_ids(where, going, staying)
+                moved += len(going)
+        return moved
+
+    def _archive_ids(self, where: _Where, going: list[str], staying: list[str]) -> None:
+        assert self.cold is not None
+        records = self._records(where, going)
+        needed = self._blob_keys(where, records.values())
+        kept = self._blob_keys(where, self._records(where, staying).values())
+        docs: dict[str, bytes] = {}
+        for checkpoint_id in going:
+            key = where.checkpoint(checkpoint_id)
+            docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
+            writes = self._raw_writes(where, checkpoint_id)
+            docs[_cold_name(where.writes(checkpoint_id))] = self._seal(writes)
+        for key in needed:
+            docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
+        task = _cold_task(where.thread)
+        docs[_ids_doc(where)] = self._seal({"ids": sorted({*self._cold_ids(where), *going})})
+        docs[NSS_DOC] = self._seal({"nss": sorted({*self._cold_namespaces(where.thread),
+                                                   where.ns})})  # fmt: skip
+        self.cold.put_docs(task, docs)  # on disk, durably, before anything leaves Redis
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(where.ids(), *going)
+        for checkpoint_id in going:
+            pipe.delete(where.checkpoint(checkpoint_id), where.writes(checkpoint_id))
+        for key in needed - kept:
+            pipe.delete(key)
+        pipe.execute()
+
+    def _records(self, where: _Where, ids: list[str]) -> dict[str, dict[str, Any]]:
+        """Checkpoint id → its record (hot or archived)."""
+        return {
+            i: self._open(cast(bytes, self._raw(where, where.checkpoint(i))),
+                          f"langgraph checkpoint {where.thread}/{where.ns}/{i}")
+            for i in ids
+        }  # fmt: skip
+
+    def _blob_keys(self, where: _Where, records: Iterable[dict[str, Any]]) -> set[str]:
+        """Every blob key the records' channel versions need, delta bases included."""
+        direct = {where.blob(ch, v): ch for r in records for ch, v in r["v"].items()}
+        found = set(direct)
+        for key, blob in self._blobs(where, [k for k in direct if self._exists(where, k)]).items():
+            found |= {where.blob(direct[key], v) for v in blob.get("base", ())}
+        return found
+
+    def _exists(self, where: _Where, key: str) -> bool:
+        return self._raw(where, key) is not None
+
+    def _raw(self, where: _Where, key: str) -> bytes | None:
+        found = cast(bytes | None, self.redis.get(key))
+        return found if found is not None else self._cold_get(where, key)
+
+    def _raw_writes(self, where: _Where, checkpoint_id: str) -> dict[str, bytes]:
+        hot = cast(dict[bytes, bytes], self.redis.hgetall(where.writes(checkpoint_id)))
+        merged = {**self._cold_writes(where, checkpoint_id), **hot}
+        return {k.decode(): v for k, v in merged.items()}
+
+    def _cold_get(self, where: _Where, key: str) -> bytes | None:
+        if self.cold is None:
+            return None
+        return self.cold.get_doc(_cold_task(where.thread), _cold_name(key))
+
+    def _cold_writes(self, where: _Where, checkpoint_id: str) -> dict[bytes, bytes]:
+        raw = self._cold_get(where, where.writes(checkpoint_id))
+        if raw is None:
+            return {}
+        opened = self._open(raw, f"langgraph writes {where.thread}/{checkpoint_id}")
+        return {k.encode(): v for k, v in opened.items()}
+
+    def _cold_ids(self, where: _Where) -> list[str]:
+        if self.cold is None:
+            return []
+        raw = self.cold.get_doc(_cold_task(where.thread), _ids_doc(where))
+        return [] if raw is None else list(self._open(raw, "langgraph archive index")["ids"])
+
+    def _cold_namespaces(self, thread: str) -> list[str]:
+        if self.cold is None:
+            return []
+        raw = self.cold.get_doc(_cold_task(thread), NSS_DOC)
+        return [] if raw is None else list(self._open(raw, "langgraph archive index")["nss"])
+
+    # the extended capabilities ------------------------------------------------------------
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint of a thread, with its writes and blobs, to another (hot)."""
+        pipe = self.redis.pipeline(transaction=False)
+        for ns in self._namespaces(source_thread_id):
+            source, target = _Where(source_thread_id, ns), _Where(target_thread_id, ns)
+            ids = sorted(self._ids(source))
+            records = self._records(source, ids)
+            for key in self._blob_keys(source, records.values()):
+                pipe.set(
+                    key.replace(source.base, target.base, 1), cast(bytes, self._raw(source, key))
+                )
+            for checkpoint_id in ids:
+                record = self._raw(source, source.checkpoint(checkpoint_id))
+                pipe.set(target.checkpoint(checkpoint_id), cast(bytes, record))
+                for field, data in self._raw_writes(source, checkpoint_id).items():
+                    pipe.hset(target.writes(checkpoint_id), field, data)
+                pipe.zadd(target.ids(), {checkpoint_id: 0})
+            if ids:
+                pipe.set(target.head(), ids[-1])
+                pipe.sadd(target.namespaces(), ns)
+                pipe.sadd(THREADS, target_thread_id)
+        pipe.execute()
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete every checkpoint (and its writes) that one of `run_ids` made."""
+        doomed_runs = set(run_ids)
+        if not doomed_runs:
+            return
+        for thread in sorted(m.decode() for m in cast(set[bytes], self.redis.smembers(THREADS))):
+            for ns in self._namespaces(thread):
+                where = _Where(thread, ns)
+                records = self._records(where, self._ids(where))
+                doomed = [i for i, r in records.items() if r.get("r") in doomed_runs]
+                if doomed:
+                    self._forget(where, doomed)
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """Keep only each namespace's latest checkpoint (`keep_latest`), or none (`delete`)."""
+        if strategy not in ("keep_latest", "delete"):
+            raise ValueError(f"unknown prune strategy {strategy!r}")
+        for thread in thread_ids:
+            if strategy == "delete":
+                self.delete_thread(thread)
+                continue
+            for ns in self._namespaces(thread):
+                where = _Where(thread, ns)
+                ids = self._ids(where)
+                if len(ids) > 1:
+                    self._forget(where, ids[1:], keep=ids[0])
+
+    def _forget(self, where: _Where, doomed: list[str], keep: str | None = None) -> None:
+        """Delete checkpoints and their writes, hot and archived.
+
+        With `keep`, also the blobs only the deleted ones needed.
+        """
+        if keep is not None:
+            needed = self._blob_keys(where, self._records(where, doomed).values())
+            needed -= self._blob_keys(where, self._records(where, [keep]).values())
+        else:
+            needed = set()
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.zrem(where.ids(), *doomed)
+        for checkpoint_id in doomed:
+            pipe.delete(where.checkpoint(checkpoint_id), where.writes(checkpoint_id))
+        for key in needed:
+            pipe.delete(key)
+        remaining = sorted(set(self._ids(where)) - set(doomed))
+        if remaining:
+            pipe.set(where.head(), remaining[-1])
+        else:
+            pipe.delete(where.head())
+        pipe.execute()
+        if self.cold is not None and set(doomed) & set(self._cold_ids(where)):
+            task = _cold_task(where.thread)
+            for key in [*(where.checkpoint(i) for i in doomed),
+                        *(where.writes(i) for i in doomed), *needed]:  # fmt: skip
+                self.cold.delete_doc(task, _cold_name(key))
+            left: list[str] = sorted(set(self._cold_ids(where)) - set(doomed))
+            self.cold.put_docs(task, {_ids_doc(where): self._seal({"ids": left})})
+
+    # async --------------------------------------------------------------------------------
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """`get_tuple` on a thread, so the event loop is not blocked."""
+        return await asyncio.to_thread(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """`list`, read on a thread."""
+        found = await asyncio.to_thread(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """`put` on a thread."""
+        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """`put_writes` on a thread."""
+        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """`delete_thread` on a thread."""
+        await asyncio.to_thread(self.delete_thread, thread_id)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """`copy_thread` on a thread."""
+        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """`delete_for_runs` on a thread."""
+        await asyncio.to_thread(self.delete_for_runs, run_ids)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """`prune` on a thread."""
+        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+
+    # list (last: inside the class, `list` names this method) -------------------------------
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, by thread, namespace, metadata, `before` and `limit`."""
+        if config is not None:
+            threads = [str(config["configurable"]["thread_id"])]
+        else:
+            threads = sorted(m.decode() for m in cast(set[bytes], self.redis.smembers(THREADS)))
+        wanted_ns = config["configurable"].get("checkpoint_ns") if config else None
+        wanted_id = get_checkpoint_id(config) if config else None
+        before_id = get_checkpoint_id(before) if before else None
+        remaining = limit
+        for thread in threads:
+            for ns in self._namespaces(thread):
+                if wanted_ns is not None and ns != wanted_ns:
+                    continue
+                where = _Where(thread, ns)
+                for checkpoint_id in self._ids(where, before_id):
+                    if wanted_id and checkpoint_id != wanted_id:
+                        continue
+                    if remaining is not None and remaining <= 0:
+                        return
+                    found = self._tuple(where, checkpoint_id)
+                    if found is None or not _matches(found.metadata, filter):
+                        continue
+                    if remaining is not None:
+                        remaining -= 1
+                    yield found
+
+
+def _cold_task(thread: str) -> str:
+    """The archive's name for a thread's documents."""
+    return f"lg-{_slot(thread)}"
+
+
+def _cold_name(key: str) -> str:
+    """The archive's name for the record Redis keeps at `key`."""
+    return "r." + hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:48]
+
+
+def _ids_doc(where: _Where) -> str:
+    return "ids." + hashlib.sha256(where.ns_key.encode()).hexdigest()[:40]
+
+
+def _config(where: _Where, checkpoint_id: str) -> RunnableConfig:
+    return {"configurable": {"thread_id": where.thread, "checkpoint_ns": where.ns,
+                             "checkpoint_id": checkpoint_id}}  # fmt: skip
+
+
+def _matches(metadata: CheckpointMetadata, wanted: dict[str, Any] | None) -> bool:
+    return not wanted or all(metadata.get(k) == v for k, v in wanted.items())
