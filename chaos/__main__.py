@@ -46,10 +46,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"fault-free run: {baseline.seconds:.1f} s, {len(baseline.observed.gcs)} GCs",
           flush=True)  # fmt: skip
     results: list[RunResult] = []
+    broken: list[str] = []  # runs the harness itself could not finish
     for seed in range(args.seed, args.seed + args.seeds):
         plan = draw(seed, HORIZON, can_mount)
         run = ChaosRun(plan, root / f"seed-{seed}", ledger, TIMEOUT, can_mount)
-        result = run.execute(baseline.observed)
+        try:
+            result = run.execute(baseline.observed)
+        except Exception as exc:  # noqa: BLE001 - one run's harness failure ends no session
+            broken.append(f"seed {seed}: the harness failed: {type(exc).__name__}: {exc}")
+            print(broken[-1], flush=True)
+            continue
         results.append(result)
         kinds = ", ".join(f.kind for f in plan.faults)
         verdict = "ok" if not result.violations else f"{len(result.violations)} VIOLATIONS"
@@ -60,7 +66,9 @@ def main(argv: list[str] | None = None) -> int:
             shutil.rmtree(run.dir, ignore_errors=True)
     print()
     print(table(results, "make chaos SEED={seed}"))
-    failed = any(r.violations for r in results)
+    for line in broken:
+        print(f"\n{line} (its directory is kept; replay: make chaos SEED={line.split()[1][:-1]})")
+    failed = bool(broken) or any(r.violations for r in results)
     if failed or args.keep:
         print(f"\n{time.monotonic() - started:.0f} s in all; runs kept in {root}")
     else:

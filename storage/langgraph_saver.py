@@ -444,7 +444,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
     # delete -------------------------------------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and blob of a thread."""
-        pattern = _Where(thread_id, "").base.replace("[", "\\[") + "*"
+        pattern = _Where(thread_id, "").base + "*"  # a slot holds no glob character
         doomed = list(self.redis.scan_iter(match=pattern, count=1_000))
         for start in range(0, len(doomed), 1_000):
             self.redis.delete(*doomed[start : start + 1_000])
