@@ -63,12 +63,10 @@ from storage.codec import Codec
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 
 PREFIX = "cairn:lg"
-THREADS = f"{PREFIX}:threads"  # every thread with checkpoints, for `list(None)`
 MAX_PIECES = 40  # a list channel's blobs a read joins at most (O(log n) in practice)
 REMEMBERED = 1_000  # threads' channels (and forks) a saver remembers for its next put
 NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces
 _SAFE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-Typed = tuple[str, bytes]
 
 
 def _slot(name: str) -> str:
@@ -101,6 +99,10 @@ class _Where:
 
     def namespaces(self) -> str:
         return f"{self.base}nss"
+
+    def name(self) -> str:
+        """The thread's id as given (its slot may be a digest of it)."""
+        return f"{self.base}name"
 
     def checkpoint(self, checkpoint_id: str) -> str:
         return f"{self.base}cp:{self.ns_key}:{checkpoint_id}"
@@ -247,12 +249,12 @@ class CairnSaver(BaseCheckpointSaver[str]):
         # thread at once, but its conformance suite does, on purpose).
         forked = self._forks.pop((where.thread, where.ns, parent)) is not None
         fork = "1" if forked or (not parent and not self.strict) else "0"
-        hot = translating(lambda: self._put(
+        hot = cast(int, translating(lambda: self._put(
             keys=[where.head(), where.checkpoint(checkpoint["id"]), where.ids(),
-                  where.namespaces(), *blob_keys],
-            args=[checkpoint["id"], parent, fork, where.ns, self._seal(record), *blobs],
-        ))  # fmt: skip
-        self.redis.sadd(THREADS, where.thread)
+                  where.namespaces(), where.name(), *blob_keys],
+            args=[checkpoint["id"], parent, fork, where.ns, self._seal(record), where.thread,
+                  *blobs],
+        )))  # fmt: skip
         # Only now, stored: a refused put must not become the base of the next one.
         for channel, state in grown.items():
             key = (where.thread, where.ns, channel)
@@ -262,7 +264,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 self._grown.put(key, state)
         # Retention: archive down to `hot_keep` once Redis holds twice that, so the
         # archive's cost (a few fsyncs) comes once every `hot_keep` puts.
-        if self.hot_keep is not None and int(cast(int, hot)) > 2 * self.hot_keep:
+        if self.hot_keep is not None and hot > 2 * self.hot_keep:
             self.archive(where.thread, keep=self.hot_keep)
         return {"configurable": {"thread_id": where.thread, "checkpoint_ns": where.ns,
                                  "checkpoint_id": checkpoint["id"]}}  # fmt: skip
@@ -423,8 +425,14 @@ class CairnSaver(BaseCheckpointSaver[str]):
             values[channel] = value
         return values
 
-    def _blobs(self, where: _Where, keys: Iterable[str]) -> dict[str, dict[str, Any]]:
-        """Blob key → its record: the hot ones in one round trip, the rest from the archive."""
+    def _blobs(
+        self, where: _Where, keys: Iterable[str], *, missing_ok: bool = False
+    ) -> dict[str, dict[str, Any]]:
+        """Blob key → its record: the hot ones in one round trip, the rest from the archive.
+
+        Raises `RecordNotFound` for a blob found nowhere, unless `missing_ok` (then it is
+        left out).
+        """
         wanted = list(keys)
         if not wanted:
             return {}
@@ -433,9 +441,17 @@ class CairnSaver(BaseCheckpointSaver[str]):
         for key, data in zip(wanted, found, strict=True):
             sealed = data if data is not None else self._cold_get(where, key)
             if sealed is None:
+                if missing_ok:
+                    continue
                 raise RecordNotFound(f"langgraph blob {key}")
             out[key] = self._open(sealed, f"langgraph blob {key}")
         return out
+
+    def _threads(self) -> list[str]:
+        """Every thread with checkpoints in Redis (a scan: for `list(None)` and runs)."""
+        names = list(self.redis.scan_iter(match=f"{PREFIX}:*:name", count=1_000))
+        found = cast(list[bytes | None], self.redis.mget(names)) if names else []
+        return sorted(n.decode() for n in found if n is not None)
 
     def _namespaces(self, thread: str) -> list[str]:
         members = cast(set[bytes], self.redis.smembers(_Where(thread, "").namespaces()))
@@ -448,7 +464,6 @@ class CairnSaver(BaseCheckpointSaver[str]):
         doomed = list(self.redis.scan_iter(match=pattern, count=1_000))
         for start in range(0, len(doomed), 1_000):
             self.redis.delete(*doomed[start : start + 1_000])
-        self.redis.srem(THREADS, thread_id)
         if self.cold is not None:
             self.cold.delete_docs(_cold_task(thread_id))
         self._grown.forget(lambda key: key[0] != thread_id)
@@ -510,15 +525,13 @@ class CairnSaver(BaseCheckpointSaver[str]):
         }  # fmt: skip
 
     def _blob_keys(self, where: _Where, records: Iterable[dict[str, Any]]) -> set[str]:
-        """Every blob key the records' channel versions need, delta bases included."""
+        """Every stored blob the records' channel versions need, earlier pieces included."""
         direct = {where.blob(ch, v): ch for r in records for ch, v in r["v"].items()}
-        found = set(direct)
-        for key, blob in self._blobs(where, [k for k in direct if self._exists(where, k)]).items():
-            found |= {where.blob(direct[key], v) for v in blob.get("base", ())}
-        return found
-
-    def _exists(self, where: _Where, key: str) -> bool:
-        return self._raw(where, key) is not None
+        stored = self._blobs(where, direct, missing_ok=True)
+        needed = set(stored)
+        for key, blob in stored.items():
+            needed |= {where.blob(direct[key], v) for v in blob.get("base", ())}
+        return needed
 
     def _raw(self, where: _Where, key: str) -> bytes | None:
         found = cast(bytes | None, self.redis.get(key))
@@ -574,7 +587,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             if ids:
                 pipe.set(target.head(), ids[-1])
                 pipe.sadd(target.namespaces(), ns)
-                pipe.sadd(THREADS, target_thread_id)
+                pipe.set(target.name(), target_thread_id)
         pipe.execute()
 
     def delete_for_runs(self, run_ids: Sequence[str]) -> None:
@@ -582,7 +595,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         doomed_runs = set(run_ids)
         if not doomed_runs:
             return
-        for thread in sorted(m.decode() for m in cast(set[bytes], self.redis.smembers(THREADS))):
+        for thread in self._threads():
             for ns in self._namespaces(thread):
                 where = _Where(thread, ns)
                 records = self._records(where, self._ids(where))
@@ -703,7 +716,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         if config is not None:
             threads = [str(config["configurable"]["thread_id"])]
         else:
-            threads = sorted(m.decode() for m in cast(set[bytes], self.redis.smembers(THREADS)))
+            threads = self._threads()
         wanted_ns = config["configurable"].get("checkpoint_ns") if config else None
         wanted_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
