@@ -66,14 +66,22 @@ def check(
 
 def _restores(history: History, observed: Observed) -> list[Violation]:
     found = []
-    for to, number, epoch in history.restores:
-        restored, target = observed.gcs.get(number), observed.gcs.get(to)
-        if restored is None or restored.error or target is None or target.error:
-            continue  # not readable any more: `lost_commit` judges whether it had to be
-        why = _mixed(restored, target, epoch)
+    for r in history.restores:
+        restored, target = observed.gcs.get(r.gc), observed.gcs.get(r.to)
+        # Only the incarnations the restore saw: a GC Redis lost before it was acknowledged
+        # may have had its number given to another (`lost_commit` judges the loss).
+        if restored is None or target is None:
+            continue
+        if not _same(restored, r.epoch) or not _same(target, r.to_epoch):
+            continue
+        why = _mixed(restored, target, r.epoch)
         if why:
-            found.append(Violation("mixed_restore", f"GC {number} (restore to {to}): {why}"))
+            found.append(Violation("mixed_restore", f"GC {r.gc} (restore to {r.to}): {why}"))
     return found
+
+
+def _same(view: GCView, epoch: int) -> bool:
+    return not view.error and view.epoch == epoch
 
 
 def _mixed(restored: GCView, target: GCView, epoch: int) -> str | None:
@@ -93,17 +101,54 @@ def _mixed(restored: GCView, target: GCView, epoch: int) -> str | None:
     return None
 
 
-def _acknowledged(history: History, observed: Observed, durability: str) -> list[Violation]:
-    acked = sorted(history.committed)
-    if durability == "sync":
-        acked = [n for n in acked if n <= history.archived_through]
+def acknowledged(history: History, durability: str) -> tuple[dict[int, int], list[Violation]]:
+    """GC number → epoch of every GC acknowledged, replayed in time order.
+
+    Also a violation for each acknowledged GC whose number was later given to another
+    (it was lost).
+
+    Under `async` a commit is its acknowledgement; under `sync` an archive through N
+    acknowledges every GC up to N committed since, and a FLUSHALL forgets the GCs not
+    acknowledged before it (they may go with it, and their numbers be given again).
+    """
+    events = sorted(
+        [(at, 0, n, epoch) for at, n, epoch in history.commits]
+        + [(at, 1, n, 0) for at, n in history.archives]
+        + [(at, 2, 0, 0) for at in history.flushes]
+    )
+    latest: dict[int, int] = {}
+    acked: dict[int, int] = {}
     found = []
-    for number in acked:
+    for _, kind, number, epoch in events:
+        if kind == 0:
+            if acked.get(number, epoch) != epoch:
+                found.append(Violation(
+                    "lost_commit",
+                    f"GC {number} was acknowledged at epoch {acked[number]}, then its number "
+                    f"went to another GC (epoch {epoch}): the first was lost",
+                ))  # fmt: skip
+            latest[number] = epoch
+            if durability != "sync":
+                acked[number] = epoch
+        elif kind == 1:
+            acked |= {n: e for n, e in latest.items() if n <= number}
+        else:
+            latest = {n: e for n, e in latest.items() if acked.get(n) == e}
+    return acked, found
+
+
+def _acknowledged(history: History, observed: Observed, durability: str) -> list[Violation]:
+    acked, found = acknowledged(history, durability)
+    for number, epoch in sorted(acked.items()):
         view = observed.gcs.get(number)
         if view is None:
             found.append(Violation("lost_commit", f"GC {number} is gone"))
         elif view.error and not (view.corrupt and history.corrupted):
             found.append(Violation("lost_commit", f"GC {number}: {view.error}"))
+        elif not view.error and view.epoch != epoch:
+            found.append(Violation(
+                "lost_commit", f"GC {number} is now epoch {view.epoch}'s, not {epoch}'s"
+            ))  # fmt: skip
     return found
 
 

@@ -27,38 +27,54 @@ Turn = tuple[str, str | None, str | None, str]  # role, name, content, tool call
 Audit = tuple[str, str, str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class Restore:
+    """A restore as its process logged it: when, from which GC to which new one."""
+
+    at: str  # ISO timestamp, UTC: every process on this machine reads one clock
+    to: int
+    to_epoch: int
+    gc: int
+    epoch: int
+
+
 @dataclass
 class History:
-    """What the processes and the harness said happened, in the order they said it."""
+    """What the processes and the harness said happened, each event with its time."""
 
     launched: dict[tuple[int, int, str], int] = field(default_factory=dict)  # → latest attempt
-    committed: set[int] = field(default_factory=set)  # GC numbers said to be committed
-    restores: list[tuple[int, int, int]] = field(default_factory=list)  # (to, gc, epoch)
-    archived_through: int = -1
+    commits: list[tuple[str, int, int]] = field(default_factory=list)  # (at, gc, epoch)
+    archives: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
+    flushes: list[str] = field(default_factory=list)  # when Redis lost everything
+    restores: list[Restore] = field(default_factory=list)
     fenced: int = 0  # attempts refused because a newer epoch or attempt owned the step
     faults: Counter[str] = field(default_factory=Counter)  # injected, by kind
     corrupted: list[str] = field(default_factory=list)  # archive files the harness damaged
 
     def take(self, event: dict[str, Any]) -> None:
         """Fold one log event in."""
-        name = event.get("event")
+        name, at = event.get("event"), str(event.get("timestamp", ""))
         if name == "steps launched":
             for agent, attempt in event["attempts"].items():
                 slot = (int(event["epoch"]), int(event["superstep"]), agent)
                 self.launched[slot] = max(self.launched.get(slot, 0), int(attempt))
-        elif name == "superstep committed":
-            self.committed.add(int(event["gc"]))
+        elif name in ("superstep committed", "verify failed; the team goes on"):
+            self.commits.append((at, int(event["gc"]), int(event["epoch"])))
         elif name == "task restored":
-            self.restores.append((int(event["to"]), int(event["gc"]), int(event["epoch"])))
-            self.committed.add(int(event["gc"]))
+            restore = Restore(at, int(event["to"]), int(event["to_epoch"]), int(event["gc"]),
+                              int(event["epoch"]))  # fmt: skip
+            self.restores.append(restore)
+            self.commits.append((at, restore.gc, restore.epoch))
         elif name == "checkpoints archived":
-            self.archived_through = max(self.archived_through, int(event["through"]))
+            self.archives.append((at, int(event["through"])))
         elif name == "attempt fenced":
             self.fenced += 1
         elif name == "fault injected":
             self.faults[str(event["fault"])] += 1
             if event.get("file"):
                 self.corrupted.append(str(event["file"]))
+            if event["fault"] == "flushall":
+                self.flushes.append(str(event.get("flushed_at", at)))
 
 
 def read_history(logs: Path, task: str) -> History:

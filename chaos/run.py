@@ -20,6 +20,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, cast
 
@@ -54,6 +55,11 @@ class RunResult:
     observed: Observed
     violations: list[Violation] = field(default_factory=list)
     skipped: list[str] = field(default_factory=list)  # faults not injected, and why
+
+
+def utc_now() -> str:
+    """Now, as structlog's ISO timestamps spell it (UTC): comparable with log lines."""
+    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 class ChaosRun:
@@ -237,7 +243,8 @@ class ChaosRun:
 
     # faults -------------------------------------------------------------------------------
     def _event(self, **fields: object) -> None:
-        fields = {"task": self.task, "t": round(time.monotonic() - self.started, 3), **fields}
+        fields = {"task": self.task, "t": round(time.monotonic() - self.started, 3),
+                  "timestamp": utc_now(), **fields}  # fmt: skip
         with self.events.open("a") as out:
             out.write(json.dumps(fields) + "\n")
 
@@ -294,19 +301,26 @@ class ChaosRun:
         worker, agent = found
         os.kill(worker.pid, signal.SIGSTOP)
         self.paused.add(worker.pid)
-        threading.Thread(target=self._wake, args=(worker.pid, agent, fault.value),
+        attempt = self._attempt(agent) if agent is not None else 0
+        threading.Thread(target=self._wake, args=(worker.pid, agent, attempt, fault.value),
                          daemon=True).start()  # fmt: skip
         return {"pid": worker.pid, "agent": agent, "seconds": fault.value}
 
-    def _wake(self, pid: int, agent: str | None, most: float) -> None:
+    def _attempt(self, agent: str) -> int:
+        """The attempt of `agent`'s step in flight (0: none, or Redis not answering)."""
         assert self.client is not None
+        with contextlib.suppress(redis.RedisError):
+            raw = cast(bytes | None, self.client.hget(keys.steps(self.task), agent))
+            return 0 if raw is None else int(json.loads(raw)["attempt"])
+        return 0
+
+    def _wake(self, pid: int, agent: str | None, attempt: int, most: float) -> None:
+        """SIGCONT `pid` once `agent`'s step moved past `attempt`, or after `most` s."""
         deadline = time.monotonic() + most
         while agent is not None and time.monotonic() < deadline and not self.done.is_set():
-            with contextlib.suppress(redis.RedisError):
-                raw = cast(bytes | None, self.client.hget(keys.steps(self.task), agent))
-                if raw is not None and json.loads(raw)["attempt"] > 1:
-                    time.sleep(self.rng.uniform(0.0, 0.5))  # into the retry's run
-                    break
+            if self._attempt(agent) > max(attempt, 1):
+                time.sleep(self.rng.uniform(0.0, 0.5))  # into the retry's run
+                break
             time.sleep(0.02)
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGCONT)
@@ -358,10 +372,11 @@ class ChaosRun:
 
     def _flushall(self, fault: Fault) -> dict[str, object] | None:
         assert self.client is not None
+        flushed_at = utc_now()  # on the clock the processes' log lines carry
         self.client.flushall()
         time.sleep(0.5)
         done = self._cairn("restore", self.task, "--json")  # the operator brings it back
-        return {"restore_exit": done.returncode}
+        return {"restore_exit": done.returncode, "flushed_at": flushed_at}
 
     def _corrupt_archive(self, fault: Fault) -> dict[str, object] | None:
         """Flip a byte of an archived LC, GC or file that GC 0 (the last fallback) lacks."""

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 import structlog
 
+from coordinator.runs import RunState
 from storage.archive import archive_gc, trim_cold, trim_hot
 from storage.errors import CairnError, FencedWrite
 from storage.records import GCStatus
@@ -60,6 +61,12 @@ def archive(store: CheckpointStore, job: ArchiveJob) -> bool:
         )
         return False
     return True
+
+
+def acknowledge(runs: RunState, task: str, number: int) -> None:
+    """Say GC `number` and every older one are on disk: in the run state, and in the log."""
+    runs.write(task, {"archived": number})
+    log.info("checkpoints archived", task=task, through=number)
 
 
 def cold_slack(cold_keep: int) -> int:

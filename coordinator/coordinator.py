@@ -31,12 +31,12 @@ from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, r
 from agents.spec import TaskRecord
 from agents.task import start_task
 from coordinator import metrics
-from coordinator.archiver import ArchiveJob, Archiver, archive
+from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.restore import RestoreFailed, Restorer
 from coordinator.runs import RunState, abort_in_flight
-from coordinator.spec import CheckpointPolicy, TaskSpec
+from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from coordinator.verify import verify
 from storage import keys
 from storage.errors import CairnError, CommitRefused, InvalidSpec
@@ -48,21 +48,10 @@ from storage.store import CheckpointStore
 log = structlog.get_logger(__name__)
 R = TypeVar("R", bound=Record)
 TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unrecoverable"})
-LIMITS_DOC = "limits"
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
-
-
-class Limits(Record):
-    """The part of a task's spec the coordinator enforces."""
-
-    verify: str | None = None
-    verify_timeout: float = 300.0
-    max_supersteps: int = 50
-    step_timeout: float = 300.0
-    checkpoints: CheckpointPolicy = CheckpointPolicy()
 
 
 @dataclass(slots=True)
@@ -471,7 +460,7 @@ class Coordinator:
             committed = self.store.read_gc(task, barrier.gc.number)  # another did it first
         metrics.GC_COMMITS.inc()
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
-                 conflicts=len(barrier.conflicts))  # fmt: skip
+                 epoch=committed.epoch, conflicts=len(barrier.conflicts))  # fmt: skip
         self._after_commit(task, committed)
 
     def _after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
@@ -494,8 +483,7 @@ class Coordinator:
             self.archiver.submit(job)
 
     def _archived(self, task: str, number: int) -> None:
-        self.runs.write(task, {"archived": number})
-        log.info("checkpoints archived", task=task, through=number)
+        acknowledge(self.runs, task, number)
 
     def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
         if not limits.verify:
@@ -538,7 +526,8 @@ class Coordinator:
         self.store.prepare_gc(barrier.gc, self.lease.token)
         self.store.commit_gc(barrier.gc, self.lease.token)
         metrics.GC_COMMITS.inc()
-        log.info("verify failed; the team goes on", task=task)
+        log.info("verify failed; the team goes on", task=task, gc=barrier.gc.number,
+                 epoch=barrier.gc.epoch)  # fmt: skip
 
     def _give_up(self, task: str, run: dict[str, str], reason: str) -> None:
         """Abort the superstep and roll the task back to its latest committed GC.

@@ -29,8 +29,10 @@ from agents.barrier import pending_calls
 from agents.spec import TaskRecord
 from agents.summary import context_summary
 from coordinator import metrics
+from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.jobs import CONTROL_QUEUE, environment
 from coordinator.runs import RunState, abort_in_flight
+from coordinator.spec import LIMITS_DOC, Limits
 from storage import keys
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from storage.keys import SPEC_DOC
@@ -142,10 +144,12 @@ class Restorer:
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored, self.runs.token())
                 self.store.commit_gc(restored, self.runs.token())
+                self._make_durable(task, number)
                 self.runs.write(task, {"status": "running", "superstep": 0}, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()
-                log.info("task restored", task=task, to=target, gc=number, epoch=epoch)
+                log.info("task restored", task=task, to=target, to_epoch=gc.epoch, gc=number,
+                         epoch=epoch)  # fmt: skip
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
             self.store.abort_gc(
@@ -157,6 +161,19 @@ class Restorer:
         self.redis.srem(keys.ACTIVE_TASKS, task)
         metrics.RESTORES.labels("unrecoverable").inc()
         raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
+
+    def _make_durable(self, task: str, number: int) -> None:
+        """Under `durability: sync`, put the restore's GC on disk before it is reported.
+
+        As every GC of such a task: acknowledged means archived, so a Redis that loses its
+        data afterwards cannot take the restore with it (nor hand its number out again).
+        A failed archive (a full disk) is logged and leaves the GC in Redis, as for any GC.
+        """
+        policy = self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
+        if policy.durability != "sync":
+            return
+        if archive(self.store, ArchiveJob(task, number, policy.hot_keep, policy.cold_keep)):
+            acknowledge(self.runs, task, number)
 
     def _candidates(self, task: str, to: int | None) -> list[int]:
         """Committed GCs to try, newest first, starting at `to`."""

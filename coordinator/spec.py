@@ -26,6 +26,7 @@ from agents.spec import (
 )
 from agents.workspace import check_path
 from storage.errors import InvalidSpec, ToolError
+from storage.records import Record
 
 MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
 
@@ -143,3 +144,16 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
             f"task spec {source} holds text that is not valid Unicode (a lone surrogate)"
         ) from None
     return spec
+
+
+LIMITS_DOC = "limits"  # the task document holding its `Limits`
+
+
+class Limits(Record):
+    """The part of a task's spec the coordinator (and a restore) enforces."""
+
+    verify: str | None = None
+    verify_timeout: float = 300.0
+    max_supersteps: int = 50
+    step_timeout: float = 300.0
+    checkpoints: CheckpointPolicy = CheckpointPolicy()

@@ -17,7 +17,7 @@ import redis
 from chaos.checker import INVARIANTS, check
 from chaos.faults import draw
 from chaos.ledger import record
-from chaos.observe import GCView, History, MemberView, Observed, read_history
+from chaos.observe import GCView, History, MemberView, Observed, Restore, read_history
 from chaos.proxy import DelayProxy
 from storage.redis_server import RedisServer
 
@@ -30,9 +30,9 @@ def clean() -> tuple[History, Observed]:
     """Two agents, two supersteps, a retry of b's first step, then a restore to GC 1."""
     history = History(
         launched={(1, 1, "a"): 1, (1, 1, "b"): 2, (1, 2, "a"): 1, (1, 2, "b"): 1},
-        committed={1, 2, 3},
-        restores=[(1, 3, 2)],
-        archived_through=3,
+        commits=[("t1", 1, 1), ("t2", 2, 1), ("t3", 3, 2)],
+        archives=[("t3.1", 3)],
+        restores=[Restore("t3", 1, 1, 3, 2)],
     )
     gc1 = GCView(1, 1, 1, "w1", {"a": member(1, 1, 1, "a1", ["a:1:0"]),
                                  "b": member(1, 2, 1, "b1", ["b:1:0"])})  # fmt: skip
@@ -43,7 +43,8 @@ def clean() -> tuple[History, Observed]:
     gc4 = GCView(4, 2, 2, "w2", {"a": member(2, 1, 2, "a2", ["a:1:0", "a:2:0"]),
                                  "b": member(2, 1, 2, "b2", ["b:1:0"])})  # fmt: skip
     history.launched |= {(2, 2, "a"): 1, (2, 2, "b"): 1}
-    history.committed.add(4)
+    history.commits.append(("t4", 4, 2))
+    history.archives.append(("t4.1", 4))
     gcs = {g.number: g for g in (gc1, gc2, gc3, gc4)}
     observed = Observed("succeeded", "verify passed", gcs, {"f": b"x"},
                         ["a:1:0", "b:1:0", "a:2:0"], 5)  # fmt: skip
@@ -81,10 +82,37 @@ def test_a_lost_acknowledged_gc_is_caught() -> None:
 
 def test_under_sync_only_archived_gcs_count_as_acknowledged() -> None:
     history, observed = clean()
-    history.archived_through = 3
+    history.archives.pop()  # GC 4 was committed, never archived
     observed.gcs[4].error = "gone with a FLUSHALL before its archive"
     assert "lost_commit" not in found(history, observed, "sync")
     assert "lost_commit" in found(history, observed, "async")
+
+
+def test_a_number_given_again_is_a_loss_only_if_its_first_gc_was_acknowledged() -> None:
+    """Under sync, a GC lost to a FLUSHALL before its archive may see its number reused.
+
+    One archived first may not: it was on disk, so it cannot have been lost.
+    """
+    history, observed = clean()
+    history.archives.pop()
+    history.flushes.append("t5")
+    history.commits.append(("t6", 4, 3))  # the restore after the flush took number 4
+    history.archives.append(("t7", 4))
+    observed.gcs[4].epoch = 3
+    for member_ in observed.gcs[4].members.values():
+        member_.epoch = 3
+    history.launched |= {(3, 2, "a"): 1, (3, 2, "b"): 1}
+    assert set() == found(history, observed, "sync")
+    history.archives.insert(-1, ("t4.1", 4))  # but GC 4 of epoch 2 had been archived
+    assert {"lost_commit"} == found(history, observed, "sync")
+
+
+def test_a_restore_is_checked_only_against_the_gcs_it_saw() -> None:
+    """A restore whose GC (or target) number now names another GC is not judged by it."""
+    history, observed = clean()
+    observed.gcs[3].members["b"] = member(2, 1, 1, "b2", ["b:1:0"])  # mixed…
+    history.restores = [Restore("t3", 1, 1, 3, 9)]  # …but the restore wrote epoch 9's GC 3
+    assert "mixed_restore" not in found(history, observed)
 
 
 def test_detected_corruption_of_a_damaged_file_is_not_a_loss() -> None:
@@ -163,22 +191,25 @@ def test_history_is_read_from_log_lines_of_every_process(tmp_path: Path) -> None
         "12:00:01 default: Job OK (cairn-t-1-1-a-1)\n"
         '{"event": "steps launched", "task": "t", "epoch": 1, "superstep": 1,'
         ' "attempts": {"a": 2}}\n'
-        '{"event": "superstep committed", "task": "t", "gc": 1}\n'
-        '{"event": "superstep committed", "task": "other", "gc": 9}\n'
-        '{"event": "checkpoints archived", "task": "t", "through": 1}\n'
-        '{"event": "task restored", "task": "t", "to": 1, "gc": 2, "epoch": 2}\n'
+        '{"event": "superstep committed", "task": "t", "gc": 1, "epoch": 1, "timestamp": "A"}\n'
+        '{"event": "superstep committed", "task": "other", "gc": 9, "epoch": 1}\n'
+        '{"event": "checkpoints archived", "task": "t", "through": 1, "timestamp": "B"}\n'
+        '{"event": "task restored", "task": "t", "to": 1, "to_epoch": 1, "gc": 2, "epoch": 2,'
+        ' "timestamp": "C"}\n'
         '{"event": "superstep comm'
     )
     (tmp_path / "worker-2.log").write_text('{"event": "attempt fenced", "task": "t"}\n')
     (tmp_path / "harness.jsonl").write_text(
         '{"event": "fault injected", "task": "t", "fault": "corrupt_archive", "file": "x"}\n'
+        '{"event": "fault injected", "task": "t", "fault": "flushall", "flushed_at": "D"}\n'
     )
     history = read_history(tmp_path, "t")
     assert {(1, 1, "a"): 2} == history.launched
-    assert {1, 2} == history.committed
-    assert [(1, 2, 2)] == history.restores
-    assert (1, 1, ["x"]) == (history.archived_through, history.fenced, history.corrupted)
-    assert {"corrupt_archive": 1} == dict(history.faults)
+    assert [("A", 1, 1), ("C", 2, 2)] == history.commits
+    assert [Restore("C", 1, 1, 2, 2)] == history.restores
+    assert ([("B", 1)], ["D"]) == (history.archives, history.flushes)
+    assert (1, ["x"]) == (history.fenced, history.corrupted)
+    assert {"corrupt_archive": 1, "flushall": 1} == dict(history.faults)
 
 
 def test_the_ledger_applies_a_key_once_and_refuses_a_call_without_one(tmp_path: Path) -> None:

@@ -124,14 +124,13 @@ def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -
 def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_path: Path) -> None:
     """Redis lost its epoch counter: the archive's record keeps the next epoch above it.
 
-    The restore to GC 1 handed out epoch 2 but its GC was not archived yet; the newest
-    archived GC says epoch 1. Reusing epoch 2 would let a zombie of it write again.
+    The restore to GC 1 handed out epoch 2, but under `async` its GC was not archived yet;
+    the newest archived GC says epoch 1. Reusing epoch 2 would let a zombie of it write.
     """
     cluster.start_worker()
-    spec = team_spec(tmp_path / "ledger")
-    spec.checkpoints.durability = "sync"
-    task = cluster.coordinator.submit(spec)
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
     run_until(cluster, task, 2)
+    assert cluster.coordinator.archiver.drain()
     first = cluster.coordinator.restorer.restore(task, to=1)
     assert 2 == first.epoch
     assert first.number not in cluster.store.cold.list_gcs(task)
@@ -140,6 +139,23 @@ def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_
     second = cluster.coordinator.restorer.restore(task)
     assert 3 == second.epoch
     assert 3 == cluster.store.hot.get_epoch(task) == cluster.store.epoch_floor(task)
+
+
+def test_a_restore_under_sync_durability_is_on_disk_when_it_returns(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """As every GC under `sync`: acknowledged means archived, so a FLUSHALL cannot take it."""
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.durability = "sync"
+    task = cluster.coordinator.submit(spec)
+    run_until(cluster, task, 2)
+    restored = cluster.coordinator.restorer.restore(task, to=1)
+    assert restored.number in cluster.store.cold.list_gcs(task)
+    assert restored.number == int(cluster.client.hget(keys.run(task), "archived") or -1)
+    cluster.client.flushall()
+    again = cluster.coordinator.restorer.restore(task)
+    assert (restored.number, restored.number + 1) == (again.restored_to, again.number)
 
 
 def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -> None:
