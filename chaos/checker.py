@@ -172,13 +172,17 @@ def _accepted(observed: Observed) -> list[Violation]:
 
 def _fencing(history: History, observed: Observed) -> list[Violation]:
     found = _accepted(observed)
+    restores = {(r.gc, r.epoch) for r in history.restores}
     previous: GCView | None = None
     for number in sorted(observed.gcs):
         view = observed.gcs[number]
         if view.error:
             continue
-        # GC 0 is the submission's; a restore writes a GC at a superstep already passed.
-        restore = previous is not None and view.superstep <= previous.superstep
+        # GC 0 is the submission's; a restore's GC is logged as one, and is at a superstep
+        # already passed (what tells one whose log line a killed process never wrote).
+        restore = (number, view.epoch) in restores or (
+            previous is not None and view.superstep <= previous.superstep
+        )
         previous = view
         if restore or number == 0:
             continue

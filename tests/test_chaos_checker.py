@@ -150,6 +150,24 @@ def test_a_write_accepted_after_its_fence_is_caught_from_the_audit_stream() -> N
     assert {"fenced_write"} == found(history, observed)
 
 
+def test_a_restore_to_a_gc_now_unreadable_is_still_known_as_a_restore() -> None:
+    """GC 5 restores GC 4, whose archived file was damaged since.
+
+    GC 5 follows GC 3 among the readable ones, so only the restore's log line says it is
+    no superstep's GC.
+    """
+    history, observed = clean()
+    observed.gcs[4].error, observed.gcs[4].corrupt = "checksum mismatch", True
+    history.corrupted.append("tasks/t/gc/000000000004.rec")
+    observed.gcs[5] = GCView(5, 2, 3, "w2", {"a": member(3, 1, 2, "a2", ["a:1:0", "a:2:0"]),
+                                             "b": member(3, 1, 2, "b2", ["b:1:0"])})  # fmt: skip
+    history.commits.append(("t5", 5, 3))
+    history.restores.append(Restore("t5", 4, 2, 5, 3))
+    assert set() == found(history, observed)
+    history.restores.pop()  # without it, GC 5 looks like superstep 2's, launched by nobody
+    assert {"fenced_write"} == found(history, observed)
+
+
 def test_a_different_end_is_caught() -> None:
     history, observed = clean()
     observed.files = {"f": b"y"}
