@@ -39,6 +39,7 @@ from coordinator.runs import RunState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from coordinator.verify import verify
 from storage import keys
+from storage.archive import archive_gc
 from storage.errors import CairnError, CommitRefused, InvalidSpec
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
@@ -74,25 +75,52 @@ class StepRun:
 
 @dataclass(frozen=True, slots=True)
 class JobState:
-    """The two fields of an RQ job the watch needs, read without loading the whole job."""
+    """The fields of an RQ job the watch needs, read without loading the whole job."""
 
     status: str
     started_at: float | None  # Unix seconds
+    enqueued_at: float | None = None
+    dequeued: bool = False  # queued, yet no longer in its queue: a worker took it
 
     @classmethod
-    def read_many(cls, client: redis.Redis, ids: list[str]) -> list[JobState | None]:
-        """Read the jobs' states in one round trip; None for a job that is gone."""
+    def read_many(
+        cls, client: redis.Redis, ids: list[str], queue: str, grace: float, now: float
+    ) -> list[JobState | None]:
+        """Read the jobs' states in one round trip; None for a job that is gone.
+
+        A job still `queued` `grace` seconds after it was enqueued is looked for in
+        `queue` (a second round trip, only then): a worker that took it and died before
+        starting it leaves it `queued` in no queue, where RQ's own sweep finds it only
+        minutes later.
+        """
         pipe = client.pipeline(transaction=False)
         for job_id in ids:
-            pipe.hmget(Job.key_for(job_id), "status", "started_at")
+            pipe.hmget(Job.key_for(job_id), "status", "started_at", "enqueued_at")
         found: list[JobState | None] = []
-        for status, started in cast(list[list[bytes | None]], pipe.execute()):
+        for status, started, enqueued in cast(list[list[bytes | None]], pipe.execute()):
             if status is None:
                 found.append(None)
                 continue
-            at = utcparse(started.decode()).timestamp() if started else None
-            found.append(cls(status.decode(), at))
+            found.append(cls(status.decode(), _when(started), _when(enqueued)))
+        late = [
+            (n, job_id) for n, (job_id, job) in enumerate(zip(ids, found, strict=True))
+            if job is not None and job.status == JobStatus.QUEUED and job.enqueued_at
+            and now - job.enqueued_at > grace
+        ]  # fmt: skip
+        if late:
+            pipe = client.pipeline(transaction=False)
+            for _, job_id in late:
+                pipe.lpos(queue, job_id)
+            for (n, _), place in zip(late, pipe.execute(), strict=True):
+                job = found[n]
+                if place is None and job is not None:
+                    found[n] = cls(job.status, job.started_at, job.enqueued_at, dequeued=True)
         return found
+
+
+def _when(stamp: bytes | None) -> float | None:
+    """An RQ timestamp as Unix seconds."""
+    return utcparse(stamp.decode()).timestamp() if stamp else None
 
 
 def _failure(  # noqa: PLR0911 - one return per way a step can be over
@@ -120,6 +148,8 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
         return "retryable", f"its job {job.status}"
     if job.status == JobStatus.FINISHED:
         return "retryable", "its job finished without a vote"
+    if job.dequeued:
+        return "retryable", "a worker took its job and died before starting it"
     if job.status != JobStatus.STARTED or job.started_at is None:
         return None  # still queued: waiting is not failing
     running = now - job.started_at
@@ -181,6 +211,11 @@ class Coordinator:
             checkpoints=spec.checkpoints,
         )
         self.store.put_doc(task, LIMITS_DOC, limits)
+        if spec.checkpoints.durability == "sync":
+            # Its GC 0 is acknowledged by the task id we return: under `sync`, only once
+            # on disk (a full or read-only archive fails the submit, with the reason).
+            archive_gc(self.store, task, 0)
+            acknowledge(self.runs, task, 0)
         self.runs.write(task, {"status": "running", "superstep": 0})
         self.redis.sadd(keys.ACTIVE_TASKS, task)
         log.info("task submitted", task=task, agents=len(spec.agents))
@@ -369,7 +404,8 @@ class Coordinator:
         outcomes = cast(
             dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, superstep))
         )
-        jobs = JobState.read_many(self.redis, [s.job for s in watched.values()])
+        jobs = JobState.read_many(self.redis, [s.job for s in watched.values()],
+                                  self.queue.key, self.heartbeat_grace, now)  # fmt: skip
         beats = cast(
             list[bytes | None], self.redis.mget([keys.heartbeat(task, a) for a in watched])
         )

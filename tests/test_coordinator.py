@@ -17,6 +17,7 @@ from rq.serializers import JSONSerializer
 from agents.barrier import build_gc
 from agents.spec import FailSpec
 from coordinator.coordinator import Coordinator
+from coordinator.jobs import STEPS_QUEUE
 from storage import keys
 from storage.errors import FencedWrite, InvalidSpec
 from storage.records import GCStatus
@@ -294,3 +295,25 @@ def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     assert cast(bytes, cluster.client.get(keys.LEASE)).decode().startswith("second:")
     assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
     assert second.poll() is None  # the standby is still running, now as the leader
+
+
+def test_a_job_taken_by_a_worker_that_died_before_starting_it_is_retried(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A worker moved a step's job out of the queue, then died before starting it.
+
+    The job stays `queued` in no queue (RQ's sweep finds such jobs only minutes later):
+    the coordinator sees it and retries the step as attempt 2.
+    """
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    cluster.start_superstep(task)
+    queue = f"rq:queue:{STEPS_QUEUE}"
+    job = cast(bytes, cluster.client.lindex(queue, 0)).decode()
+    cluster.client.lmove(queue, f"{queue}:intermediate")  # as RQ's dequeue does
+    assert "queued" == Job.fetch(job, connection=cluster.client, serializer=JSONSerializer
+                                 ).get_status()  # fmt: skip
+    cluster.start_worker()
+    assert "succeeded" == cluster.drive(task)["status"]
+    agent = job.split("-")[-2]
+    first = cluster.store.read_gc(task, 1)
+    assert 2 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt

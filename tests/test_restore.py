@@ -158,6 +158,20 @@ def test_a_restore_under_sync_durability_is_on_disk_when_it_returns(
     assert (restored.number, restored.number + 1) == (again.restored_to, again.number)
 
 
+def test_a_task_submitted_under_sync_durability_survives_a_flushall_at_once(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Its task id is the acknowledgement of GC 0: it is on disk before submit returns."""
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.durability = "sync"
+    task = cluster.coordinator.submit(spec)
+    assert [0] == cluster.store.cold.list_gcs(task)
+    cluster.client.flushall()
+    cluster.start_worker()  # it stages the restore
+    assert 0 == cluster.coordinator.restorer.restore(task).restored_to
+    assert "succeeded" == cluster.drive(task)["status"]
+
+
 def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -> None:
     """Two concurrent restores both finish, one after the other, leaving one consistent state."""
     cluster.start_worker()
