@@ -22,7 +22,7 @@ from typing import TypeVar, cast
 import redis
 import structlog
 from rq import Queue
-from rq.exceptions import NoSuchJobError
+from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from rq.utils import utcparse
@@ -463,7 +463,9 @@ class Coordinator:
         backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
         # Fence the failed attempt first: whatever it does from now on is refused.
         self.store.hot.begin_attempt(task, agent, superstep, step.attempt + 1)
-        with contextlib.suppress(NoSuchJobError, redis.RedisError):
+        # Gone, or canceled already (by a coordinator that died before it recorded the
+        # retry): nothing left to cancel.
+        with contextlib.suppress(NoSuchJobError, InvalidJobOperation, redis.RedisError):
             Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
         retry = StepRun(step.attempt + 1, retry_at=now + backoff)
         self.runs.write(task, steps={agent: retry.dump()})

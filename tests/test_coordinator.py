@@ -317,3 +317,22 @@ def test_a_job_taken_by_a_worker_that_died_before_starting_it_is_retried(
     agent = job.split("-")[-2]
     first = cluster.store.read_gc(task, 1)
     assert 2 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt
+
+
+def test_a_retry_of_a_step_whose_job_was_canceled_already_goes_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A coordinator died between canceling a failed step's job and recording the retry.
+
+    Its successor finds the job canceled and retries the step; canceling it again must
+    not raise (it did, and the coordinator died on it, again and again).
+    """
+    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    cluster.start_superstep(task)
+    job = cast(bytes, cluster.client.lindex(f"rq:queue:{STEPS_QUEUE}", 0)).decode()
+    Job.fetch(job, connection=cluster.client, serializer=JSONSerializer).cancel()
+    cluster.start_worker()
+    assert "succeeded" == cluster.drive(task)["status"]
+    agent = job.split("-")[-2]
+    first = cluster.store.read_gc(task, 1)
+    assert 2 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt
