@@ -344,7 +344,7 @@ class Coordinator:
     ) -> None:
         """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go."""
         for agent, attempt in attempts.items():
-            self.store.hot.begin_attempt(task, agent, superstep, attempt)
+            self.store.hot.begin_attempt(task, agent, superstep, attempt, epoch=epoch)
         # Logged before the jobs exist: a history checker reads which attempt was current.
         log.info("steps launched", task=task, epoch=epoch, superstep=superstep, attempts=attempts)
         jobs = {
@@ -462,7 +462,9 @@ class Coordinator:
             return False
         backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
         # Fence the failed attempt first: whatever it does from now on is refused.
-        self.store.hot.begin_attempt(task, agent, superstep, step.attempt + 1)
+        self.store.hot.begin_attempt(
+            task, agent, superstep, step.attempt + 1, epoch=int(run["epoch"])
+        )
         # Gone, or canceled already (by a coordinator that died before it recorded the
         # retry): nothing left to cancel.
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation, redis.RedisError):

@@ -199,7 +199,7 @@ class Restorer:
         """Stage every agent of `gc`; None when all voted yes, else why not."""
         agents = [a.name for a in record.agents]
         for agent in agents:
-            self.store.hot.begin_attempt(task, agent, gc.superstep, 1)
+            self.store.hot.begin_attempt(task, agent, gc.superstep, 1, epoch=epoch)
         if not self.workers:
             for agent in agents:
                 try:

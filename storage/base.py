@@ -84,11 +84,14 @@ class HotStore(Protocol):
         the task.
         """
 
-    def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
+    def begin_attempt(
+        self, task: str, agent: str, superstep: int, attempt: int, *, epoch: int | None = None
+    ) -> None:
         """Make (epoch, superstep, attempt) the only attempt of `agent` allowed to write LCs.
 
-        The epoch is the task's current one. It only moves forward: asking for an older
-        attempt raises `FencedWrite`; asking for the current one again is a no-op.
+        The epoch is the task's current one; a caller that names the `epoch` it acts for
+        is refused (`FencedWrite`) once that is no longer current. It only moves forward:
+        asking for an older attempt raises `FencedWrite`; the current one again is a no-op.
         """
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:

@@ -453,3 +453,16 @@ def test_documents_are_stored_hot_and_cold(store: CheckpointStore) -> None:
     assert newer.files == store.read_doc(TASK, "spec", WorkspaceManifest).files
     cold_only = CheckpointStore(MemoryHotStore(), store.cold, store.codec)
     assert newer.files == cold_only.read_doc(TASK, "spec", WorkspaceManifest).files
+
+
+def test_a_fence_for_an_epoch_no_longer_current_is_refused(hot: HotStore) -> None:
+    """A coordinator retrying a step of epoch 1 after a restore raised it to 2 writes no fence.
+
+    Its fence, stamped with the new epoch, would have blocked the restore's own (found by
+    `make chaos`, seed 218: the restore failed and left the task restoring).
+    """
+    hot.init_task("t")
+    hot.raise_epoch("t", 2)
+    with pytest.raises(FencedWrite, match="stale epoch 1"):
+        hot.begin_attempt("t", "a", 3, 2, epoch=1)
+    hot.begin_attempt("t", "a", 2, 1, epoch=2)  # the restore's staging goes through

@@ -67,9 +67,14 @@ class MemoryHotStore:
             self._epochs[task] = max(self._epochs.get(task, 0), to)
             return self._epochs[task]
 
-    def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
+    def begin_attempt(
+        self, task: str, agent: str, superstep: int, attempt: int, *, epoch: int | None = None
+    ) -> None:
         with self._lock:
-            wanted = (self._epochs.get(task, 0), superstep, attempt)
+            current_epoch = self._epochs.get(task, 0)
+            if epoch is not None and epoch != current_epoch:
+                raise FencedWrite(f"stale epoch {epoch} (task is at {current_epoch})")
+            wanted = (current_epoch, superstep, attempt)
             current = self._attempts.get((task, agent))
             if current is not None and current > wanted:
                 raise FencedWrite(f"attempt {wanted} is older than {current}")

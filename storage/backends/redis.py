@@ -184,11 +184,13 @@ class RedisHotStore:
             )
         )
 
-    def begin_attempt(self, task: str, agent: str, superstep: int, attempt: int) -> None:
+    def begin_attempt(
+        self, task: str, agent: str, superstep: int, attempt: int, *, epoch: int | None = None
+    ) -> None:
         translating(
             lambda: self._begin_attempt(
                 keys=[keys.attempts(task), keys.epoch(task), keys.audit(task)],
-                args=[agent, superstep, attempt, self._audit_flag],
+                args=[agent, superstep, attempt, self._audit_flag, "" if epoch is None else epoch],
             )
         )
 
