@@ -7,7 +7,9 @@ directory names in the archive.
 
 from __future__ import annotations
 
+import hashlib
 import re
+from dataclasses import dataclass
 
 from storage.errors import InvalidName
 
@@ -56,9 +58,7 @@ def superstep_lcs(task: str, epoch_: int, superstep: int) -> str:
     """Hash lc_id → its parent, checksum and agent: one superstep's LCs, tentative until commit.
 
     The three are tab-separated; the parent is "" unless it is in the hash too, so a walk
-    from a member stops where its chain leaves the superstep. Named apart from the set that
-    held the ids before, so a superstep in flight across an upgrade meets a missing key,
-    not one of the wrong type.
+    from a member stops where its chain leaves the superstep.
     """
     return f"{task_prefix(task)}tentative:{epoch_}:{superstep}"
 
@@ -137,3 +137,75 @@ def restore_lock(task: str) -> str:
 ACTIVE_TASKS = f"{PREFIX}:tasks:active"
 LEASE = f"{PREFIX}:coordinator:lease"
 LEASE_TOKEN = f"{PREFIX}:coordinator:token"
+RUNS = f"{PREFIX}:{{*}}:run"  # a SCAN pattern: the run hash of every task Redis knows
+
+
+def task_of_run(key: str) -> str:
+    """The task whose run hash is `key` (a key that `RUNS` matched)."""
+    return key.removeprefix(f"{PREFIX}:{{").removesuffix("}:run")
+
+
+# The LangGraph saver's keys (storage.langgraph): one hash slot per thread ----------------
+LANGGRAPH_PREFIX = f"{PREFIX}:lg"
+_PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+
+
+def langgraph_slot(name: str) -> str:
+    """A name safe inside a hash tag and a file name: itself if plain, else its digest.
+
+    A digest starts with "h-", so a plain name never does: no two names share a slot.
+    "_" (the root namespace's slot) is never a plain name either.
+    """
+    plain = _PLAIN.fullmatch(name) and not name.startswith((".", "-", "h-")) and name != "_"
+    if plain:
+        return name
+    return "h-" + hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:40]
+
+
+@dataclass(frozen=True, slots=True)
+class ThreadKeys:
+    """The keys of one namespace of a LangGraph thread, all under the thread's hash tag."""
+
+    thread: str
+    ns: str
+
+    @property
+    def base(self) -> str:
+        """The prefix of every key of the thread: `cairn:lg:{thread}:`."""
+        return f"{LANGGRAPH_PREFIX}:{{{langgraph_slot(self.thread)}}}:"
+
+    @property
+    def ns_key(self) -> str:
+        """The namespace's part of a key ("_" for the root namespace)."""
+        return langgraph_slot(self.ns) if self.ns else "_"
+
+    def head(self) -> str:
+        """String: the id of the namespace's newest checkpoint (what a put must extend)."""
+        return f"{self.base}head:{self.ns_key}"
+
+    def ids(self) -> str:
+        """Sorted set (all scores 0, ordered by id): the namespace's checkpoints in Redis."""
+        return f"{self.base}ids:{self.ns_key}"
+
+    def namespaces(self) -> str:
+        """Set: the thread's namespaces."""
+        return f"{self.base}nss"
+
+    def name(self) -> str:
+        """String: the thread's id as given (its slot may be a digest of it)."""
+        return f"{self.base}name"
+
+    def checkpoint(self, checkpoint_id: str) -> str:
+        """String: one checkpoint's sealed record."""
+        return f"{self.base}cp:{self.ns_key}:{checkpoint_id}"
+
+    def writes(self, checkpoint_id: str) -> str:
+        """Hash of sealed writes, one field per task and index: a checkpoint's pending writes."""
+        return f"{self.base}w:{self.ns_key}:{checkpoint_id}"
+
+    def blob(self, channel: str, ref: str) -> str:
+        """String: one channel value (or a piece of a list) in its envelope.
+
+        `ref` names the blob within its channel: its version and the put that wrote it.
+        """
+        return f"{self.base}b:{self.ns_key}:{langgraph_slot(channel)}:{ref}"

@@ -7,17 +7,26 @@ redis-server and a real archive directory.
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
+import json
+import operator
+import shutil
 import threading
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Annotated, Any, TypedDict, TypeVar, cast
 
 import pytest
 import redis
-from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.messages import AIMessage, AnyMessage, BaseMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
-from langgraph.checkpoint.base import BaseCheckpointSaver, Checkpoint, CheckpointTuple
+from langgraph.checkpoint.base import (
+    BaseCheckpointSaver,
+    Checkpoint,
+    CheckpointTuple,
+    empty_checkpoint,
+)
 from langgraph.checkpoint.conformance import checkpointer_test, validate
 from langgraph.checkpoint.memory import InMemorySaver
 from langgraph.graph import END, START, StateGraph
@@ -27,7 +36,8 @@ from langgraph.types import Command, interrupt
 
 from storage.backends.redis import connect
 from storage.errors import CorruptCheckpoint, FencedWrite
-from storage.langgraph_saver import CairnSaver
+from storage.keys import ThreadKeys
+from storage.langgraph import CairnSaver
 from storage.redis_server import RedisServer
 
 S = TypeVar("S", bound=BaseCheckpointSaver[Any])
@@ -341,3 +351,288 @@ def test_an_async_graph_runs_on_the_saver(saver: CairnSaver) -> None:
         return [str(m.content) for m in (await graph.aget_state(config)).values["messages"]]
 
     assert ["m0", "reply to message 1", "m1", "reply to message 3"] == asyncio.run(chat_twice())
+
+
+# Branches: time travel and forks read back what each branch wrote ---------------------------
+
+
+class Log(TypedDict):
+    """A state with a list channel (`operator.add`), a chat and a scalar."""
+
+    log: Annotated[list[str], operator.add]
+    messages: Annotated[list[AnyMessage], add_messages]
+    count: int
+
+
+def logger(saver: BaseCheckpointSaver[Any]) -> CompiledStateGraph[Log, None, Log, Log]:
+    """A model node whose every answer is new, inside a subgraph, then a counter node.
+
+    The answers are numbered per graph, so a replay produces a different answer than the
+    run it replays, as a real model would.
+    """
+    calls = itertools.count(1)
+
+    def llm(state: Log) -> dict[str, Any]:
+        n = next(calls)
+        return {"log": [f"answer #{n}"], "messages": [AIMessage(content=f"#{n}", id=f"ai-{n}")]}
+
+    inner = StateGraph(Log)
+    inner.add_node("llm", llm)
+    inner.add_edge(START, "llm")
+    inner.add_edge("llm", END)
+    outer = StateGraph(Log)
+    outer.add_node("think", inner.compile())
+    outer.add_node("tally", lambda state: {"count": state.get("count", 0) + 1})
+    outer.add_edge(START, "think")
+    outer.add_edge("think", "tally")
+    outer.add_edge("tally", END)
+    return outer.compile(checkpointer=saver)
+
+
+def render(value: Any) -> Any:
+    """A value as comparable plain data (messages by type, content and id)."""
+    if isinstance(value, BaseMessage):
+        return {"type": value.type, "content": value.content, "id": value.id}
+    if isinstance(value, list):
+        return [render(v) for v in value]
+    if isinstance(value, dict):
+        return {k: render(v) for k, v in value.items()}
+    return value
+
+
+def every_checkpoint(saver: BaseCheckpointSaver[Any], thread: str) -> list[Any]:
+    """Every checkpoint of the thread, all branches and namespaces, in the order written.
+
+    Each is its namespace's kind ("" or the subgraph's node), its values, its parent's
+    position and its pending writes: the same on two savers that ran the same operations,
+    whatever ids they drew.
+    """
+    found = sorted(
+        saver.list({"configurable": {"thread_id": thread}}),
+        key=lambda t: t.config["configurable"]["checkpoint_id"],
+    )
+    position = {t.config["configurable"]["checkpoint_id"]: n for n, t in enumerate(found)}
+    return [
+        (
+            t.config["configurable"]["checkpoint_ns"].split(":")[0],
+            render(t.checkpoint["channel_values"]),
+            None if t.parent_config is None
+            else position[t.parent_config["configurable"]["checkpoint_id"]],
+            sorted((ch, repr(render(v))) for _, ch, v in t.pending_writes or []),
+        )
+        for t in found
+    ]  # fmt: skip
+
+
+def branch_out(saver: Callable[[], BaseCheckpointSaver[Any]], turns: int = 12) -> None:
+    """Grow a thread, replay from old checkpoints, fork with `update_state`, fork the fork.
+
+    `saver()` is asked anew for each operation: one saver, or a new one each time (a
+    process that remembers nothing of earlier puts).
+    """
+    config: RunnableConfig = {"configurable": {"thread_id": "branches"}}
+
+    def graph() -> CompiledStateGraph[Log, None, Log, Log]:
+        return logger(saver())
+
+    for n in range(turns):
+        turn = {"log": [f"q{n}"], "messages": [HumanMessage(f"q{n}", id=f"q{n}")]}
+        graph().invoke(cast(Log, turn), config)
+    history = list(graph().get_state_history(config))
+    graph().invoke(None, history[1].config)  # replay the last step: a new answer
+    graph().invoke(None, history[len(history) // 2].config)  # replay from the middle
+    forked = graph().update_state(history[4].config, {"log": ["edited"], "count": 100})
+    graph().invoke(None, forked)
+    for n in range(3):  # the fork goes on: its lists grow from the shared prefix
+        graph().invoke(cast(Log, {"log": [f"fork q{n}"]}), config)
+    fork_history = list(graph().get_state_history(config))
+    again = graph().update_state(fork_history[2].config, {"log": ["edited again"]},
+                                 as_node="tally")  # fmt: skip
+    graph().invoke(cast(Log, {"log": ["last"]}), again)
+
+
+def test_a_replay_does_not_change_what_the_replayed_branch_reads(saver: CairnSaver) -> None:
+    """LangGraph's replay from an older checkpoint leaves the original run's final state be."""
+
+    class State(TypedDict):
+        log: Annotated[list[str], operator.add]
+
+    def run(saver: BaseCheckpointSaver[Any]) -> list[str]:
+        calls = itertools.count(1)
+        builder = StateGraph(State)
+        builder.add_node("llm", lambda s: {"log": [f"answer #{next(calls)}"]})
+        builder.add_edge(START, "llm")
+        builder.add_edge("llm", END)
+        graph = builder.compile(checkpointer=saver)
+        config: RunnableConfig = {"configurable": {"thread_id": "t"}}
+        graph.invoke({"log": ["q"]}, config)
+        final, before_llm = list(graph.get_state_history(config))[:2]
+        graph.invoke(None, before_llm.config)
+        return cast(list[str], graph.get_state(final.config).values["log"])
+
+    assert ["q", "answer #1"] == run(InMemorySaver()) == run(saver)
+
+
+@pytest.mark.parametrize("fresh", [False, True], ids=["one-saver", "a-saver-per-call"])
+def test_every_branch_reads_back_what_it_wrote_as_on_langgraphs_saver(
+    redis_client: redis.Redis, tmp_path: Path, fresh: bool
+) -> None:
+    """Replays, forks and a fork of a fork, with a subgraph and lists kept in pieces.
+
+    Every checkpoint of every branch reads back as InMemorySaver has it, hot and after
+    all but two checkpoints of each namespace moved to the archive.
+    """
+    memory = InMemorySaver()
+    branch_out(lambda: memory)
+    one = CairnSaver(redis_client, tmp_path / "archive")
+    branch_out((lambda: CairnSaver(redis_client, tmp_path / "archive")) if fresh else lambda: one)
+    expected = every_checkpoint(memory, "branches")
+    assert len(expected) > 60
+    assert {"", "think"} == {ns for ns, *_ in expected}
+    assert expected == every_checkpoint(one, "branches")
+    keys = redis_client.scan_iter(match="cairn:lg:{branches}:b:_:log:*")
+    stored = [one._open(cast(bytes, redis_client.get(k)), "blob") for k in keys]
+    assert any("base" in blob for blob in stored), "the log is kept in pieces"
+    assert one.archive("branches", keep=2) > 50
+    assert expected == every_checkpoint(CairnSaver(redis_client, tmp_path / "archive"),
+                                         "branches")  # fmt: skip
+
+
+def test_a_put_never_overwrites_a_stored_record_with_other_bytes(
+    saver: CairnSaver, redis_client: redis.Redis, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint id put twice, or a blob key holding other bytes: refused, nothing moved.
+
+    The same put again (redis-py retrying a command whose reply it lost) is a no-op.
+    """
+    graph = logger(saver)
+    config: RunnableConfig = {"configurable": {"thread_id": "once"}}
+    graph.invoke(cast(Log, {"log": ["q"]}), config)
+    head = saver.get_tuple(config)
+    assert head is not None
+    child = head.checkpoint | {"id": "ffffffff-0000-6000-8000-000000000001"}
+    child["channel_versions"] = {**child["channel_versions"], "log": 7}
+    child["channel_values"] = {**child["channel_values"], "log": ["q", "child"]}
+    put_script = saver._put
+
+    def sent_twice(**call: Any) -> Any:
+        put_script(**call)  # as redis-py resends a command whose reply it lost
+        return put_script(**call)
+
+    monkeypatch.setattr(saver, "_put", sent_twice)
+    stored = saver.put(head.config, child, head.metadata, {"log": 7})
+    monkeypatch.undo()
+    before = every_checkpoint(saver, "once")
+    changed = child | {"channel_values": {**child["channel_values"], "log": ["other"]}}
+    with pytest.raises(FencedWrite, match="holds another value"):
+        saver.put(head.config, changed, head.metadata, {"log": 7})
+    with pytest.raises(FencedWrite, match="stored already with other contents"):
+        saver.put(head.config, child, head.metadata | {"step": 99}, {"log": 7})
+    grandchild = child | {"id": "ffffffff-0000-6000-8000-000000000002"}
+    grandchild["channel_versions"] = {**child["channel_versions"], "log": 8}
+    key = f"cairn:lg:{{once}}:b:_:log:8@{grandchild['id']}"
+    redis_client.set(key, b"another writer's bytes")
+    with pytest.raises(FencedWrite, match="holds another value"):
+        saver.put(stored, grandchild, head.metadata, {"log": 8})
+    assert b"another writer's bytes" == redis_client.get(key)
+    assert before == every_checkpoint(saver, "once")
+
+
+# Threads stored by an earlier release, with plain integer versions --------------------------
+
+LEGACY = Path(__file__).parent / "fixtures" / "langgraph-int-versions"
+
+
+def load_legacy(client: redis.Redis, archive: Path) -> dict[str, Any]:
+    """Put the fixture's Redis keys and archive in place; return what each checkpoint holds."""
+    for key, stored in json.loads((LEGACY / "redis.json").read_text()).items():
+        value = stored["value"]
+        if stored["type"] == "string":
+            client.set(key, base64.b64decode(value))
+        elif stored["type"] == "zset":
+            client.zadd(key, dict.fromkeys(value, 0))
+        elif stored["type"] == "set":
+            client.sadd(key, *value)
+        else:
+            client.hset(key, mapping={base64.b64decode(f): base64.b64decode(v)
+                                      for f, v in value.items()})  # fmt: skip
+    shutil.copytree(LEGACY / "archive", archive)
+    return cast(dict[str, Any], json.loads((LEGACY / "expected.json").read_text()))
+
+
+def stored_as(saver: CairnSaver) -> dict[str, Any]:
+    """Every checkpoint the saver holds, in the fixture's shape."""
+    found: dict[str, Any] = {}
+    for t in saver.list(None):
+        c = t.config["configurable"]
+        found.setdefault(c["thread_id"], {}).setdefault(c["checkpoint_ns"], {})[
+            c["checkpoint_id"]
+        ] = {
+            "values": json.loads(json.dumps(render(t.checkpoint["channel_values"]))),
+            "versions": dict(t.checkpoint["channel_versions"]),
+            "parent": t.parent_config["configurable"]["checkpoint_id"] if t.parent_config
+            else None,
+            "step": t.metadata.get("step"),
+            "writes": len(t.pending_writes or []),
+        }  # fmt: skip
+    return found
+
+
+def test_threads_stored_with_integer_versions_read_back_and_go_on(
+    redis_client: redis.Redis, tmp_path: Path
+) -> None:
+    """The fixture (a long chat, a list channel, a subgraph workflow; part archived).
+
+    Every checkpoint reads back as it was written; the chat goes on, a replay forks the
+    list thread from an archived checkpoint, and every stored checkpoint still reads the same.
+    """
+    expected = load_legacy(redis_client, tmp_path / "archive")
+    saver = CairnSaver(redis_client, tmp_path / "archive")
+    assert expected == stored_as(saver)
+    say(chat(saver), "chat", 20)
+    config: RunnableConfig = {"configurable": {"thread_id": "log"}}
+    oldest = list(saver.list(config))[-4]  # in the archive, not in Redis
+    replayed = StateGraph(LegacyLog)
+    replayed.add_node("step", lambda s: {"log": ["replayed"], "count": -1})
+    replayed.add_edge(START, "step")
+    replayed.add_edge("step", END)
+    replayed.compile(checkpointer=saver).invoke(None, oldest.config)
+    now = stored_as(saver)
+    for thread, namespaces in expected.items():
+        for ns, checkpoints in namespaces.items():
+            assert checkpoints == {i: now[thread][ns][i] for i in checkpoints}
+    replay = saver.get_tuple(config)
+    assert replay is not None
+    old_log, new_log = oldest.checkpoint["channel_values"]["log"], replay.checkpoint[
+        "channel_values"]["log"]  # fmt: skip
+    assert (old_log, "replayed") == (new_log[: len(old_log)], new_log[-1])
+    messages = chat(saver).get_state({"configurable": {"thread_id": "chat"}}).values["messages"]
+    assert ["message 20", "reply to message 41"] == [m.content for m in messages[-2:]]
+
+
+class LegacyLog(TypedDict):
+    """The fixture's list thread: a log and a count."""
+
+    log: Annotated[list[str], operator.add]
+    count: int
+
+
+def test_no_two_names_share_a_slot(saver: CairnSaver) -> None:
+    """The namespace "_" is not the root namespace; a thread named like a digest is its own.
+
+    Each reads back its own checkpoint.
+    """
+    digest_of_a_b = ThreadKeys("a/b", "").base.removeprefix("cairn:lg:{").removesuffix("}:")
+    places = [("t", ""), ("t", "_"), ("a/b", ""), (digest_of_a_b, "")]
+    assert len(places) == len({ThreadKeys(*p).head() for p in places})
+    for thread, ns in places:
+        config: RunnableConfig = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+        checkpoint = empty_checkpoint()
+        checkpoint["channel_values"] = {"where": f"{thread}|{ns}"}
+        checkpoint["channel_versions"] = {"where": 1}
+        saver.put(config, checkpoint, {}, {"where": 1})
+    for thread, ns in places:
+        config = {"configurable": {"thread_id": thread, "checkpoint_ns": ns}}
+        found = saver.get_tuple(config)
+        assert found is not None
+        assert {"where": f"{thread}|{ns}"} == found.checkpoint["channel_values"]

@@ -1,44 +1,12 @@
-"""`CairnSaver`: a LangGraph checkpointer on Cairn's storage.
-
-Installed with `pip install 'cairn-agents[langgraph]'`.
-
-It runs on plain Redis 7 (no modules) with a disk archive behind it, and closes the gaps
-LangGraph's own savers leave:
-
-- **Fenced writes.** A put must extend the head of its thread's namespace: two writers
-  racing on one thread get `FencedWrite` instead of two silent branches
-  (langchain-ai/langgraph#8796). Time travel still forks: a writer that read a checkpoint
-  by its id may put a child of it, and the fork becomes the head. A put naming no parent
-  starts a new history beside the old one, as LangGraph's conformance suite expects;
-  `strict=True` refuses that too (two runs starting one new thread at once).
-- **Cost that depends on what changed.** A list channel that only grew since the version
-  this saver last wrote or read (`add_messages` histories) is stored as pieces: each
-  version's blob holds its new items and folds in the newest pieces no bigger than it
-  (a binary counter), so a read joins O(log n) blobs and a step with 1,000 messages of
-  history stores about what it added, not the 1,000 messages.
-- **Checksums.** Every record is sealed by Cairn's codec (SHA-256, HMAC-SHA256 with
-  `CAIRN_SIGNING_KEY`, zstd above a size); a damaged one is refused with its name.
-- **Retention and a cold tier.** `archive(thread_id, keep=N)` moves all but the newest N
-  checkpoints of each namespace (their writes and the blobs only they use) to the disk
-  archive; with `hot_keep=N` the saver does it itself once a namespace holds 2N in Redis.
-  Every read falls back to the archive.
-
-Keys live under `cairn:lg:{<thread>}:`, one hash slot per thread. Values are serialized
-with LangGraph's serializer (`JsonPlusSerializer`, no pickle).
-"""
+"""CairnSaver: a LangGraph `BaseCheckpointSaver` on Redis (fenced puts) and a disk archive."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
-import operator
-import re
-import threading
-from collections import OrderedDict
-from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
 from pathlib import Path
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, cast
 
 import ormsgpack
 import redis
@@ -61,109 +29,11 @@ from storage.backends.disk import DiskArchive
 from storage.backends.redis import script, translating
 from storage.codec import Codec
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+from storage.keys import LANGGRAPH_PREFIX, ThreadKeys, langgraph_slot
+from storage.langgraph.pieces import MAX_PIECES, Grown, Recent, ref_of, stored_form
 
-PREFIX = "cairn:lg"
-MAX_PIECES = 40  # a list channel's blobs a read joins at most (O(log n) in practice)
 REMEMBERED = 1_000  # threads' channels (and forks) a saver remembers for its next put
 NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces
-_SAFE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
-
-
-def _slot(name: str) -> str:
-    """A name safe inside a hash tag and a file name: itself if plain, else its digest."""
-    if _SAFE.fullmatch(name) and not name.startswith((".", "-")):
-        return name
-    return "h-" + hashlib.sha256(name.encode(errors="surrogatepass")).hexdigest()[:40]
-
-
-@dataclass(frozen=True, slots=True)
-class _Where:
-    """A thread's namespace, and how its keys are spelled."""
-
-    thread: str
-    ns: str
-
-    @property
-    def base(self) -> str:
-        return f"{PREFIX}:{{{_slot(self.thread)}}}:"
-
-    @property
-    def ns_key(self) -> str:
-        return _slot(self.ns) if self.ns else "_"
-
-    def head(self) -> str:
-        return f"{self.base}head:{self.ns_key}"
-
-    def ids(self) -> str:
-        return f"{self.base}ids:{self.ns_key}"
-
-    def namespaces(self) -> str:
-        return f"{self.base}nss"
-
-    def name(self) -> str:
-        """The thread's id as given (its slot may be a digest of it)."""
-        return f"{self.base}name"
-
-    def checkpoint(self, checkpoint_id: str) -> str:
-        return f"{self.base}cp:{self.ns_key}:{checkpoint_id}"
-
-    def writes(self, checkpoint_id: str) -> str:
-        return f"{self.base}w:{self.ns_key}:{checkpoint_id}"
-
-    def blob(self, channel: str, version: str) -> str:
-        return f"{self.base}b:{self.ns_key}:{_slot(channel)}:{version}"
-
-
-@dataclass(slots=True)
-class _Grown:
-    """What this saver last stored of a list channel, to store only what it gained.
-
-    `pieces` are the versions whose blobs hold the list, oldest first, each with how many
-    of its items it holds: the first from item 0, each next one where the last ended.
-    """
-
-    value: list[Any]
-    pieces: list[tuple[str, int]]
-
-
-K = TypeVar("K")
-V = TypeVar("V")
-
-
-class _Recent(Generic[K, V]):
-    """A small map that forgets its least recently used entries past `size`.
-
-    Thread-safe: the async methods run the sync ones on threads.
-    """
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self._items: OrderedDict[K, V] = OrderedDict()
-        self._lock = threading.Lock()
-
-    def get(self, key: K) -> V | None:
-        with self._lock:
-            found = self._items.get(key)
-            if found is not None:
-                self._items.move_to_end(key)
-            return found
-
-    def put(self, key: K, value: V) -> None:
-        with self._lock:
-            self._items[key] = value
-            self._items.move_to_end(key)
-            while len(self._items) > self.size:
-                self._items.popitem(last=False)
-
-    def pop(self, key: K) -> V | None:
-        with self._lock:
-            return self._items.pop(key, None)
-
-    def forget(self, keep: Callable[[K], bool]) -> None:
-        """Drop every entry whose key `keep` rejects."""
-        with self._lock:
-            for key in [k for k in self._items if not keep(k)]:
-                del self._items[key]
 
 
 def _pack(value: object) -> bytes:
@@ -203,8 +73,10 @@ class CairnSaver(BaseCheckpointSaver[str]):
         self._put = script(client, "lg_put")
         # (thread, ns, channel) → the list last stored or read; bounded, for a saver that
         # serves many threads holds their histories.
-        self._grown: _Recent[tuple[str, str, str], _Grown] = _Recent(REMEMBERED)
-        self._forks: _Recent[tuple[str, str, str], bool] = _Recent(REMEMBERED)  # read by id
+        self._grown: Recent[tuple[str, str, str], Grown] = Recent(REMEMBERED)
+        self._forks: Recent[tuple[str, str, str], bool] = Recent(REMEMBERED)  # read by id
+        # (thread, ns, checkpoint id) → its channels' blob refs, for a put of its child.
+        self._refs: Recent[tuple[str, str, str], dict[str, str]] = Recent(REMEMBERED)
 
     # sealing ------------------------------------------------------------------------------
     def _seal(self, value: object) -> bytes:
@@ -227,18 +99,23 @@ class CairnSaver(BaseCheckpointSaver[str]):
         thread since this one read it), unless this saver read that parent by its id.
         """
         conf = config["configurable"]
-        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        where = ThreadKeys(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
         parent = conf.get("checkpoint_id") or ""
         saved = checkpoint.copy()
         values: dict[str, Any] = saved.pop("channel_values")  # type: ignore[misc]
+        refs = self._inherited(where, parent, checkpoint["channel_versions"], new_versions)
         blob_keys, blobs, grown = [], [], {}
         for channel, version in new_versions.items():
-            blob_keys.append(where.blob(channel, str(version)))
-            blob, grown[channel] = self._blob(where, channel, str(version), values)
+            refs[channel] = ref_of(version, checkpoint["id"])
+            blob_keys.append(where.blob(channel, refs[channel]))
+            last = self._grown.get((where.thread, where.ns, channel))
+            blob, grown[channel] = stored_form(
+                self.serde, channel, refs[channel], values, last, self.max_pieces
+            )
             blobs.append(self._seal(blob))
         merged = get_checkpoint_metadata(config, metadata)
         record = {
-            "v": {ch: str(v) for ch, v in checkpoint["channel_versions"].items()},
+            "v": refs,
             "c": list(self.serde.dumps_typed(saved)),
             "m": list(self.serde.dumps_typed(merged)),
             "p": parent or None,
@@ -256,6 +133,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                   *blobs],
         )))  # fmt: skip
         # Only now, stored: a refused put must not become the base of the next one.
+        self._refs.put((where.thread, where.ns, checkpoint["id"]), refs)
         for channel, state in grown.items():
             key = (where.thread, where.ns, channel)
             if state is None:
@@ -269,41 +147,33 @@ class CairnSaver(BaseCheckpointSaver[str]):
         return {"configurable": {"thread_id": where.thread, "checkpoint_ns": where.ns,
                                  "checkpoint_id": checkpoint["id"]}}  # fmt: skip
 
-    def _blob(
-        self, where: _Where, channel: str, version: str, values: dict[str, Any]
-    ) -> tuple[dict[str, Any], _Grown | None]:
-        """The stored form of a channel's new version, and what to remember once stored.
+    def _inherited(
+        self, where: ThreadKeys, parent: str, versions: ChannelVersions, new: ChannelVersions
+    ) -> dict[str, str]:
+        """The blob refs of the channels a put does not write: its parent's.
 
-        Whole, or the items it adds to the version this saver last wrote or read.
+        A channel the parent holds at another version (or a parent never stored) keeps the
+        plain version as its ref, the form of records stored before refs named their put.
         """
-        if channel not in values:
-            return {"t": "empty"}, None
-        value = values[channel]
-        if not isinstance(value, list):
-            kind, data = self.serde.dumps_typed(value)
-            return {"t": kind, "d": data}, None
-        last = self._grown.get((where.thread, where.ns, channel))
-        # The same objects in the same places: LangGraph's reducers build a new list and
-        # leave the old items be, so this holds exactly when the list only grew.
-        if (
-            last is None
-            or len(value) < len(last.value)
-            or not all(map(operator.is_, value, last.value))
-        ):
-            kind, data = self.serde.dumps_typed(value)
-            return {"t": kind, "d": data}, _Grown(value, [(version, len(value))])
-        # This version's blob holds the new items, and takes in each newest piece that is
-        # no bigger than it: piece sizes halve from the first, as the digits of a binary
-        # counter, so a read joins O(log n) pieces and a write rewrites each item O(log n)
-        # times over the list's life: a cost that stays flat as the history grows.
-        pieces, start = list(last.pieces), len(last.value)
-        while pieces and (pieces[-1][1] <= len(value) - start or len(pieces) >= self.max_pieces):
-            start -= pieces.pop()[1]
-        kind, data = self.serde.dumps_typed(value[start:])
-        blob = {"t": kind, "d": data}
-        if pieces:
-            blob["base"] = [v for v, _ in pieces]
-        return blob, _Grown(value, [*pieces, (version, len(value) - start)])
+        known = self._parent_refs(where, parent) if parent and versions.keys() - new else {}
+        refs = {}
+        for channel, version in versions.items():
+            ref = known.get(channel, "")
+            refs[channel] = ref if ref.split("@", 1)[0] == str(version) else str(version)
+        return refs
+
+    def _parent_refs(self, where: ThreadKeys, checkpoint_id: str) -> dict[str, str]:
+        """A stored checkpoint's blob refs: remembered from its put or read, else read."""
+        known = self._refs.get((where.thread, where.ns, checkpoint_id))
+        if known is not None:
+            return known
+        raw = self._raw(where, where.checkpoint(checkpoint_id))
+        if raw is None:
+            return {}
+        name = f"langgraph checkpoint {where.thread}/{where.ns}/{checkpoint_id}"
+        refs: dict[str, str] = self._open(raw, name)["v"]
+        self._refs.put((where.thread, where.ns, checkpoint_id), refs)
+        return refs
 
     def put_writes(
         self,
@@ -314,7 +184,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
     ) -> None:
         """Store a task's pending writes for a checkpoint (a write already there is kept)."""
         conf = config["configurable"]
-        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        where = ThreadKeys(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
         key = where.writes(str(conf["checkpoint_id"]))
         pipe = self.redis.pipeline(transaction=True)
         for index, (channel, value) in enumerate(writes):
@@ -331,7 +201,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
     def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
         """The checkpoint the config names, or its namespace's latest; None if none."""
         conf = config["configurable"]
-        where = _Where(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
+        where = ThreadKeys(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
         checkpoint_id = get_checkpoint_id(config)
         if checkpoint_id:
             self._forks.put((where.thread, where.ns, checkpoint_id), True)
@@ -341,14 +211,14 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 return None
         return self._tuple(where, checkpoint_id, seed=True)
 
-    def _latest(self, where: _Where) -> str | None:
+    def _latest(self, where: ThreadKeys) -> str | None:
         newest = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), "+", "-", 0, 1))
         if newest:
             return newest[0].decode()
         archived = self._cold_ids(where)
         return archived[-1] if archived else None
 
-    def _ids(self, where: _Where, before: str | None = None) -> list[str]:
+    def _ids(self, where: ThreadKeys, before: str | None = None) -> list[str]:
         """The namespace's checkpoint ids, hot and archived, newest first."""
         top = f"({before}" if before else "+"
         found = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), top, "-"))
@@ -357,7 +227,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         return sorted(set(hot) | set(cold), reverse=True)
 
     def _tuple(
-        self, where: _Where, checkpoint_id: str, *, seed: bool = False
+        self, where: ThreadKeys, checkpoint_id: str, *, seed: bool = False
     ) -> CheckpointTuple | None:
         pipe = self.redis.pipeline(transaction=False)
         pipe.get(where.checkpoint(checkpoint_id))
@@ -372,9 +242,8 @@ class CairnSaver(BaseCheckpointSaver[str]):
         name = f"langgraph checkpoint {where.thread}/{where.ns}/{checkpoint_id}"
         record = self._open(raw, name)
         checkpoint = cast(Checkpoint, self.serde.loads_typed(tuple(record["c"])))
-        checkpoint["channel_values"] = self._values(
-            where, checkpoint["channel_versions"], seed=seed
-        )
+        self._refs.put((where.thread, where.ns, checkpoint_id), record["v"])
+        checkpoint["channel_values"] = self._values(where, record["v"], seed=seed)
         return CheckpointTuple(
             config=_config(where, checkpoint_id),
             checkpoint=checkpoint,
@@ -389,18 +258,18 @@ class CairnSaver(BaseCheckpointSaver[str]):
         return [(w["task"], w["ch"], self.serde.loads_typed((w["t"], w["d"]))) for w in found]
 
     def _values(
-        self, where: _Where, versions: ChannelVersions, *, seed: bool = False
+        self, where: ThreadKeys, refs: dict[str, str], *, seed: bool = False
     ) -> dict[str, Any]:
-        """The channels' values at `versions`, every blob of them read in two round trips.
+        """The channels' values, by their blobs' refs, every blob read in two round trips.
 
         With `seed`, the lists read are remembered as the last stored versions of their
         channels: a writer that goes on from this checkpoint hands LangGraph's reducers
         these very objects, and its next put stores only what they add to them.
         """
-        wanted = {ch: where.blob(ch, str(v)) for ch, v in versions.items()}
+        wanted = {ch: where.blob(ch, ref) for ch, ref in refs.items()}
         stored = self._blobs(where, wanted.values())
         bases = {
-            where.blob(ch, v) for ch, key in wanted.items() for v in stored[key].get("base", ())
+            where.blob(ch, r) for ch, key in wanted.items() for r in stored[key].get("base", ())
         }
         stored |= self._blobs(where, bases - stored.keys())
         values: dict[str, Any] = {}
@@ -412,21 +281,21 @@ class CairnSaver(BaseCheckpointSaver[str]):
             pieces: list[tuple[str, int]] = []
             if "base" in blob:
                 whole: list[Any] = []
-                for version in blob["base"]:
-                    part = stored[where.blob(channel, version)]
+                for ref in blob["base"]:
+                    part = stored[where.blob(channel, ref)]
                     items = self.serde.loads_typed((part["t"], part["d"]))
-                    pieces.append((version, len(items)))
+                    pieces.append((ref, len(items)))
                     whole.extend(items)
                 value = whole + value
             if isinstance(value, list):
-                pieces.append((str(versions[channel]), len(value) - sum(n for _, n in pieces)))
+                pieces.append((refs[channel], len(value) - sum(n for _, n in pieces)))
             if seed and isinstance(value, list):
-                self._grown.put((where.thread, where.ns, channel), _Grown(value, pieces))
+                self._grown.put((where.thread, where.ns, channel), Grown(value, pieces))
             values[channel] = value
         return values
 
     def _blobs(
-        self, where: _Where, keys: Iterable[str], *, missing_ok: bool = False
+        self, where: ThreadKeys, keys: Iterable[str], *, missing_ok: bool = False
     ) -> dict[str, dict[str, Any]]:
         """Blob key → its record: the hot ones in one round trip, the rest from the archive.
 
@@ -449,18 +318,18 @@ class CairnSaver(BaseCheckpointSaver[str]):
 
     def _threads(self) -> list[str]:
         """Every thread with checkpoints in Redis (a scan: for `list(None)` and runs)."""
-        names = list(self.redis.scan_iter(match=f"{PREFIX}:*:name", count=1_000))
+        names = list(self.redis.scan_iter(match=f"{LANGGRAPH_PREFIX}:*:name", count=1_000))
         found = cast(list[bytes | None], self.redis.mget(names)) if names else []
         return sorted(n.decode() for n in found if n is not None)
 
     def _namespaces(self, thread: str) -> list[str]:
-        members = cast(set[bytes], self.redis.smembers(_Where(thread, "").namespaces()))
+        members = cast(set[bytes], self.redis.smembers(ThreadKeys(thread, "").namespaces()))
         return sorted({m.decode() for m in members} | set(self._cold_namespaces(thread)))
 
     # delete -------------------------------------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:
         """Delete every checkpoint, write and blob of a thread."""
-        pattern = _Where(thread_id, "").base + "*"  # a slot holds no glob character
+        pattern = ThreadKeys(thread_id, "").base + "*"  # a slot holds no glob character
         doomed = list(self.redis.scan_iter(match=pattern, count=1_000))
         for start in range(0, len(doomed), 1_000):
             self.redis.delete(*doomed[start : start + 1_000])
@@ -480,7 +349,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             raise CairnError("this CairnSaver has no archive directory")
         moved = 0
         for ns in self._namespaces(thread_id):
-            where = _Where(thread_id, ns)
+            where = ThreadKeys(thread_id, ns)
             ids = sorted(
                 i.decode() for i in cast(list[bytes], self.redis.zrange(where.ids(), 0, -1))
             )
@@ -490,7 +359,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 moved += len(going)
         return moved
 
-    def _archive_ids(self, where: _Where, going: list[str], staying: list[str]) -> None:
+    def _archive_ids(self, where: ThreadKeys, going: list[str], staying: list[str]) -> None:
         assert self.cold is not None
         records = self._records(where, going)
         needed = self._blob_keys(where, records.values())
@@ -516,7 +385,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             pipe.delete(key)
         pipe.execute()
 
-    def _records(self, where: _Where, ids: list[str]) -> dict[str, dict[str, Any]]:
+    def _records(self, where: ThreadKeys, ids: list[str]) -> dict[str, dict[str, Any]]:
         """Checkpoint id → its record (hot or archived)."""
         return {
             i: self._open(cast(bytes, self._raw(where, where.checkpoint(i))),
@@ -524,37 +393,37 @@ class CairnSaver(BaseCheckpointSaver[str]):
             for i in ids
         }  # fmt: skip
 
-    def _blob_keys(self, where: _Where, records: Iterable[dict[str, Any]]) -> set[str]:
-        """Every stored blob the records' channel versions need, earlier pieces included."""
-        direct = {where.blob(ch, v): ch for r in records for ch, v in r["v"].items()}
+    def _blob_keys(self, where: ThreadKeys, records: Iterable[dict[str, Any]]) -> set[str]:
+        """Every stored blob the records' channels need, earlier pieces included."""
+        direct = {where.blob(ch, ref): ch for r in records for ch, ref in r["v"].items()}
         stored = self._blobs(where, direct, missing_ok=True)
         needed = set(stored)
         for key, blob in stored.items():
             needed |= {where.blob(direct[key], v) for v in blob.get("base", ())}
         return needed
 
-    def _raw(self, where: _Where, key: str) -> bytes | None:
+    def _raw(self, where: ThreadKeys, key: str) -> bytes | None:
         found = cast(bytes | None, self.redis.get(key))
         return found if found is not None else self._cold_get(where, key)
 
-    def _raw_writes(self, where: _Where, checkpoint_id: str) -> dict[str, bytes]:
+    def _raw_writes(self, where: ThreadKeys, checkpoint_id: str) -> dict[str, bytes]:
         hot = cast(dict[bytes, bytes], self.redis.hgetall(where.writes(checkpoint_id)))
         merged = {**self._cold_writes(where, checkpoint_id), **hot}
         return {k.decode(): v for k, v in merged.items()}
 
-    def _cold_get(self, where: _Where, key: str) -> bytes | None:
+    def _cold_get(self, where: ThreadKeys, key: str) -> bytes | None:
         if self.cold is None:
             return None
         return self.cold.get_doc(_cold_task(where.thread), _cold_name(key))
 
-    def _cold_writes(self, where: _Where, checkpoint_id: str) -> dict[bytes, bytes]:
+    def _cold_writes(self, where: ThreadKeys, checkpoint_id: str) -> dict[bytes, bytes]:
         raw = self._cold_get(where, where.writes(checkpoint_id))
         if raw is None:
             return {}
         opened = self._open(raw, f"langgraph writes {where.thread}/{checkpoint_id}")
         return {k.encode(): v for k, v in opened.items()}
 
-    def _cold_ids(self, where: _Where) -> list[str]:
+    def _cold_ids(self, where: ThreadKeys) -> list[str]:
         if self.cold is None:
             return []
         raw = self.cold.get_doc(_cold_task(where.thread), _ids_doc(where))
@@ -571,7 +440,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         """Copy every checkpoint of a thread, with its writes and blobs, to another (hot)."""
         pipe = self.redis.pipeline(transaction=False)
         for ns in self._namespaces(source_thread_id):
-            source, target = _Where(source_thread_id, ns), _Where(target_thread_id, ns)
+            source, target = ThreadKeys(source_thread_id, ns), ThreadKeys(target_thread_id, ns)
             ids = sorted(self._ids(source))
             records = self._records(source, ids)
             for key in self._blob_keys(source, records.values()):
@@ -597,7 +466,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             return
         for thread in self._threads():
             for ns in self._namespaces(thread):
-                where = _Where(thread, ns)
+                where = ThreadKeys(thread, ns)
                 records = self._records(where, self._ids(where))
                 doomed = [i for i, r in records.items() if r.get("r") in doomed_runs]
                 if doomed:
@@ -612,12 +481,12 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 self.delete_thread(thread)
                 continue
             for ns in self._namespaces(thread):
-                where = _Where(thread, ns)
+                where = ThreadKeys(thread, ns)
                 ids = self._ids(where)
                 if len(ids) > 1:
                     self._forget(where, ids[1:], keep=ids[0])
 
-    def _forget(self, where: _Where, doomed: list[str], keep: str | None = None) -> None:
+    def _forget(self, where: ThreadKeys, doomed: list[str], keep: str | None = None) -> None:
         """Delete checkpoints and their writes, hot and archived.
 
         With `keep`, also the blobs only the deleted ones needed.
@@ -725,7 +594,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             for ns in self._namespaces(thread):
                 if wanted_ns is not None and ns != wanted_ns:
                     continue
-                where = _Where(thread, ns)
+                where = ThreadKeys(thread, ns)
                 for checkpoint_id in self._ids(where, before_id):
                     if wanted_id and checkpoint_id != wanted_id:
                         continue
@@ -741,7 +610,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
 
 def _cold_task(thread: str) -> str:
     """The archive's name for a thread's documents."""
-    return f"lg-{_slot(thread)}"
+    return f"lg-{langgraph_slot(thread)}"
 
 
 def _cold_name(key: str) -> str:
@@ -749,11 +618,11 @@ def _cold_name(key: str) -> str:
     return "r." + hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:48]
 
 
-def _ids_doc(where: _Where) -> str:
+def _ids_doc(where: ThreadKeys) -> str:
     return "ids." + hashlib.sha256(where.ns_key.encode()).hexdigest()[:40]
 
 
-def _config(where: _Where, checkpoint_id: str) -> RunnableConfig:
+def _config(where: ThreadKeys, checkpoint_id: str) -> RunnableConfig:
     return {"configurable": {"thread_id": where.thread, "checkpoint_ns": where.ns,
                              "checkpoint_id": checkpoint_id}}  # fmt: skip
 
