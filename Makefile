@@ -3,10 +3,17 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
+# What a target needs from the system (redis-server, chromium, ...): found, installed as
+# root on Debian/Ubuntu, else one line naming what is missing and how to install it.
+SYSTEM_DEPS := scripts/system-deps
 
-.PHONY: install test lint bench demo chaos clean
+.PHONY: install test lint bench demo chaos clean system-test system-demo system-bench system-chaos
+
+system-test system-demo system-bench system-chaos:
+	@sh $(SYSTEM_DEPS) $(@:system-%=%)
 
 $(STAMP): pyproject.toml constraints.txt
+	@PYTHON='$(PYTHON)' sh $(SYSTEM_DEPS) venv
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
 	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph]'
@@ -14,7 +21,7 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
-test: $(STAMP)
+test: system-test $(STAMP)
 	$(BIN)/pytest
 
 lint: $(STAMP)
@@ -22,18 +29,28 @@ lint: $(STAMP)
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
 
-bench: $(STAMP)
-	$(BIN)/python -m bench
+# Every part, or PARTS="storage coordinator"; QUICK=1: small sizes (CI), fails only on a
+# crash; JSON=1: each target as a JSON line on stdout (and nothing else), tables on stderr.
+PARTS ?=
+bench: system-bench $(STAMP)
+	$(if $(filter 1,$(JSON)),@)$(BIN)/python -m bench $(if $(filter 1,$(QUICK)),--quick) \
+		$(if $(filter 1,$(JSON)),--json) $(PARTS)
 
 # The seeded chaos suite: SEEDS runs (default 200) from seed SEED (default 1); a failed
 # run prints `make chaos SEED=s`, which replays that one schedule.
 SEED ?=
 SEEDS ?= $(if $(SEED),1,200)
-chaos: $(STAMP)
+chaos: system-chaos $(STAMP)
 	$(BIN)/python -m chaos --seeds $(SEEDS) --seed $(or $(SEED),1)
 
+# The mutation check (docs/testing.md): each critical check, broken on purpose in a scratch
+# copy, must fail a test. MUTANTS="name ..." runs some; not part of `make test` or CI.
+.PHONY: mutants
+mutants: system-test $(STAMP)
+	$(BIN)/python -m tests.mutants $(MUTANTS)
+
 # A planner, a coder and a reviewer fix a bug through a killed worker and a rollback.
-demo: $(STAMP)
+demo: system-demo $(STAMP)
 	$(BIN)/cairn demo
 
 clean:

@@ -32,7 +32,18 @@ from agents.step import run_step
 from agents.task import start_task
 from agents.tools import TOOLS, Args, ToolContext
 from agents.workspace import Workspace
-from bench.report import Samples, Target, clock, duration, now_ns, private_store, ratio, size, table
+from bench.report import (
+    Samples,
+    Target,
+    clock,
+    duration,
+    now_ns,
+    pick,
+    private_store,
+    ratio,
+    size,
+    table,
+)
 from bench.storage import Text, filesystem, floor_write
 from storage import store as store_module
 from storage.backends.redis import RedisHotStore
@@ -46,12 +57,13 @@ GOAL = "Make the project pass its tests."
 FILES = 20  # the workspace: this many small files, one rewritten per turn
 FILE_CHARS = 400
 SAY_CHARS = 200
-HISTORY = 200  # messages before the timed steps (each turn adds two)
-STEPS = 200  # timed supersteps of measurement 1
+# pick(full, quick): `python -m bench --quick` runs the same code at the second size
+HISTORY = pick(200, 40)  # messages before the timed steps (each turn adds two)
+STEPS = pick(200, 24)  # timed supersteps of measurement 1
 PROFILE_EVERY = 4  # after every 4th timed superstep, one more with every phase timed
 LATENCY = 0.02  # measurement 2's model latency, seconds
-ON_OFF_STEPS = 100
-ON_OFF_RUNS = 3
+ON_OFF_STEPS = pick(100, 15)
+ON_OFF_RUNS = pick(3, 1)
 MODEL, TOOL = "model call (scripted, excluded)", "tool write_file (excluded)"
 SEND, READ = "send", "read"  # one row, IO; its calls are round trips (sends)
 IO = "Redis I/O: send, wait, read replies"
@@ -259,7 +271,7 @@ def profiled_superstep(team: Team, phases: Phases, into: StepTimes) -> None:
 
 
 def step_overhead(env: Env) -> None:
-    """Measurement 1: run_step and the barrier at a 200-message history, against the floor."""
+    """Measurement 1: run_step and the barrier at a HISTORY-message history, against the floor."""
     phases, times, tool = Phases(), StepTimes(), TOOLS["write_file"]
     profiled, fill = STEPS // PROFILE_EVERY, (HISTORY - 2) // 2
     model = ScriptedModel(turns(env.text, fill + STEPS + profiled + 10))

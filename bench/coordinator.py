@@ -26,14 +26,26 @@ from rq.serializers import JSONSerializer
 from agents.barrier import Barrier, build_gc, read_outputs
 from agents.spec import AgentSpec, TaskRecord, ToolRequest, Turn
 from agents.task import start_task
-from bench.report import Samples, Target, clock, duration, now_ns, private_store, ratio, table
+from bench.report import (
+    Samples,
+    Target,
+    clock,
+    duration,
+    now_ns,
+    pick,
+    private_store,
+    ratio,
+    table,
+)
 from bench.storage import CONTENT_CHARS, Text, filesystem
 from bench.storage import Bench as StorageBench
 from coordinator import archiver as archiver_module
-from coordinator.coordinator import TERMINAL, Coordinator
+from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
 from coordinator.restore import Restorer
+from coordinator.runs import TERMINAL
 from coordinator.spec import CheckpointPolicy, TaskSpec
+from coordinator.tasks import Tasks
 from storage import keys
 from storage.archive import archive_gc, trim_cold, trim_hot
 from storage.chain import AgentState
@@ -43,12 +55,17 @@ from storage.store import MAX_CHAIN, CheckpointStore
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = "Make the project pass its tests."
 FULL_EVERY = 20
-TEAMS = (1, 8, 32, 128, 1_000)  # agents per team in measurement 1
-ROUNDS = 30  # supersteps per team; the 1,000-agent team commits every BIG_EVERY-th
+# pick(full, quick): `python -m bench --quick` runs the same code at the second sizes
+TEAMS = pick((1, 8, 32, 128, 1_000), (1, 8, 128))  # agents per team in measurement 1
+RATIO_TEAM = 128  # measurement 1's targets: this team against the 1-agent team
+ROUNDS = pick(30, 4)  # supersteps per team; the largest team commits every BIG_EVERY-th
 BIG_EVERY = 3
-RESTORE_AGENTS, RESTORE_MESSAGES, RESTORES = 16, 200, 12
-SCALE_AGENTS, SCALE_STEPS, SCALE_STEPS_ONE, LATENCY = 64, 20, 5, 0.05
-EMPTY_STEPS, EMPTY_RUNS, EMPTY_WORKERS = 200, 5, 4
+RESTORE_AGENTS, RESTORE_MESSAGES, RESTORES = pick((16, 200, 12), (4, 20, 2))
+RESTORE_WORKERS, RESTORE_WARM, RESTORE_STAGED = pick((4, 2, 5), (2, 1, 1))
+SCALE_AGENTS, SCALE_STEPS, SCALE_STEPS_ONE = pick((64, 20, 5), (8, 4, 3))
+SCALE_WORKERS, LATENCY = pick(16, 2), 0.05
+EMPTY_STEPS, EMPTY_RUNS, EMPTY_WORKERS = pick((200, 5, 4), (20, 1, 2))
+EMPTY_WARM_STEPS, EMPTY_WARM_JOBS = pick((16, 50), (4, 10))
 RQ_QUEUE, RQ_WORKER = "bench-empty", "worker -w rq.worker.SimpleWorker --logging_level WARNING"
 JSON = "rq.serializers.JSONSerializer"
 POLL = 0.01  # seconds between coordinator ticks (and RQ completion checks)
@@ -221,8 +238,10 @@ def commits(b: Bench) -> None:
     )
     for i, name, limit in ((0, "last vote to committed", 3.0), (1, "commit_gc", None),
                            (2, "its hot.commit_gc", None)):  # fmt: skip
-        measured = got[128][i].p50 / got[1][i].p50
-        b.targets.append(Target(f"{name} p50 @128 agents / @1 agent", measured, limit).report())
+        measured = got[RATIO_TEAM][i].p50 / got[1][i].p50
+        b.targets.append(
+            Target(f"{name} p50 @{RATIO_TEAM} agents / @1 agent", measured, limit).report()
+        )
 
 
 # 2. coordinated restore ----------------------------------------------------------------
@@ -265,17 +284,17 @@ def restores(b: Bench) -> None:
         if i >= 0:
             hot.add(hot_ns)
             cold.add(cold_ns)
-    b.workers(4)
+    b.workers(RESTORE_WORKERS)
     staged = partial(Restorer(b.client, b.store, workers=True).restore, "rhot", to=hot_to)
-    for _ in range(2):  # warm-up: every worker imports the code and builds its store
+    for _ in range(RESTORE_WARM):  # warm-up: every worker imports the code and builds its store
         staged()
-    workers = Samples([clock(staged)[1] for _ in range(5)])
+    workers = Samples([clock(staged)[1] for _ in range(RESTORE_STAGED)])
     b.client.srem(keys.ACTIVE_TASKS, "rhot", "rcold")  # the restorer made them active
     archived = len(b.store.cold.list_gcs("rcold"))
     rows = [
         ("hot: everything in Redis, staged inline", hot),
         (f"cold: task wiped from Redis, from the archive ({archived} GCs)", cold),
-        ("hot, staged on 4 worker processes (info)", workers),
+        (f"hot, staged on {RESTORE_WORKERS} worker processes (info)", workers),
     ]
     table(
         f"2. Coordinated restore of {RESTORE_AGENTS} agents x {RESTORE_MESSAGES} msgs "
@@ -291,7 +310,7 @@ def restores(b: Bench) -> None:
         "polls for votes every 20 ms)"
     )
     for name, measured, limit in (("restore cold p50 / hot p50", cold.p50 / hot.p50, 3.0),
-                                  ("restore on 4 workers p50 / inline p50 (hot)",
+                                  (f"restore on {RESTORE_WORKERS} workers p50 / inline p50 (hot)",
                                    workers.p50 / hot.p50, None)):  # fmt: skip
         b.targets.append(Target(name, measured, limit).report())
 
@@ -354,7 +373,8 @@ def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0)
             if status in TERMINAL:
                 break
             if now_ns() - started > timeout * 1e9:
-                raise RuntimeError(f"task {task} did not end: {coordinator.status(task)}")
+                where = Tasks(b.client, b.store).status(task)
+                raise RuntimeError(f"task {task} did not end: {where}")
             time.sleep(POLL)
     return Drive(seen, now_ns() - started, busy, launching[0], archiving[0], status, used)
 
@@ -379,12 +399,12 @@ def busy_turns(agent: int, supersteps: int) -> list[Turn]:
 
 # 3. worker scaling ---------------------------------------------------------------------
 def scaling(b: Bench, coordinator: Coordinator) -> None:
-    """Measurement 3: SCALE_AGENTS agents at LATENCY per turn on 1 worker vs 16."""
+    """Measurement 3: SCALE_AGENTS agents at LATENCY per turn on 1 worker vs SCALE_WORKERS."""
     runs: dict[int, Drive] = {}
-    for workers, supersteps in ((1, SCALE_STEPS_ONE), (16, SCALE_STEPS)):
+    for workers, supersteps in ((1, SCALE_STEPS_ONE), (SCALE_WORKERS, SCALE_STEPS)):
         b.workers(workers)
         spec = scripted(f"scale{workers}", SCALE_AGENTS, partial(busy_turns, supersteps=supersteps))
-        runs[workers] = run = drive(b, coordinator, coordinator.submit(spec))
+        runs[workers] = run = drive(b, coordinator, Tasks(b.client, b.store).submit(spec))
         if run.status != "succeeded" or len(run.commits) != supersteps:
             raise RuntimeError(f"{workers}-worker run: {run.status}, {len(run.commits)} GCs")
     per, rows = {}, []
@@ -407,20 +427,22 @@ def scaling(b: Bench, coordinator: Coordinator) -> None:
          "CPU/step: workers+coord.+redis"],
         rows,
     )  # fmt: skip
-    used = sum(runs[16].cpu) / len(runs[16].commits)
+    many = SCALE_WORKERS
+    used = sum(runs[many].cpu) / len(runs[many].commits)
     print(
-        f"(1 worker plays {SCALE_STEPS_ONE} supersteps, 16 play {SCALE_STEPS}; throughput is"
+        f"(1 worker plays {SCALE_STEPS_ONE} supersteps, {many} play {SCALE_STEPS}; throughput is"
         " the mean time per superstep after the first (which fills the workers' caches); "
         f"'est.' adds {SCALE_STEPS - 1} such to superstep 1. Model latency alone: "
-        f"{SCALE_AGENTS * LATENCY:g} s a superstep on 1 worker, {SCALE_AGENTS * LATENCY / 16:g}"
-        f" s on 16. With 16, all processes used {used:.2f} CPU-s a superstep: >= "
+        f"{SCALE_AGENTS * LATENCY:g} s a superstep on 1 worker, "
+        f"{SCALE_AGENTS * LATENCY / many:g} s on {many}. With {many}, all processes used "
+        f"{used:.2f} CPU-s a superstep: >= "
         f"{used / (os.cpu_count() or 1):.2f} s on {os.cpu_count()} CPUs. Ticks every "
         f"{POLL * 1e3:g} ms; launch: Coordinator._launch; archiver: archive_gc + trims on "
         "the coordinator's archiver thread, off the loop)"
     )
     b.targets.append(
-        Target("time per superstep, 16 workers / 1 worker (>= 10x throughput)",
-               per[16] / per[1], 0.1).report()
+        Target(f"time per superstep, {many} workers / 1 worker (>= 10x throughput)",
+               per[many] / per[1], 0.1).report()
     )  # fmt: skip
 
 
@@ -450,10 +472,10 @@ def empty_steps(b: Bench, coordinator: Coordinator) -> None:
 
     def empty(run: str, agents: int) -> Drive:
         spec = scripted(f"empty-{run}", agents, lambda _: [Turn(say="Nothing to do.")])
-        return drive(b, coordinator, coordinator.submit(spec))
+        return drive(b, coordinator, Tasks(b.client, b.store).submit(spec))
 
-    empty("warm", 16)  # warm-up: each worker imports and runs the step code
-    rq_empty(b, queue, 50)
+    empty("warm", EMPTY_WARM_STEPS)  # warm-up: each worker imports and runs the step code
+    rq_empty(b, queue, EMPTY_WARM_JOBS)
     for run in range(EMPTY_RUNS):
         cairn.append(empty(str(run), EMPTY_STEPS))
         plain.append(rq_empty(b, queue, EMPTY_STEPS))

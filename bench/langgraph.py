@@ -32,18 +32,20 @@ from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 
-from bench.report import Samples, Target, clock, duration, now_ns, ratio, size, table
+from bench.report import Samples, Target, clock, duration, now_ns, pick, ratio, size, table
 from bench.report import time_together as take_turns
 from bench.storage import Text
 from storage.backends.redis import connect
-from storage.langgraph_saver import PREFIX, CairnSaver
+from storage.keys import LANGGRAPH_PREFIX as PREFIX
+from storage.langgraph import CairnSaver
 from storage.redis_server import RedisServer
 
-HISTORIES = (10, 100, 1_000)  # messages of history before the timed steps
+# pick(full, quick): `python -m bench --quick` runs the same code at the second sizes
+HISTORIES = pick((10, 100, 1_000), (10, 100))  # messages of history before the timed steps
 BIG = HISTORIES[-1]
-STEPS = 40  # timed turns (invokes) per history length and saver
+STEPS = pick(40, 5)  # timed turns (invokes) per history length and saver
 WARM_STEPS = 2  # untimed invokes after the history is built
-READS = 50  # get_state calls per history length and saver
+READS = pick(50, 5)  # get_state calls per history length and saver
 CONTENT_CHARS = 200  # every message's content
 FLAT = 1.5  # "flat in history length": cost at BIG messages within this of cost at 10
 POSTGRES = os.environ.get(

@@ -27,6 +27,17 @@ from storage.store import CheckpointStore
 
 now_ns = time.perf_counter_ns
 T = TypeVar("T")
+QUICK_ENV = "CAIRN_BENCH_QUICK"  # set by `python -m bench --quick` before it imports a part
+
+
+def quick() -> bool:
+    """True in quick mode: every code path of every part runs, at sizes too small to judge."""
+    return os.environ.get(QUICK_ENV) == "1"
+
+
+def pick(full: T, small: T) -> T:
+    """A part's size: `full`, or `small` in quick mode (read when the part is imported)."""
+    return small if quick() else full
 
 
 def clock(call: Callable[[], T]) -> tuple[T, int]:
@@ -153,17 +164,32 @@ class Target:
     limit: float | None
 
     @property
+    def met(self) -> bool | None:
+        """Whether the target is met; None when there is no limit."""
+        return None if self.limit is None else self.measured <= self.limit
+
+    @property
     def verdict(self) -> str:
         """The verdict: met, NOT met, or info when there is no limit."""
-        if self.limit is None:
+        if self.met is None:
             return "info"
-        return "met" if self.measured <= self.limit else "NOT met"
+        return "met" if self.met else "NOT met"
 
     def line(self) -> str:
         """One sentence: the target, the measured ratio and the verdict."""
         if self.limit is None:
             return f"{self.name}: {self.measured:.2f}x (no target; reported only)"
         return f"target: {self.name} <= {self.limit:g}x: {self.measured:.2f}x, {self.verdict}"
+
+    def record(self, part: str) -> dict[str, object]:
+        """The target as `python -m bench --json` prints it, one JSON object a line."""
+        return {
+            "part": part,
+            "target": self.name,
+            "limit": self.limit,
+            "measured": self.measured,
+            "met": self.met,
+        }
 
     def report(self) -> Target:
         """Print `line()` and return the target, for collecting into the summary."""

@@ -29,6 +29,7 @@ from bench.report import (
     clock,
     duration,
     now_ns,
+    pick,
     private_store,
     ratio,
     size,
@@ -57,21 +58,22 @@ from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 
 FULL_EVERY = 20
-SIZES = (10, 100, 1_000)  # messages of history before the timed steps
+# pick(full, quick): `python -m bench --quick` runs every measurement at the second size
+SIZES = pick((10, 100, 1_000), (10, 100))  # messages of history before the timed steps
 BIG = SIZES[-1]
-STEPS = 300  # timed LC writes per size
-PHASE_STEPS = 100  # steps timed phase by phase at BIG messages
+STEPS = pick(300, 45)  # timed LC writes per size (quick: still two full LCs among them)
+PHASE_STEPS = pick(100, 25)  # steps timed phase by phase at BIG messages
 CONTENT_CHARS = 346  # makes an assistant message's canonical JSON about 500 bytes
 VOCABULARY = 5_000
-READS = 50
+READS = pick(50, 5)
 CHAIN_DELTAS = 10  # chains read and archived: one full LC and this many deltas
-ARCHIVE_RUNS = 3
+ARCHIVE_RUNS = pick(3, 1)
 ARCHIVE_AGENTS = 3
-WORKSPACE_FILES = 200
+WORKSPACE_FILES = pick(200, 20)
 FILE_BYTES = 4_096
 SET_BYTES = 512 * 1024
-SETS = 200
-WARMUP = 10
+SETS = pick(200, 10)
+WARMUP = pick(10, 2)
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 AGENT = "coder"
 
