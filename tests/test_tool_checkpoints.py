@@ -1,0 +1,103 @@
+"""Tool-level checkpoints on a real redis-server: what a worker killed mid-step repeats.
+
+A step takes a tool-level LC before each tool with external effects (`run_command`) and
+before any tool that follows one. A retry resumes from the latest of them, so a kill costs
+at most the tool it interrupted: never the model turn again, never a finished command.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+from agents.task import start_task
+from agents.tools import idempotency_key
+from storage.records import Role
+from storage.redis_server import RedisServer
+from storage.store import CheckpointStore
+from tests.agent_harness import record, scripted
+from tests.test_step import run_in_process
+
+
+def run_killed_step(
+    server: RedisServer, store: CheckpointStore, tmp_path: Path, task: str
+) -> list[str]:
+    """Run superstep 1 of `task`'s coder as attempt 1 (which must die) then attempt 2.
+
+    Each attempt runs in a process of its own with a cache of its own, as on two workers.
+    Returns the model calls both made, one `"coder TURN attempt N"` line each.
+    """
+    log = tmp_path / f"{task}.calls"
+    archive = tmp_path / "archive"
+    store.hot.begin_attempt(task, "coder", 1, 1)
+    first = run_in_process(server, archive, tmp_path / f"{task}-c1", log, task, 1, 1)
+    assert -signal.SIGKILL == first.returncode, first.stderr
+    store.hot.begin_attempt(task, "coder", 1, 2)  # the coordinator's retry
+    second = run_in_process(server, archive, tmp_path / f"{task}-c2", log, task, 1, 2)
+    assert 0 == second.returncode, second.stderr
+    return log.read_text().splitlines()
+
+
+def test_a_kill_right_after_the_first_command_does_not_pay_for_the_model_turn_again(
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """The worker dies as its turn's first command ends: the retry asks the model nothing.
+
+    The LC taken before that first `run_command` holds the model's reply, so the retry
+    resumes from it: it re-runs only the interrupted command (with the same idempotency
+    key), then the rest of the turn.
+    """
+    ledger, marker = tmp_path / "ledger", tmp_path / "killed-once"
+    # The command does its work, then (the first time only) SIGKILLs the step's process.
+    command = (
+        f'echo "$CAIRN_IDEMPOTENCY_KEY" >> {ledger}; '
+        f"if [ ! -e {marker} ]; then touch {marker}; kill -9 $PPID; sleep 1; fi"
+    )
+    turn = {
+        "say": "Working.",
+        "tools": [
+            {"name": "read_file", "args": {"path": "README.md"}},
+            {"name": "run_command", "args": {"command": command}},
+            {"name": "write_file", "args": {"path": "done.txt", "content": "done\n"}},
+        ],
+    }
+    start_task(own_store, record("first", scripted("coder", [turn])), {"README.md": b"hi\n"})
+    calls = run_killed_step(own_redis, own_store, tmp_path, "first")
+    assert ["coder 0 attempt 1"] == calls  # the retry took no model turn
+    # At least once: the interrupted command ran again, under the same key.
+    key = idempotency_key("first", "coder", 1, 1, "run_command", {"command": command})
+    assert [key, key] == ledger.read_text().split()
+    vote = own_store.hot.get_votes("first", 1, 1)["coder"]
+    state = own_store.read_state("first", "coder", vote.id, vote.checksum)
+    assert [Role.ASSISTANT, Role.TOOL, Role.TOOL, Role.TOOL] == [
+        m.role for m in state.messages if m.role in (Role.ASSISTANT, Role.TOOL)
+    ]
+    assert "wrote 5 bytes to done.txt" == state.messages[-1].content
+
+
+def test_a_finished_command_is_not_run_again_after_a_kill_in_the_next_tool(
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Killed during the tool after a finished `run_command`: the retry does not repeat it.
+
+    The next tool (a read, with no effects of its own) gets a tool-level LC because a
+    command ran before it. The command ignores its idempotency key, as ordinary commands
+    do, so only that LC keeps it from running twice.
+    """
+    ledger = tmp_path / "ledger"
+    turn = {
+        "say": "Working.",
+        "tools": [
+            {"name": "run_command", "args": {"command": f"echo ran >> {ledger}"}},
+            {"name": "read_file", "args": {"path": "README.md"}},
+        ],
+        "crash": {"attempts": [1], "after_tools": 1},  # dies as the read starts
+    }
+    start_task(own_store, record("after", scripted("coder", [turn])), {"README.md": b"hi\n"})
+    calls = run_killed_step(own_redis, own_store, tmp_path, "after")
+    assert ["ran"] == ledger.read_text().split()  # the command ran exactly once
+    assert ["coder 0 attempt 1"] == calls
+    vote = own_store.hot.get_votes("after", 1, 1)["coder"]
+    state = own_store.read_state("after", "coder", vote.id, vote.checksum)
+    results = [m.content for m in state.messages if m.role is Role.TOOL]
+    assert ["exit code 0\n", "hi\n"] == results
