@@ -15,6 +15,7 @@ COPY pyproject.toml constraints.txt README.md ./
 COPY storage ./storage
 COPY agents ./agents
 COPY coordinator ./coordinator
+COPY cairn ./cairn
 RUN pip install -c constraints.txt . && cd / && rm -rf /src
 
 # A fixed uid, so every host mounting a shared archive agrees on who owns its files.

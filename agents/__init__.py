@@ -1,1 +1,1 @@
-"""Cairn's agents runtime: the step a worker runs (models, tools, workspace). See issue 3."""
+"""Cairn's agents runtime: the step a worker runs (models, tools, workspace)."""

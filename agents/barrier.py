@@ -137,7 +137,8 @@ def runnable(store: CheckpointStore, gc: GlobalCheckpoint, order: list[str]) -> 
     """Return the agents that take a step in the superstep after `gc`, in team order.
 
     Active agents run; halted and finished ones run when a message waits for them; one
-    waiting for approval runs once a person decided on its pending tool call.
+    waiting for approval runs once a person decided on the pending tool call it stopped at,
+    as it waits in its LC of `gc`.
     """
     waiting = {m.recipient for m in gc.inbox}
     chosen = []
@@ -147,7 +148,7 @@ def runnable(store: CheckpointStore, gc: GlobalCheckpoint, order: list[str]) -> 
             ref = gc.members[agent]
             state = store.read_state(gc.task, agent, ref.id, ref.checksum)
             calls = pending_calls(state.messages)
-            if calls and decision_for(store, gc.task, agent, calls[0].id) is not None:
+            if calls and decision_for(store, gc.task, agent, ref.id, calls[0]) is not None:
                 chosen.append(agent)
         elif status is AgentStatus.ACTIVE or agent in waiting:
             chosen.append(agent)

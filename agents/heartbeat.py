@@ -15,9 +15,13 @@ from storage.base import HotStore
 log = structlog.get_logger(__name__)
 
 
-def worker_token(superstep: int, attempt: int) -> str:
-    """Name this process's attempt of a step: `host:pid:superstep:attempt`."""
-    return f"{socket.gethostname()}:{os.getpid()}:{superstep}:{attempt}"
+def worker_token(epoch: int, superstep: int, attempt: int) -> str:
+    """Name this process's attempt of a step: `host:pid:epoch:superstep:attempt`.
+
+    The epoch is part of it: after a restore the same (superstep, attempt) runs again
+    under a new epoch, and a zombie of the old one must not pass for it.
+    """
+    return f"{socket.gethostname()}:{os.getpid()}:{epoch}:{superstep}:{attempt}"
 
 
 class Heartbeat:
@@ -25,7 +29,8 @@ class Heartbeat:
 
     The first beat happens on entry (unless the caller beat already). If a beat fails (a
     Redis blip) the thread logs and tries again next interval; a coordinator seeing the
-    key lapse treats the step as dead, which is the safe reading.
+    key lapse treats the step as dead, which is the safe reading. Once a beat is fenced
+    (another attempt of the step is current) it stops: this one is a zombie.
     """
 
     def __init__(
@@ -47,15 +52,17 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name=f"heartbeat-{agent}", daemon=True)
 
-    def _beat(self) -> None:
-        self._hot.beat(self._task, self._agent, self._token, 3 * self._interval_ms)
+    def _beat(self) -> bool:
+        return self._hot.beat(self._task, self._agent, self._token, 3 * self._interval_ms)
 
     def _run(self) -> None:
         wait = self._first_wait_ms
         while not self._stop.wait(wait / 1000):
             wait = self._interval_ms
             try:
-                self._beat()
+                if not self._beat():
+                    log.info("heartbeat stopped: another attempt of the step is current")
+                    return
             except redis.RedisError as exc:
                 log.warning("heartbeat failed", error=str(exc))
 

@@ -12,14 +12,10 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from storage.errors import ToolError
+from storage.errors import PatchError
 
 _HUNK_HEADER = re.compile(r"@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _BODY_OPS = (" ", "-", "+")
-
-
-class PatchError(ToolError):
-    """Raised when a patch is malformed or does not apply; nothing was changed."""
 
 
 @dataclass(frozen=True)

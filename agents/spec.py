@@ -1,7 +1,7 @@
 """What a step needs to know about its task: agents, their models and tools, the policy.
 
 `TaskRecord` is stored with the task (document "spec") and read by every step; the
-coordinator's user-facing `TaskSpec` (issue 4) produces it. Invalid input is refused with
+coordinator's user-facing `TaskSpec` produces it. Invalid input is refused with
 `InvalidSpec` naming the field and the reason.
 """
 

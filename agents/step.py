@@ -21,7 +21,7 @@ import structlog
 from pydantic import JsonValue
 from structlog.contextvars import bound_contextvars
 
-from agents.approval import decision_for
+from agents.approval import consume, decision_for
 from agents.barrier import pending_calls
 from agents.cache import WORKER, WorkerCache
 from agents.heartbeat import Heartbeat, worker_token
@@ -90,7 +90,7 @@ def run_step(
     `warm` is what this worker keeps between steps (states it wrote, manifests, workspace
     directories); a miss reads from the store.
     """
-    token = worker_token(superstep, attempt)
+    token = worker_token(epoch, superstep, attempt)
     with bound_contextvars(
         task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
     ):
@@ -163,6 +163,9 @@ class _Step:
         self.workspace = warm.workspace(cache, task)
         self.workspace.sync(store, apply_changes(self.base_files, self.state.changes), lazy=True)
         self.crash_at: int | None = None
+        # A decision holds for a call waiting in the LC this step starts from (`approval`).
+        self.waiting_at = gc.members[agent].id if agent in gc.members else ""
+        self.decided: list[ToolCall] = []  # calls whose decision this step used
         self.dirty = False  # a side effect ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
         self.ctx = ToolContext(
@@ -237,11 +240,12 @@ class _Step:
         """Run one tool call (the `place`-th of its turn); False when it waits for approval."""
         tool = TOOLS.get(call.name) if call.name in self.spec.tools else None
         if tool is not None and call.name in self.spec.approve:
-            decision = decision_for(self.store, self.task, self.agent, call.id)
+            decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
             if decision is None:
                 self.state.status = AgentStatus.WAITING_APPROVAL
                 log.info("waiting for approval", tool=call.name, call=call.id)
                 return False
+            self.decided.append(call)
             if not decision.approved:
                 self._result(call, tool, None, f"rejected by a person: {decision.reason}")
                 return True
@@ -256,7 +260,7 @@ class _Step:
         self.dirty = self.dirty or tool.side_effect
         self.touched = True
         self.ctx.idempotency_key = idempotency_key(
-            self.task, self.agent, self.state.superstep, place
+            self.task, self.agent, self.state.superstep, place, call.name, call.args
         )
         key = self.ctx.idempotency_key
         try:
@@ -355,6 +359,8 @@ class _Step:
         state.workspace_after = self.store.put_manifest(self.task, WorkspaceManifest(files=files))
         self.warm.keep_manifest(self.task, state.workspace_after, files)
         ref = self.store.write_lc(state, Level.STEP, vote=True)
+        for call in self.decided:  # the vote is in: no retry of this step will need them
+            consume(self.store, self.task, self.agent, self.waiting_at, call)
         self.warm.keep_state(state, ref)
         log.info("step done", status=state.status.value, tools=ran, lc=ref.id)
         return StepResult(ref, state.status, ran, reply is not None, self.resumed)

@@ -9,6 +9,8 @@ tool's result; the step goes on.
 from __future__ import annotations
 
 import codecs
+import hashlib
+import json
 import os
 import selectors
 import signal
@@ -49,18 +51,35 @@ class ToolContext:
     idempotency_key: str = ""  # the current call's; see `idempotency_key`
 
 
-def idempotency_key(task: str, agent: str, superstep: int, index: int) -> str:
-    """The key of the `index`-th tool call of `agent`'s step in `superstep` of `task`.
-
-    It names the call's place in the task's history, not an execution of it: a retry of
-    the step, a resume from a tool-level checkpoint and a replay after a restore to a
-    checkpoint before it all hand the same key, so an external system that records the
-    keys it has seen applies the effect once. A tool that ignores it is at-least-once.
-    """
-    return f"{task}:{agent}:{superstep}:{index}"
-
-
 Args = dict[str, JsonValue]
+
+
+def call_digest(tool: str, args: Args) -> str:
+    """A digest of what a call does: its tool and its arguments, in canonical JSON.
+
+    Two calls share it exactly when they name one tool with equal arguments, however the
+    model ordered or spaced them and whatever id it gave the call.
+    """
+    canonical = json.dumps(
+        [tool, args], sort_keys=True, separators=(",", ":"), ensure_ascii=True
+    )  # ASCII: a lone surrogate in an argument is escaped, never an encoding error
+    return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def idempotency_key(
+    task: str, agent: str, superstep: int, index: int, tool: str, args: Args
+) -> str:
+    """The key of the call `tool(args)`, the `index`-th of `agent`'s turn in `superstep`.
+
+    `task:agent:superstep:index:digest`, the digest being `call_digest`'s first 16 hex
+    digits. It names one call at one place in the task's history, not an execution of
+    it: a retry of the step, a resume from a tool-level checkpoint and a replay after a
+    restore that makes the same call there all hand the same key, so an external system
+    that records the keys it has seen applies the effect once. A different call at that
+    place (the model, asked again, chose otherwise) gets a different key. A tool that
+    ignores the key is at-least-once.
+    """
+    return f"{task}:{agent}:{superstep}:{index}:{call_digest(tool, args)[:16]}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +192,7 @@ def run_command(ctx: ToolContext, args: Args) -> str:
     ctx.workspace.materialize()  # a command may look at any file
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
     env["HOME"] = str(ctx.workspace.tree)
-    env["CAIRN_IDEMPOTENCY_KEY"] = ctx.idempotency_key  # stable across retries: see the README
+    env["CAIRN_IDEMPOTENCY_KEY"] = ctx.idempotency_key  # one call, across retries: docs/design.md
     proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job
         ["/bin/sh", "-c", command],
         cwd=ctx.workspace.tree,

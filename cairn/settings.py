@@ -1,4 +1,4 @@
-"""The CLI's configuration: `CAIRN_*` environment variables, overridden by flags.
+"""Cairn's configuration: `CAIRN_*` environment variables, overridden by arguments or flags.
 
 | setting | variable | default |
 | --- | --- | --- |
@@ -11,14 +11,14 @@
 | log_level | `CAIRN_LOG_LEVEL` | `warning` for one-shot commands, `info` for processes |
 | metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint; see `coordinator.metrics`) |
 
-The signing key has no flag on purpose: a flag would show it in every process listing.
-Worker and coordinator processes the CLI starts get the resolved values as `CAIRN_*`
-variables, which is how they read their configuration.
+`cairn.Client` and every `cairn` command read them once, here. The signing key has no
+flag on purpose: a flag would show it in every process listing. Worker and coordinator
+processes the CLI starts get the resolved values as `CAIRN_*` variables (the Redis URL
+among them, never on their command line), which is how they read their configuration.
 """
 
 from __future__ import annotations
 
-import logging
 import os
 from pathlib import Path
 from typing import Literal
@@ -31,10 +31,12 @@ from storage.errors import InvalidSpec
 
 URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs
 SCHEMES = ("redis", "rediss", "unix")
+LOG_FORMATS = ("console", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
 
 class Settings(BaseSettings):
-    """Cairn's settings as the CLI resolves them (see the module's table)."""
+    """Cairn's settings as the API and the CLI resolve them (see the module's table)."""
 
     model_config = SettingsConfigDict(env_prefix="CAIRN_", extra="ignore", env_ignore_empty=True)
 
@@ -64,8 +66,8 @@ class Settings(BaseSettings):
     @field_validator("log_level")
     @classmethod
     def _known_level(cls, value: str | None) -> str | None:
-        if value is not None and value.upper() not in logging.getLevelNamesMapping():
-            raise ValueError("must be one of debug, info, warning, error, critical")
+        if value is not None and value.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
         return None if value is None else value.lower()
 
     @property

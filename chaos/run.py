@@ -161,7 +161,7 @@ class ChaosRun:
         env = self._env(f"cli-{self._spawned}")
         with (self.logs / f"cli-{self._spawned}.log").open("ab") as log:
             return subprocess.run(
-                [sys.executable, "-m", "coordinator.cli", *args], env=env, stdout=subprocess.PIPE,
+                [sys.executable, "-m", "cairn.cli", *args], env=env, stdout=subprocess.PIPE,
                 stderr=log, text=True, timeout=timeout, check=False,
             )  # fmt: skip
 

@@ -1,1 +1,1 @@
-"""Cairn's coordinator: supersteps, two-phase commit, coordinated restore. See issue 4."""
+"""Cairn's coordinator: supersteps, two-phase commit, coordinated restore, the user's side."""

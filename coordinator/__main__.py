@@ -1,12 +1,15 @@
-"""`python -m coordinator REDIS_URL [--name NAME]`: run a coordinator until SIGTERM or SIGINT.
+"""`python -m coordinator [REDIS_URL] [--name NAME]`: run a coordinator until SIGTERM or SIGINT.
 
-A second one started against the same Redis is a standby: it takes over when the first
-one's lease lapses. (`cairn coordinator` wraps this once the CLI lands.)
+The Redis URL comes from `CAIRN_REDIS_URL` unless given (a URL on the command line, and
+its password, shows in every process listing: `cairn up` passes it in the environment).
+A second coordinator started against the same Redis is a standby: it takes over when the
+first one's lease lapses. `cairn coordinator` runs the same loop.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import signal
 import socket
 import sys
@@ -27,12 +30,15 @@ from storage.store import CheckpointStore
 def main(argv: list[str] | None = None) -> int:
     """Run one coordinator; return the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
+    parser.add_argument("url", nargs="?", help="default: CAIRN_REDIS_URL")
     parser.add_argument("--name", default=f"{socket.gethostname()}")
     parser.add_argument("--lease-ms", type=int, default=5_000)
     args = parser.parse_args(argv)
+    url = args.url or os.environ.get("CAIRN_REDIS_URL")
+    if not url:
+        parser.error("no Redis: give REDIS_URL or set CAIRN_REDIS_URL")
     configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
-    client = connect(args.url)
+    client = connect(url)
     metrics.serve_coordinator(client, metrics.configured_port())  # CAIRN_METRICS_PORT, if set
     store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
     coordinator = Coordinator(

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
 import threading
 import time
 from dataclasses import asdict, dataclass
@@ -29,18 +28,17 @@ from rq.utils import utcparse
 
 from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
 from agents.spec import TaskRecord
-from agents.task import start_task
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
-from coordinator.restore import RestoreFailed, Restorer
-from coordinator.runs import RunState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
+from coordinator.numbering import ArchiveFloor, restore_from_archive
+from coordinator.restore import Restorer
+from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
+from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.verify import verify
 from storage import keys
-from storage.archive import archive_gc
-from storage.errors import CairnError, CommitRefused, InvalidSpec
+from storage.errors import CairnError, CommitRefused, RestoreFailed
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
@@ -48,7 +46,6 @@ from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
 R = TypeVar("R", bound=Record)
-TERMINAL = frozenset({"succeeded", "failed", "cancelled", "unrecoverable"})
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
@@ -125,6 +122,7 @@ def _when(stamp: bytes | None) -> float | None:
 
 def _failure(  # noqa: PLR0911 - one return per way a step can be over
     step: StepRun,
+    epoch: int,
     superstep: int,
     outcome: bytes | None,
     job: JobState | None,
@@ -136,7 +134,8 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
     """Why the current attempt of a step is over without a vote, or None if it is not.
 
     `outcome` is what the job recorded, `job` its RQ job (None once gone), `beat` the
-    step's heartbeat token.
+    step's heartbeat token, which must be this attempt's of this epoch: after a restore a
+    zombie of the old epoch may beat for the same superstep and attempt.
     """
     if outcome is not None:
         said = json.loads(outcome)
@@ -155,20 +154,17 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
     running = now - job.started_at
     if running > limits.step_timeout:
         return "retryable", f"timed out after {limits.step_timeout:g} s"
-    mine = f":{superstep}:{step.attempt}"  # the token of this very attempt
+    mine = f":{epoch}:{superstep}:{step.attempt}"  # the token of this very attempt
     if running > grace and (beat is None or not beat.endswith(mine)):
         return "retryable", "its worker stopped beating (dead or stalled)"
     return None
 
 
-def task_id(name: str) -> str:
-    """A task id people can read: the spec's name, made safe, plus a unique suffix."""
-    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "task"
-    return f"{slug}-{new_id().replace('-', '')[-12:]}"
-
-
 class Coordinator:
-    """Submits tasks and drives them; `run` loops while holding the leader lease."""
+    """Drives the tasks of one Redis; `run` loops while holding the leader lease.
+
+    What a user calls (submit, status, pause, resume, cancel) is `coordinator.tasks.Tasks`.
+    """
 
     def __init__(
         self,
@@ -195,84 +191,7 @@ class Coordinator:
         self.runs = RunState(client, store.hot, lambda: self.lease.token)
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
         self.archiver = Archiver(store, self._archived)
-
-    # the API ------------------------------------------------------------------------------
-    def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
-        """Store a task, commit its GC 0 and queue it to run; return its id."""
-        task = task_id(spec.name)
-        files = spec.workspace_files(base)
-        start_task(self.store, spec.record(task), files)
-        metrics.GC_COMMITS.inc()  # GC 0
-        limits = Limits(
-            verify=spec.verify,
-            verify_timeout=spec.verify_timeout,
-            max_supersteps=spec.max_supersteps,
-            step_timeout=spec.step_timeout,
-            checkpoints=spec.checkpoints,
-        )
-        self.store.put_doc(task, LIMITS_DOC, limits)
-        if spec.checkpoints.durability == "sync":
-            # Its GC 0 is acknowledged by the task id we return: under `sync`, only once
-            # on disk (a full or read-only archive fails the submit, with the reason).
-            archive_gc(self.store, task, 0)
-            acknowledge(self.runs, task, 0)
-        self.runs.write(task, {"status": "running", "superstep": 0})
-        self.redis.sadd(keys.ACTIVE_TASKS, task)
-        log.info("task submitted", task=task, agents=len(spec.agents))
-        return task
-
-    def status(self, task: str) -> dict[str, object]:
-        """The task's status, as `cairn status --json` prints it."""
-        run = self._run(task)
-        if not run:
-            raise InvalidSpec(f"unknown task {task!r}")
-        gc = self.store.latest_gc(task)
-        agents = []
-        if gc is not None:
-            for agent, ref in gc.members.items():
-                step = self.store.read_lc_fields(task, agent, ref, StepOutputs).step
-                agents.append(
-                    {"name": agent, "status": gc.statuses.get(agent, "active"), "step": step}
-                )
-        status = run["status"]
-        # A restore in progress is a moment of a running task, not a status of its own.
-        restoring = status == "restoring"
-        if restoring:
-            status = "running"
-        if status == "running" and any(a["status"] == AgentStatus.WAITING_APPROVAL for a in agents):
-            status = "waiting_approval"
-        return {
-            "task_id": task,
-            "status": status,
-            "superstep": 0 if gc is None else gc.superstep,
-            "epoch": self.store.hot.get_epoch(task),
-            "latest_checkpoint": None if gc is None else gc.number,
-            "agents": agents,
-            "restoring": restoring,
-            "reason": run.get("reason"),
-            "verify_output": run.get("verify_output"),
-        }
-
-    def pause(self, task: str) -> None:
-        """Stop starting supersteps; the one in flight finishes and commits."""
-        self._set_status(task, "paused", only_from={"running"})
-
-    def resume(self, task: str) -> None:
-        """Start supersteps again."""
-        self._set_status(task, "running", only_from={"paused"})
-
-    def cancel(self, task: str) -> None:
-        """End the task now: fence its running steps and abort the superstep in flight.
-
-        Raises `InvalidSpec` for an unknown task or one that has already ended.
-        """
-        run = self._run(task)
-        if run.get("status", "") in TERMINAL or not run:
-            raise InvalidSpec(f"task {task} is {run.get('status') or 'unknown'}: nothing to cancel")
-        self.store.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
-        if int(run.get("superstep", "0")):
-            abort_in_flight(self.runs, self.store, task)
-        self._finish(task, "cancelled", "cancelled by a person")
+        self.archived = ArchiveFloor(store)  # a GC number is never reused: see numbering.py
 
     # the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll: float = 0.05) -> None:
@@ -305,20 +224,25 @@ class Coordinator:
         status = run.get("status", "")
         if status in TERMINAL or not status:
             self.redis.srem(keys.ACTIVE_TASKS, task)
+            self._forget(task)  # ended by a person (`Tasks.cancel`), not by this loop
             return
         superstep = int(run.get("superstep", "0"))
         if superstep:
             self._watch(task, superstep, run)
-        elif status == "running":
+        elif status == TaskState.RUNNING:
             self._begin(task)
 
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str) -> None:
         record = self._record(task)
         limits = self._limits(task)
-        gc = self.store.latest_gc(task)
+        latest = self.store.hot.latest_gc(task)
+        if self.archived.behind(task, latest):  # the next number would be an archived one
+            restore_from_archive(self.restorer, task, latest)
+            return
+        gc = None if latest is None else self.store.read_gc(task, latest)
         if gc is None:
-            self._finish(task, "unrecoverable", "no committed checkpoint is left")
+            self._finish(task, TaskState.UNRECOVERABLE, "no committed checkpoint is left")
             return
         order = [a.name for a in record.agents]
         agents = runnable(self.store, gc, order)
@@ -328,7 +252,9 @@ class Coordinator:
             self._verify(task, gc, order, limits)
             return
         if gc.superstep >= limits.max_supersteps:
-            self._finish(task, "failed", f"reached max_supersteps ({limits.max_supersteps})")
+            self._finish(
+                task, TaskState.FAILED, f"reached max_supersteps ({limits.max_supersteps})"
+            )
             return
         superstep, epoch = gc.superstep + 1, self.store.hot.get_epoch(task)
         intent = gc.model_copy(
@@ -372,7 +298,11 @@ class Coordinator:
 
     def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
         number = int(run["number"])
-        if (self.store.hot.latest_gc(task) or -1) >= number:
+        latest = self.store.hot.latest_gc(task)
+        if self.archived.behind(task, latest):  # `number` may be an archived GC's
+            restore_from_archive(self.restorer, task, latest)
+            return
+        if (latest or -1) >= number:
             # Committed already, by a coordinator that died before saying so: move on.
             self._after_commit(task, self.store.read_gc(task, number))
             return
@@ -411,8 +341,8 @@ class Coordinator:
         )
         for (agent, step), job, raw in zip(watched.items(), jobs, beats, strict=True):
             beat = None if raw is None else raw.decode()
-            failure = _failure(step, superstep, outcomes.get(agent.encode()), job, beat, limits,
-                               self.heartbeat_grace, now)  # fmt: skip
+            failure = _failure(step, epoch, superstep, outcomes.get(agent.encode()), job, beat,
+                               limits, self.heartbeat_grace, now)  # fmt: skip
             if failure is not None and not self._retry(
                 task, run, agent, step, superstep, failure, now
             ):
@@ -523,20 +453,23 @@ class Coordinator:
             self.archiver.submit(job)
 
     def _archived(self, task: str, number: int) -> None:
+        self.archived.note(task, number)
         acknowledge(self.runs, task, number)
 
     def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
         if not limits.verify:
-            self._finish(task, "succeeded", "every agent rested")
+            self._finish(task, TaskState.SUCCEEDED, "every agent rested")
             return
         verdict = verify(self.store, gc, limits.verify, self.cache, limits.verify_timeout)
         self.runs.write(task, {"verify_output": verdict.output[-4_000:]})
         if verdict.passed:
-            self._finish(task, "succeeded", "verify passed")
+            self._finish(task, TaskState.SUCCEEDED, "verify passed")
             return
         if gc.superstep + 1 > limits.max_supersteps:
             self._finish(
-                task, "failed", f"verify failed at max_supersteps ({limits.max_supersteps})"
+                task,
+                TaskState.FAILED,
+                f"verify failed at max_supersteps ({limits.max_supersteps})",
             )
             return
         # Tell every agent, as the barrier of an empty superstep: they wake and go on.
@@ -580,7 +513,7 @@ class Coordinator:
         if rollbacks >= MAX_ROLLBACKS:
             self.store.raise_epoch(task, int(run["epoch"]) + 1, self.lease.token)
             abort_in_flight(self.runs, self.store, task)
-            self._finish(task, "failed", f"{reason}; {rollbacks} rollbacks did not help")
+            self._finish(task, TaskState.FAILED, f"{reason}; {rollbacks} rollbacks did not help")
             return
         self.runs.write(task, {"rollbacks": rollbacks + 1})
         log.info("superstep aborted; rolling back", task=task, reason=reason)
@@ -607,15 +540,14 @@ class Coordinator:
         assert isinstance(found, model)
         return found
 
-    def _set_status(self, task: str, status: str, only_from: set[str]) -> None:
-        current = self._run(task).get("status")
-        if current not in only_from:
-            raise InvalidSpec(
-                f"task {task} is {current or 'unknown'}, not {' or '.join(sorted(only_from))}"
-            )
-        self.runs.write(task, {"status": status})
+    def _forget(self, task: str) -> None:
+        """Drop what this coordinator cached of a task that ended."""
+        self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
+        self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
+        self._checked.pop(task, None)
+        self.archived.forget(task)
 
-    def _finish(self, task: str, status: str, reason: str) -> None:
+    def _finish(self, task: str, status: TaskState, reason: str) -> None:
         # A task that ended has every GC it committed on disk, whatever `archive_every` says.
         latest = self.store.hot.latest_gc(task)
         if latest is not None:
@@ -623,8 +555,7 @@ class Coordinator:
             self.archiver.submit(ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
         if not self.archiver.drain():
             log.warning("archiving still running at the task's end", task=task)
-        self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
-        self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
+        self._forget(task)
         self.runs.write(task, {"status": status, "reason": reason})
         self.redis.srem(keys.ACTIVE_TASKS, task)
-        log.info("task ended", task=task, status=status, reason=reason)
+        log.info("task ended", task=task, status=status.value, reason=reason)

@@ -1,7 +1,7 @@
 """Coordinated restore: every agent of a task back to one global checkpoint, or none.
 
 1. Take the task's restore lock; raise the epoch (fencing every job of the old one); abort
-   the superstep in flight and drop its queued jobs.
+   the superstep in flight (its queued jobs stay, fenced by the new epoch).
 2. Pick the target: the GC asked for, else the latest committed one.
 3. Prepare: for each agent, read its LC chain (Redis, else the archive), verify every link,
    rebuild its state, append its context summary, and stage it as a new LC under the new
@@ -31,10 +31,10 @@ from agents.summary import context_summary
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.jobs import CONTROL_QUEUE, environment
-from coordinator.runs import RunState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, Limits
+from coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
+from coordinator.spec import LIMITS_DOC, CheckpointPolicy, Limits
 from storage import keys
-from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from storage.keys import SPEC_DOC
 from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
 from storage.store import CheckpointStore
@@ -42,10 +42,6 @@ from storage.store import CheckpointStore
 log = structlog.get_logger(__name__)
 RESTORE_JOB = "coordinator.restore.stage_job"
 LOCK_TTL_MS = 120_000
-
-
-class RestoreFailed(CairnError):
-    """Raised when no committed checkpoint could be restored; the task is unrecoverable."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -119,6 +115,7 @@ class Restorer:
 
     def _restore(self, task: str, to: int | None, reason: str, wait: float) -> Restored:
         record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+        policy = self._policy(task)  # read before anything is touched: it may be unreadable
         candidates = self._candidates(task, to)
         if not candidates:
             raise RestoreFailed(f"task {task} has no committed checkpoint {to or ''} to restore")
@@ -144,8 +141,10 @@ class Restorer:
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored, self.runs.token())
                 self.store.commit_gc(restored, self.runs.token())
-                self._make_durable(task, number)
-                self.runs.write(task, {"status": "running", "superstep": 0}, forget=["reason"])
+                self._make_durable(task, number, policy)
+                self.runs.write(
+                    task, {"status": TaskState.RUNNING, "superstep": 0}, forget=["reason"]
+                )
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()
                 log.info("task restored", task=task, to=target, to_epoch=gc.epoch, gc=number,
@@ -157,19 +156,32 @@ class Restorer:
             )
             number += 1
         why = "; ".join(failures)
-        self.runs.write(task, {"status": "unrecoverable", "reason": why})
+        self.runs.write(task, {"status": TaskState.UNRECOVERABLE, "reason": why})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         metrics.RESTORES.labels("unrecoverable").inc()
         raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
 
-    def _make_durable(self, task: str, number: int) -> None:
+    def _policy(self, task: str) -> CheckpointPolicy:
+        """The task's checkpoint policy, from the limits `Tasks.submit` stores.
+
+        A task started without a coordinator (`agents.task.start_task`, as embedders and
+        the benchmarks do), or whose submit died before its limits were stored, has none:
+        nothing asked it for `sync` (under `sync` the limits are stored before the submit
+        acknowledges anything), so it gets the default policy. A limits document that is
+        there but damaged raises `CorruptCheckpoint`, before the restore changes anything.
+        """
+        try:
+            return self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
+        except RecordNotFound:
+            return CheckpointPolicy()
+
+    def _make_durable(self, task: str, number: int, policy: CheckpointPolicy) -> None:
         """Under `durability: sync`, put the restore's GC on disk before it is reported.
 
         As every GC of such a task: acknowledged means archived, so a Redis that loses its
         data afterwards cannot take the restore with it (nor hand its number out again).
         A failed archive (a full disk) is logged and leaves the GC in Redis, as for any GC.
         """
-        policy = self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
         if policy.durability != "sync":
             return
         if archive(self.store, ArchiveJob(task, number, policy.hot_keep, policy.cold_keep)):
@@ -185,7 +197,7 @@ class Restorer:
     def _stop_superstep(self, task: str) -> None:
         """Abort the superstep in flight (its jobs are fenced by the new epoch already)."""
         abort_in_flight(self.runs, self.store, task)
-        self.runs.write(task, {"status": "restoring"})
+        self.runs.write(task, {"status": RESTORING})
 
     def _stage_all(
         self,

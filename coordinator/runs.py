@@ -6,12 +6,16 @@ task ended, verify's output, the last archived GC); `cairn:{task}:steps` the ste
 flight. Any coordinator can pick it up. Every change goes through `RunState.write`, which
 a coordinator makes with its lease token: once another coordinator has claimed the task
 with a newer token, the old one's writes are refused (`FencedWrite`).
+
+The status kept is a `TaskState`, or `RESTORING` while a restore runs (a moment of a
+running task: its status reports it as `running`, with `restoring` set).
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from enum import Enum
 from importlib import resources
 from typing import cast
 
@@ -24,6 +28,34 @@ from storage.errors import CairnError, FencedWrite
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
+
+
+class TaskState(str, Enum):
+    """Where a task is: running, paused, waiting for a person, or ended one of four ways."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    WAITING_APPROVAL = "waiting_approval"  # running, but an agent's tool call waits for a person
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    UNRECOVERABLE = "unrecoverable"
+
+    @property
+    def ended(self) -> bool:
+        """True for the four states a task never leaves on its own."""
+        return self in TERMINAL
+
+
+TERMINAL = frozenset(
+    {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.UNRECOVERABLE}
+)
+RESTORING = "restoring"  # the run status while a restore runs; reported as running
+
+
+def _text(value: object) -> str:
+    """A run field as stored: an enum as its value, anything else as `str` makes it."""
+    return str(value.value) if isinstance(value, Enum) else str(value)
 
 
 class RunState:
@@ -67,7 +99,7 @@ class RunState:
                 keys=[keys.owner(task), keys.run(task), keys.steps(task)],
                 args=[
                     "" if token is None else token,
-                    json.dumps({k: str(v) for k, v in (run or {}).items()}),
+                    json.dumps({k: _text(v) for k, v in (run or {}).items()}),
                     json.dumps(dict(steps or {})),
                     "1" if clear_steps else "0",
                     json.dumps(list(forget)),

@@ -2,27 +2,20 @@
 
 `gather` reads the store (the trace records of the latest GC's agents, as `cairn trace`
 does; every GC with its epoch and where it lives, as `cairn checkpoints` does; the
-attempt of each member LC) into a `Timeline` of dataclasses. `coordinator.timeline_page`
-draws it as a self-contained HTML page (`cairn trace TASK --html FILE`); `live_view`
-draws a task's status for `cairn watch`.
+attempt of each member LC) into a `Timeline` of dataclasses, which the CLI draws as a
+self-contained HTML page (`cairn trace TASK --html FILE`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from dataclasses import dataclass, field
-from enum import Enum
 from typing import Any
 
 import redis
 from pydantic import ConfigDict
-from rich.console import Group
-from rich.table import Table
-from rich.text import Text
 
-from coordinator import cli_views as views
-from coordinator.runs import read_run
-from storage.errors import CairnError
+from coordinator import views
+from storage.errors import CairnError, TaskNotFound
 from storage.records import AgentStatus, GCStatus, Record
 from storage.store import CheckpointStore
 
@@ -119,7 +112,7 @@ class Timeline:
 
 
 def cells_from_trace(rows: list[dict[str, Any]]) -> dict[tuple[str, int], StepCell]:
-    """(agent, superstep) → its step, built from `cli_views.trace` rows.
+    """(agent, superstep) → its step, built from `views.trace` rows.
 
     The step's record (no tool) gives its duration; without one, the tool calls' sum.
     """
@@ -147,20 +140,20 @@ def cells_from_trace(rows: list[dict[str, Any]]) -> dict[tuple[str, int], StepCe
     return cells
 
 
-def marks(checkpoints: list[dict[str, Any]]) -> list[CheckpointMark]:
-    """The GCs of `cli_views.checkpoints`, oldest first, a restore marked where epoch rises."""
+def marks(checkpoints: list[views.CheckpointInfo]) -> list[CheckpointMark]:
+    """The GCs of `views.checkpoints`, oldest first, a restore marked where epoch rises."""
     found: list[CheckpointMark] = []
     epoch: int | None = None
-    for row in sorted(checkpoints, key=lambda r: int(r["number"])):
+    for info in sorted(checkpoints, key=lambda c: c.number):
         mark = CheckpointMark(
-            number=int(row["number"]),
-            superstep=int(row["superstep"]),
-            status=str(row["status"]),
-            hot=bool(row["hot"]),
-            cold=bool(row["cold"]),
-            epoch=row.get("epoch"),
-            created_at=row.get("created_at"),
-            error=row.get("error"),
+            number=info.number,
+            superstep=info.superstep,
+            status=info.status.value,
+            hot=info.hot,
+            cold=info.cold,
+            epoch=info.epoch,
+            created_at=None if info.created_at is None else info.created_at.isoformat(),
+            error=info.error,
         )
         if mark.epoch is not None:
             mark.restore = epoch is not None and mark.epoch > epoch
@@ -170,9 +163,13 @@ def marks(checkpoints: list[dict[str, Any]]) -> list[CheckpointMark]:
 
 
 def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
-    """The task's timeline, read from the store; raises `InvalidSpec` for an unknown task."""
+    """The task's timeline, read from the store; raises `TaskNotFound` for an unknown task."""
     views.require_task(client, store, task)
-    run = read_run(client, task)
+    try:
+        status = views.task_status(client, store, task)
+        state, reason = status.state.value, status.reason
+    except TaskNotFound:  # only its archive is left
+        state, reason = "unknown", None
     checkpoints = marks(views.checkpoints(store, task))
     error = None
     try:
@@ -209,8 +206,8 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
     )[:RANKED]
     return Timeline(
         task=task,
-        status=str(run.get("status", "unknown")),
-        reason=run.get("reason") or None,
+        status=state,
+        reason=reason or None,
         agents=agents,
         supersteps=supersteps,
         cells=ordered,
@@ -223,44 +220,3 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
 
 def _rank(agents: list[str], agent: str) -> int:
     return agents.index(agent) if agent in agents else len(agents)
-
-
-# `cairn watch` ---------------------------------------------------------------------------
-STYLE = {"succeeded": "green", "running": "cyan", "failed": "red", "unrecoverable": "bold red"}
-
-
-def watch_line(status: Mapping[str, Any]) -> dict[str, Any]:
-    """The part of a status `cairn watch --json` prints (one line each time it changes)."""
-    return {
-        "task_id": status.get("task_id"),
-        "status": status.get("status"),
-        "superstep": status.get("superstep"),
-        "epoch": status.get("epoch"),
-        "latest_checkpoint": status.get("latest_checkpoint"),
-        "agents": [
-            {"name": a.get("name"), "status": _word(a.get("status")), "step": a.get("step")}
-            for a in status.get("agents") or []
-        ],
-        "reason": status.get("reason"),
-    }
-
-
-def _word(value: object) -> str:
-    """A status as its JSON word (`halted`, not `AgentStatus.HALTED`)."""
-    return str(value.value) if isinstance(value, Enum) else str(value)
-
-
-def live_view(status: Mapping[str, Any]) -> Group:
-    """A rich view of a task's status: one line, then a table of its agents."""
-    line = watch_line(status)
-    head = Text.assemble(
-        (str(line["task_id"]), "bold"),
-        "  ",
-        (str(line["status"]), STYLE.get(str(line["status"]), "yellow")),
-        f"  superstep {line['superstep']}  epoch {line['epoch']}"
-        f"  checkpoint {line['latest_checkpoint']}",
-    )
-    table = Table("agent", "status", "step", box=None)
-    for agent in line["agents"]:
-        table.add_row(agent["name"], agent["status"], str(agent["step"]))
-    return Group(head, table)

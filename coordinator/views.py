@@ -1,65 +1,197 @@
-"""What the CLI shows of a task, as JSON-ready data: checkpoints, one GC, the trace, files.
+"""What a user sees of a task: its status, its checkpoints, its trace, its files.
 
-Plain functions over the checkpoint store, so `cairn checkpoints --json` prints exactly
-what they return and the tables, `watch` and the HTML timeline can be drawn from the same.
-Every record read here is verified on the way (the store never hands out one that is not).
+The status and a checkpoint's summary are typed (`TaskStatus`, `CheckpointInfo`: pydantic
+models whose JSON is what `cairn status --json` and `cairn checkpoints --json` print); one
+checkpoint in detail and the trace are JSON-ready dicts. Plain functions over Redis and
+the checkpoint store, so the Python API, the CLI, `watch` and the HTML timeline all read
+a task the same way. Every record read here is verified on the way (the store never hands
+out one that is not).
 """
 
 from __future__ import annotations
 
 import os
+from datetime import datetime
 from pathlib import Path
+from typing import Any, cast
 
 import redis
+from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
 from agents.approval import decide
 from agents.barrier import StepOutputs, pending_calls
 from agents.spec import TaskRecord
 from agents.workspace import check_path
-from coordinator.runs import read_run
-from storage.errors import CairnError, InvalidSpec, ToolError
+from coordinator.runs import RESTORING, TaskState, read_run
+from storage import keys
+from storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from storage.keys import SPEC_DOC, check_name
-from storage.records import AgentStatus, GlobalCheckpoint, ToolCall
+from storage.records import AgentStatus as AgentState
+from storage.records import GCStatus, GlobalCheckpoint, ToolCall
 from storage.store import CheckpointStore
 
-JSON = dict[str, object]
+JSON = dict[str, Any]
+
+
+class View(BaseModel):
+    """A read model: immutable, serialized under its JSON names."""
+
+    model_config = ConfigDict(frozen=True, validate_by_name=True, serialize_by_alias=True)
+
+    def to_json(self) -> JSON:
+        """The JSON object scripts read (`--json`)."""
+        return self.model_dump(mode="json")
+
+
+class AgentStatus(View):
+    """One agent of a task: its status at the latest checkpoint and its step count."""
+
+    name: str
+    status: AgentState
+    step: int | None  # None when its checkpoint cannot be read (see `TaskStatus.error`)
+
+
+class TaskStatus(View):
+    """A task's status: its state, where it is, its agents, and why it ended."""
+
+    task_id: str
+    state: TaskState = Field(alias="status")
+    superstep: int
+    epoch: int
+    latest_checkpoint: int | None
+    agents: list[AgentStatus]
+    restoring: bool = False  # a restore is running (the task is `running` meanwhile)
+    reason: str | None = None
+    verify_output: str | None = None
+    error: str | None = None  # why the agents' steps are unknown, when they are
+
+    @property
+    def ended(self) -> bool:
+        """True once the task succeeded, failed, was cancelled or is unrecoverable."""
+        return self.state.ended
+
+
+class CheckpointInfo(View):
+    """One global checkpoint of a task, as `cairn checkpoints` lists it."""
+
+    number: int
+    status: GCStatus
+    superstep: int
+    members: dict[str, str]  # agent → its local checkpoint's id
+    hot: bool
+    cold: bool
+    created_at: datetime | None
+    size_bytes: int
+    epoch: int | None = None
+    error: str | None = None  # why the record could not be read whole, when it could not
+
+    @field_serializer("created_at")
+    def _iso(self, value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
+
+
+class RestoreResult(View):
+    """A restore's outcome: the checkpoint restored, the new one recording it, the epoch."""
+
+    restored_to: int
+    epoch: int
+    checkpoint: int
+
+
+class Decision(View):
+    """A person's decision on an agent's tool call that waited for approval."""
+
+    task_id: str
+    agent: str
+    call: str
+    tool: str
+    arguments: dict[str, Any]
+    approved: bool
+    reason: str
+
+
+class Export(View):
+    """Where a checkpoint's files were written, and which."""
+
+    task_id: str
+    checkpoint: int
+    out: str
+    files: list[str]
 
 
 def require_task(client: redis.Redis, store: CheckpointStore, task: str) -> None:
-    """Raise `InvalidSpec` (or `InvalidName`) unless `task` is a task Cairn knows."""
+    """Raise `TaskNotFound` (or `InvalidName`) unless `task` is a task Cairn knows."""
     check_name("task", task)
     if read_run(client, task) or store.hot.get_epoch(task) or store.cold.list_gcs(task):
         return
-    raise InvalidSpec(f"unknown task {task!r}")
+    raise TaskNotFound(f"unknown task {task!r}")
 
 
-def status_without_steps(
-    client: redis.Redis, store: CheckpointStore, task: str, error: str
-) -> JSON:
-    """The task's status as `Coordinator.status` gives it, but with no agent's step.
+def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskStatus:
+    """The task's status; its agents' steps are None (and `error` says why) when unreadable.
 
-    For a task whose member LCs cannot be read (one that became unrecoverable because
-    its checkpoints are lost): `error` says why the steps are missing.
+    A task that became unrecoverable may have lost its checkpoints: its status still shows.
+    Raises `TaskNotFound` for a task Redis has no run state of.
     """
     run = read_run(client, task)
-    gc = store.latest_gc(task)
-    agents: list[JSON] = []
+    if not run:
+        require_task(client, store, task)
+        raise TaskNotFound(f"task {task!r} is not in Redis (only its archive is left)")
+    error: str | None = None
+    gc: GlobalCheckpoint | None = None
+    try:
+        gc = store.latest_gc(task)
+    except CairnError as exc:
+        error = str(exc)
+    agents: list[AgentStatus] = []
     if gc is not None:
+        steps: dict[str, int] = {}
+        try:
+            read = store.read_lcs_fields(task, gc.members, StepOutputs)
+            steps = {agent: outputs.step for agent, outputs in read.items()}
+        except CairnError as exc:
+            error = str(exc)
         agents = [
-            {"name": a, "status": gc.statuses.get(a, AgentStatus.ACTIVE).value, "step": None}
-            for a in gc.members
+            AgentStatus(
+                name=agent,
+                status=gc.statuses.get(agent, AgentState.ACTIVE),
+                step=steps.get(agent),
+            )
+            for agent in gc.members
         ]
-    return {
-        "task_id": task,
-        "status": run.get("status", "unknown"),
-        "superstep": 0 if gc is None else gc.superstep,
-        "epoch": store.hot.get_epoch(task),
-        "latest_checkpoint": None if gc is None else gc.number,
-        "agents": agents,
-        "reason": run.get("reason"),
-        "verify_output": run.get("verify_output"),
-        "error": error,
-    }
+    raw = run.get("status") or TaskState.RUNNING.value  # none yet: a submit in progress
+    restoring = raw == RESTORING
+    state = TaskState.RUNNING if restoring else TaskState(raw)
+    if state is TaskState.RUNNING and any(a.status is AgentState.WAITING_APPROVAL for a in agents):
+        state = TaskState.WAITING_APPROVAL
+    return TaskStatus(
+        task_id=task,
+        state=state,
+        superstep=0 if gc is None else gc.superstep,
+        epoch=store.hot.get_epoch(task),
+        latest_checkpoint=None if gc is None else gc.number,
+        agents=agents,
+        restoring=restoring,
+        reason=run.get("reason"),
+        verify_output=run.get("verify_output"),
+        error=error,
+    )
+
+
+def list_tasks(client: redis.Redis, store: CheckpointStore) -> list[TaskStatus]:
+    """The status of every task Redis knows, the most recently submitted first."""
+    found: list[tuple[float, str]] = []
+    for key in client.scan_iter(match=keys.RUNS, count=1_000):
+        task = keys.task_of_run(cast(bytes, key).decode())
+        submitted = cast(bytes | None, client.hget(key, "submitted_at"))
+        found.append((float(submitted or 0), task))
+    listed = []
+    for _, task in sorted(found, reverse=True):
+        try:
+            listed.append(task_status(client, store, task))
+        except TaskNotFound:  # deleted since the scan
+            continue
+    return listed
 
 
 def team(store: CheckpointStore, task: str) -> list[str]:
@@ -84,16 +216,16 @@ def checkpoint_at(store: CheckpointStore, task: str, number: int | None) -> Glob
     return store.read_gc(task, number)
 
 
-def checkpoints(store: CheckpointStore, task: str) -> list[JSON]:
-    """Every GC of the task, hot or cold, oldest first, as `cairn checkpoints --json` prints.
+def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
+    """Every GC of the task, hot or cold, oldest first.
 
     A GC whose record cannot be read whole is still listed, with `error` saying why.
     """
-    listed: list[JSON] = []
+    listed: list[CheckpointInfo] = []
     for info in store.list_gcs(task):
         entry: JSON = {
             "number": info.number,
-            "status": info.status.value,
+            "status": info.status,
             "superstep": info.superstep,
             "members": {},
             "hot": info.hot,
@@ -107,9 +239,9 @@ def checkpoints(store: CheckpointStore, task: str) -> list[JSON]:
             entry["error"] = str(exc)
         else:
             entry["members"] = {agent: ref.id for agent, ref in gc.members.items()}
-            entry["created_at"] = gc.created_at.isoformat()
+            entry["created_at"] = gc.created_at
             entry["epoch"] = gc.epoch
-        listed.append(entry)
+        listed.append(CheckpointInfo.model_validate(entry))
     return listed
 
 
@@ -142,7 +274,7 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> JSON:
                 "name": agent,
                 "lc_id": ref.id,
                 "checksum": ref.checksum,
-                "status": gc.statuses.get(agent, AgentStatus.ACTIVE).value,
+                "status": gc.statuses.get(agent, AgentState.ACTIVE).value,
                 "step": steps.get(agent),
             }
             for agent, ref in gc.members.items()
@@ -176,7 +308,24 @@ def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[J
     return [row for _, row in sorted(rows, key=lambda pair: pair[0])]
 
 
-def export_workspace(store: CheckpointStore, task: str, number: int | None, out: Path) -> JSON:
+def workspace_files(store: CheckpointStore, task: str, number: int | None) -> dict[str, bytes]:
+    """The files of GC `number` (else the latest committed): path → contents, by path.
+
+    Raises `InvalidSpec` when the checkpoint is absent or names a path that would leave
+    the workspace.
+    """
+    gc = checkpoint_at(store, task, number)
+    manifest = store.read_manifest(task, gc.workspace)
+    for path in manifest.files:
+        try:
+            check_path(path)
+        except ToolError as exc:
+            raise InvalidSpec(f"checkpoint {gc.number} names an unsafe path: {exc}") from None
+    contents = store.get_blobs(task, manifest.files.values())
+    return {path: contents[sha] for path, sha in sorted(manifest.files.items())}
+
+
+def export_workspace(store: CheckpointStore, task: str, number: int | None, out: Path) -> Export:
     """Write the files of GC `number` (else the latest) into the empty or new directory `out`.
 
     Raises `InvalidSpec` when `out` holds files already, so an export is exactly the
@@ -185,30 +334,20 @@ def export_workspace(store: CheckpointStore, task: str, number: int | None, out:
     gc = checkpoint_at(store, task, number)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidSpec(f"{out} is not an empty directory: choose a new or empty one")
-    manifest = store.read_manifest(task, gc.workspace)
-    contents = store.get_blobs(task, manifest.files.values())
+    files = workspace_files(store, task, gc.number)
     out.mkdir(parents=True, exist_ok=True)
     root = out.resolve()
-    for path, sha in sorted(manifest.files.items()):
-        try:
-            check_path(path)
-        except ToolError as exc:
-            raise InvalidSpec(f"checkpoint {gc.number} names an unsafe path: {exc}") from None
+    for path, content in files.items():
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(contents[sha])
-    return {
-        "task_id": task,
-        "checkpoint": gc.number,
-        "out": os.fspath(out),
-        "files": sorted(manifest.files),
-    }
+        target.write_bytes(content)
+    return Export(task_id=task, checkpoint=gc.number, out=os.fspath(out), files=sorted(files))
 
 
 def pending_approval(
     store: CheckpointStore, task: str, agent: str, call_id: str | None
-) -> ToolCall:
-    """The tool call of `agent` waiting for a person (`call_id`, or the first one).
+) -> tuple[str, ToolCall]:
+    """The LC `agent` waits in and its tool call waiting for a person (`call_id`, or the first).
 
     Raises `InvalidSpec` when the agent is unknown, not waiting, or has no such call.
     """
@@ -216,17 +355,17 @@ def pending_approval(
     ref = gc.members.get(agent)
     if ref is None:
         raise InvalidSpec(f"task {task} has no agent {agent!r}")
-    status = gc.statuses.get(agent, AgentStatus.ACTIVE)
-    if status is not AgentStatus.WAITING_APPROVAL:
+    status = gc.statuses.get(agent, AgentState.ACTIVE)
+    if status is not AgentState.WAITING_APPROVAL:
         raise InvalidSpec(f"{agent} of task {task} is not waiting for approval ({status.value})")
     calls = pending_calls(store.read_state(task, agent, ref.id, ref.checksum).messages)
     if not calls:
         raise InvalidSpec(f"{agent} of task {task} has no tool call waiting")
     if call_id is None:
-        return calls[0]
+        return ref.id, calls[0]
     for call in calls:
         if call.id == call_id:
-            return call
+            return ref.id, call
     raise InvalidSpec(f"{agent} has no pending call {call_id!r}; pending: {[c.id for c in calls]}")
 
 
@@ -238,16 +377,19 @@ def record_decision(
     *,
     approved: bool,
     reason: str = "",
-) -> JSON:
-    """Approve or reject the agent's waiting tool call; the coordinator then runs it on."""
-    call = pending_approval(store, task, agent, call_id)
-    decide(store, task, agent, call.id, approved, reason)
-    return {
-        "task_id": task,
-        "agent": agent,
-        "call": call.id,
-        "tool": call.name,
-        "arguments": call.args,
-        "approved": approved,
-        "reason": reason,
-    }
+) -> Decision:
+    """Approve or reject the agent's waiting tool call; the coordinator then runs it on.
+
+    The decision holds for that call where it waits now, and for no other (`agents.approval`).
+    """
+    at, call = pending_approval(store, task, agent, call_id)
+    decide(store, task, agent, at, call, approved, reason)
+    return Decision(
+        task_id=task,
+        agent=agent,
+        call=call.id,
+        tool=call.name,
+        arguments=call.args,
+        approved=approved,
+        reason=reason,
+    )

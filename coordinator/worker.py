@@ -4,15 +4,25 @@ It serves the control queue (restores) before the steps queue. Steps run in the 
 own process (`SimpleWorker`, ~3.4 ms a job here against ~13 ms for a forking worker); crash
 isolation comes from one worker per process, restarted by its supervisor when it dies,
 and from the fencing that makes a dead or stalled worker's writes harmless.
+
+Stock RQ runs it too, its jobs reading their configuration from `CAIRN_*` as here:
+
+    rq worker -w coordinator.worker.CairnWorker -j coordinator.worker.CairnJob \
+        -S rq.serializers.JSONSerializer -u "$CAIRN_REDIS_URL" cairn-control cairn-steps
+
+(`rq worker-pool` takes the same options; `rq info -S rq.serializers.JSONSerializer
+-u URL` shows the queues and workers.)
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import structlog
 from redis.client import Pipeline
 from rq import Queue, SimpleWorker
 from rq.job import Job
@@ -22,13 +32,9 @@ from rq.utils import now
 from agents.logs import configure_logging
 from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE, serve_worker_metrics
 from storage.backends.redis import connect
-from storage.errors import CairnError
+from storage.errors import RefusedJob
 
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
-
-
-class RefusedJob(CairnError):
-    """Raised when a worker is handed a function that is not one of Cairn's jobs."""
 
 
 class CairnJob(Job):
@@ -50,7 +56,15 @@ class CairnWorker(SimpleWorker):
     lives `worker_ttl`, 420 s, from expiring: a third of an empty job's cost; Cairn's
     failure detection reads a step's own heartbeat instead), and a state it already
     holds is not written again.
+
+    Started by stock RQ (`rq worker -w coordinator.worker.CairnWorker`), it configures
+    Cairn's logging (`CAIRN_LOG_FORMAT`, `CAIRN_LOG_LEVEL`) unless the process has already.
     """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - RQ's own
+        if not structlog.is_configured():
+            configure_logging()
+        super().__init__(*args, **kwargs)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """Set the worker's state, skipping the round trip when it is already that state.
@@ -97,14 +111,21 @@ def run_worker(url: str, *, burst: bool = False, name: str | None = None) -> Non
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m coordinator.worker REDIS_URL [--burst]`: run one worker."""
+    """`python -m coordinator.worker [REDIS_URL] [--burst]`: run one worker.
+
+    The URL comes from `CAIRN_REDIS_URL` unless given (on the command line, any user of
+    the machine can read it).
+    """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("url")
+    parser.add_argument("url", nargs="?", help="default: CAIRN_REDIS_URL")
     parser.add_argument("--burst", action="store_true")
     args = parser.parse_args(argv)
+    url = args.url or os.environ.get("CAIRN_REDIS_URL")
+    if not url:
+        parser.error("no Redis: give REDIS_URL or set CAIRN_REDIS_URL")
     configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
     serve_worker_metrics()  # CAIRN_METRICS_PORT + 1 + the worker's cache slot, if set
-    run_worker(args.url, burst=args.burst)
+    run_worker(url, burst=args.burst)
     return 0
 
 

@@ -19,7 +19,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from storage.errors import CairnError
+from storage.codec import Codec
+from storage.errors import ArchiveConflict, NotCommitted
 from storage.records import GCStatus, GlobalCheckpoint
 from storage.store import CheckpointStore
 
@@ -29,10 +30,6 @@ DEFAULT_SKEW_MARGIN = 300.0
 # An archived blob written this recently may belong to a GC still being archived.
 DEFAULT_SWEEP_GRACE = 3600.0
 ARCHIVE_THREADS = 4
-
-
-class NotCommitted(CairnError):
-    """Raised when asked to archive a global checkpoint that is not committed."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,9 +43,21 @@ class ArchiveReport:
 
 
 def archive_gc(store: CheckpointStore, task: str, number: int) -> ArchiveReport:
-    """Archive committed GC `number` of `task` and all it names; return what was written."""
+    """Archive committed GC `number` of `task` and all it names; return what was written.
+
+    Raises `ArchiveConflict` when the archive holds another GC under that number (Redis
+    lost writes and the number was handed out again): the archived GC is never replaced.
+    """
     cold = store.cold
-    if cold.get_gc(task, number) is not None:
+    archived = cold.get_gc(task, number)
+    if archived is not None:
+        hot = store.hot.read_gc(task, number)
+        if hot is not None and not same_record(hot, archived):
+            raise ArchiveConflict(
+                f"gc {task}/{number} in Redis has checksum {_digest(hot)}, the archived GC "
+                f"{number} has {_digest(archived)}: the number was handed out twice (Redis "
+                "lost writes the archive had seen); the archived GC is kept"
+            )
         return ArchiveReport(number, 0, 0, 0)
     gc, gc_bytes = store.load_gc(task, number)
     if gc.status is not GCStatus.COMMITTED:
@@ -77,6 +86,16 @@ def archive_gc(store: CheckpointStore, task: str, number: int) -> ArchiveReport:
     written += sum(sizes)
     cold.put_gc(task, number, gc_bytes)
     return ArchiveReport(number, lcs, blobs, written + len(gc_bytes))
+
+
+def same_record(one: bytes, other: bytes) -> bool:
+    """True when two sealed copies name the same checksum (the same record)."""
+    digest = Codec.named_digest(one)
+    return digest is not None and digest == Codec.named_digest(other)
+
+
+def _digest(data: bytes) -> str:
+    return f"{(Codec.named_digest(data) or 'none')[:12]}…"
 
 
 def _verified_blob(store: CheckpointStore, task: str, sha: str) -> bytes:
@@ -134,7 +153,9 @@ def trim_hot(
             or (i.status is GCStatus.ABORTED and i.number < oldest_kept)
         )
     ]
-    archived = set(store.cold.list_gcs(task))
+    on_disk = set(store.cold.list_gcs(task))
+    # Archived means this very GC is on disk, not just a GC of that number (see archive_gc).
+    archived = {n for n in droppable if n in on_disk and _archived_alike(store, task, n)}
     unarchived = [n for n in droppable if n not in archived and n in committed]
     dropping = [n for n in droppable if n not in unarchived]
     kept_gcs = [store.read_gc(task, n) for n in sorted(keep)]
@@ -155,6 +176,12 @@ def trim_hot(
     for n in dropping:
         hot.delete_gc(task, n)
     return TrimReport(sorted(dropping), len(lcs_out), len(blobs_out), unarchived)
+
+
+def _archived_alike(store: CheckpointStore, task: str, number: int) -> bool:
+    """True when the archive's GC `number` has the checksum of the one in Redis."""
+    hot, cold = store.hot.read_gc(task, number), store.cold.get_gc(task, number)
+    return hot is None or (cold is not None and same_record(hot, cold))
 
 
 def _heads(gcs: Iterable[GlobalCheckpoint]) -> list[str]:

@@ -8,7 +8,7 @@ Every backend has an in-memory twin in `storage.backends.memory`, and
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -128,13 +128,18 @@ class HotStore(Protocol):
     def step_start(
         self, task: str, agent: str, epoch: int, superstep: int, token: str, ttl_ms: int
     ) -> StepStart:
-        """Beat the step's heartbeat and read what it needs to begin, in one round trip."""
+        """Beat the step's heartbeat (fenced as `beat`) and read what it needs to begin."""
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
         """Return the latest tool-level LC `agent` wrote in this superstep, to resume from."""
 
-    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
-        """Say that `token` (a worker's step) is alive for the next `ttl_ms` milliseconds."""
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> bool:
+        """Say that `token` (a worker's step) is alive for the next `ttl_ms` milliseconds.
+
+        Fenced like an LC write: False, and nothing written, once the agent's current
+        attempt (`begin_attempt`) is another than the one `token` ends with
+        (`:epoch:superstep:attempt`). A step is beaten before its first attempt begins.
+        """
 
     def beating(self, task: str, agent: str) -> str | None:
         """Return the token of the live heartbeat of `agent`'s step, None once it lapsed."""
@@ -144,6 +149,9 @@ class HotStore(Protocol):
 
     def get_doc(self, task: str, name: str) -> bytes | None:
         """Return a task-level document, or None."""
+
+    def delete_doc(self, task: str, name: str) -> None:
+        """Delete a task-level document (gone already: nothing to do)."""
 
     def claim(self, task: str, token: int) -> None:
         """Make the coordinator holding lease `token` the task's owner, or `FencedWrite`.
@@ -237,7 +245,11 @@ class ColdArchive(Protocol):
         """Make every put so far durable (puts may defer part of their durability to here)."""
 
     def put_gc(self, task: str, number: int, data: bytes) -> None:
-        """Sync, then store a GC durably: call it once everything the GC names is put."""
+        """Sync, then store a GC durably: call it once everything the GC names is put.
+
+        Write-once: the same bytes again are a no-op, other bytes under a number already
+        archived raise `ArchiveConflict` and leave the archived GC as it was.
+        """
 
     def get_gc(self, task: str, number: int) -> bytes | None:
         """Return an archived GC's sealed bytes, or None."""
@@ -253,6 +265,18 @@ class ColdArchive(Protocol):
 
     def get_doc(self, task: str, name: str) -> bytes | None:
         """Return an archived task-level document, or None."""
+
+    def delete_doc(self, task: str, name: str) -> None:
+        """Delete an archived task-level document (gone already: nothing to do)."""
+
+    def update_doc(
+        self, task: str, name: str, change: Callable[[bytes | None], bytes | None]
+    ) -> None:
+        """Replace a document by `change(current)` durably (None: leave it as it is).
+
+        Updates of one document are serialized, across processes too: `change` sees what
+        the last one wrote, so a read-modify-write (a floor that only rises) loses nothing.
+        """
 
     def tasks(self) -> list[str]:
         """Return every task with something archived."""

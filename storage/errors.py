@@ -1,13 +1,25 @@
-"""Cairn's exceptions, one tree with one root.
+"""Cairn's exceptions, one tree with one root (`cairn.errors` is their public face).
 
 CairnError
+├── InvalidSpec          bad input: a spec, a setting, a checkpoint or agent that is not there
 ├── InvalidName          a task or agent name that cannot be a key or a path
+├── TaskNotFound         no task of that id is known to Redis or the archive
+├── Unavailable          Redis does not answer (worth retrying)
+├── Timeout              a wait for a task ran out before the task ended
+├── RestoreFailed        no committed checkpoint could be restored
 ├── FencedWrite          a write carried a stale epoch or attempt
 ├── CommitRefused        a global checkpoint named a missing or mismatched record
+├── NotCommitted         a global checkpoint to archive is not committed
 ├── RecordNotFound       a record is in neither the hot store nor the archive
 ├── CorruptCheckpoint    stored bytes failed their checksum, framing or schema
 ├── RecordTooLarge       a record to write is over the size a record may have
-└── ArchiveError         the disk archive could not be written
+├── ArchiveError         the disk archive could not be written
+│   └── ArchiveConflict  the archive holds another record under that name
+├── ModelError           a model call failed (retryable or not)
+├── ToolError            a tool call cannot be done; the model reads why
+│   └── PatchError       a patch is malformed or does not apply
+├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
+└── RedisServerError     a private redis-server cannot be found or started
 """
 
 from __future__ import annotations
@@ -67,8 +79,42 @@ class ArchiveError(CairnError, OSError):
     """
 
 
+class ArchiveConflict(ArchiveError):
+    """Raised when the archive holds another record under the name being archived.
+
+    A global checkpoint's number was handed out twice (Redis lost writes the archive had
+    seen): the archived one stays, nothing is replaced, and the new one stays in Redis.
+    """
+
+
 class InvalidSpec(CairnError, ValueError):
-    """Raised when a task or agent spec is invalid; the message names the field and why."""
+    """Raised when a task or agent spec is invalid; the message names the field and why.
+
+    Also for other bad input: an invalid setting, a checkpoint or agent the task lacks.
+    """
+
+
+class TaskNotFound(CairnError, LookupError):
+    """Raised when no task of the id is known, in Redis or in the archive."""
+
+
+class Unavailable(CairnError, ConnectionError):
+    """Raised when Redis does not answer; the message names it (password masked).
+
+    Nothing was done: the same call may succeed once Redis is back.
+    """
+
+
+class Timeout(CairnError, TimeoutError):
+    """Raised when a wait for a task ran out before the task ended; the task runs on."""
+
+
+class RestoreFailed(CairnError):
+    """Raised when no committed checkpoint could be restored; the task is unrecoverable."""
+
+
+class NotCommitted(CairnError):
+    """Raised when asked to archive a global checkpoint that is not committed."""
 
 
 class ModelError(CairnError):
@@ -85,3 +131,15 @@ class ModelError(CairnError):
 
 class ToolError(CairnError):
     """Raised inside a tool when its call cannot be done; the model reads the message."""
+
+
+class PatchError(ToolError):
+    """Raised when a patch is malformed or does not apply; nothing was changed."""
+
+
+class RefusedJob(CairnError):
+    """Raised when a worker is handed a function that is not one of Cairn's jobs."""
+
+
+class RedisServerError(CairnError):
+    """Raised when a private redis-server cannot be found or started."""

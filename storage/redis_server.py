@@ -20,13 +20,9 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from storage.errors import CairnError
+from storage.errors import RedisServerError
 
 START_TIMEOUT = 10.0
-
-
-class RedisServerError(CairnError):
-    """Raised when a private redis-server cannot be found or started."""
 
 
 def free_port() -> int:

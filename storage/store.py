@@ -355,16 +355,36 @@ class CheckpointStore:
         self.cold.put_doc(task, name, sealed.data)
         self.hot.put_doc(task, name, sealed.data)
 
+    def delete_doc(self, task: str, name: str) -> None:
+        """Delete a task-level document from the archive, then from Redis."""
+        self.cold.delete_doc(task, name)
+        self.hot.delete_doc(task, name)
+
     def raise_epoch(self, task: str, to: int, owner: int | None = None) -> int:
         """Raise the task's epoch to at least `to` (as `HotStore.raise_epoch`); return it.
 
-        `to` is written to the archive first, durably: Redis may lose its counter (a
-        FLUSHALL, a lost AOF), and a restore after that must still pick an epoch above
-        every one handed out, or a zombie of a reused epoch could write again. Raises
-        `ArchiveError` (and raises nothing) when the archive cannot record it.
+        The archive's floor is raised to `to` first, durably: Redis may lose its counter
+        (a FLUSHALL, a lost AOF), and a restore after that must still pick an epoch above
+        every one handed out, or a zombie of a reused epoch could write again. A crash
+        between the two writes leaves the floor above Redis, which only skips epochs. The
+        floor never falls: it keeps the highest `to` any caller asked for, and a caller
+        whose `owner` token no longer owns the task is refused (`FencedWrite`) before the
+        archive is touched. Raises `ArchiveError` (and raises nothing) when the archive
+        cannot record it.
         """
-        self.cold.put_doc(task, EPOCH_DOC, self.codec.encode(EpochFloor(epoch=to)).data)
+        if owner is not None:
+            self.hot.claim(task, owner)  # a stale coordinator stops here, as Redis would stop it
+        if to > self.hot.get_epoch(task):  # else nothing new is handed out: the floor has it
+            self.cold.update_doc(task, EPOCH_DOC, partial(self._raised_floor, task, to))
         return self.hot.raise_epoch(task, to, owner)
+
+    def _raised_floor(self, task: str, to: int, current: bytes | None) -> bytes | None:
+        """The floor document raised to `to`, or None when it is that high already."""
+        if current is not None:
+            floor = self.codec.decode(current, EpochFloor, f"doc {task}/{EPOCH_DOC}").epoch
+            if floor >= to:
+                return None
+        return self.codec.encode(EpochFloor(epoch=to)).data
 
     def epoch_floor(self, task: str) -> int:
         """The highest epoch the archive recorded as handed out for `task` (0: none)."""

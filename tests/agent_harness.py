@@ -1,6 +1,6 @@
 """A minimal superstep loop for agent tests: run steps, build and commit each barrier's GC.
 
-The coordinator (issue 4) adds retries, timeouts, 2PC bookkeeping and restore; this loop
+The coordinator adds retries, timeouts, 2PC bookkeeping and restore; this loop
 is only what the agents runtime needs to be exercised end to end on real Redis.
 """
 

@@ -1,14 +1,23 @@
-"""Calling `cairn` in this process, as tests do: `main(argv)` → (exit code, stdout, stderr)."""
+"""Calling `cairn` as tests do: `main(argv)` in this process, or as processes of its own.
+
+In-process: `main(argv)` → (exit code, stdout, stderr). As processes: `cairn(...)` runs one
+to its end, `spawn(...)` starts one in the background, `children(...)` finds what it
+started (and the command lines they run with).
+"""
 
 from __future__ import annotations
 
 import contextlib
+import subprocess
+import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
+from pathlib import Path
 
 import pytest
 import structlog
 
-from coordinator.cli import main
+from cairn.cli import main
 
 Run = Callable[..., tuple[int, str, str]]
 
@@ -32,3 +41,68 @@ def cli_runner(
         yield call
     finally:
         structlog.configure(**saved)  # each command configures logging its own way
+
+
+def cairn(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    """Run `python -m cairn.cli ARGS` as a process of its own."""
+    return subprocess.run(
+        [sys.executable, "-m", "cairn.cli", *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
+    """Start `python -m cairn.cli ARGS` in the background, its stderr in `log`."""
+    with log.open("wb") as sink:
+        return subprocess.Popen(
+            [sys.executable, "-m", "cairn.cli", *args],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=sink,
+        )
+
+
+def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
+    """SIGTERM a process and return its exit code (SIGKILL it if it will not stop)."""
+    if process.poll() is None:
+        process.terminate()
+    try:
+        return process.wait(timeout)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+        raise
+
+
+def children(parent: int, marker: str) -> set[int]:
+    """The live child processes of `parent` whose command line holds `marker`."""
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        if int(fields[1]) == parent and fields[0] != "Z" and marker in command:
+            found.add(int(entry.name))
+    return found
+
+
+def wait_until(check: Callable[[], bool], timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError("timed out")
+        time.sleep(0.05)
+
+
+def cmdline(pid: int) -> str:
+    """The command line process `pid` runs with, as `ps` shows it to every user."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()

@@ -17,6 +17,7 @@ from rq.serializers import JSONSerializer
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
 from coordinator.spec import TaskSpec
+from coordinator.tasks import Tasks
 from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
 from storage.backends.disk import DiskArchive
@@ -82,16 +83,25 @@ class Cluster:
         self.workers.append(worker)
         return worker
 
+    @property
+    def tasks(self) -> Tasks:
+        """The user's side (submit, status, pause, ...) on the cluster's store, as it is now."""
+        return Tasks(self.client, self.store)
+
+    def status(self, task: str) -> dict[str, object]:
+        """The task's status as `cairn status --json` prints it."""
+        return self.tasks.status(task).to_json()
+
     def drive(self, task: str, timeout: float = 60.0) -> dict[str, object]:
-        """Tick the coordinator until the task ends; return its final status."""
+        """Tick the coordinator until the task ends; return its final status (as JSON)."""
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             self.coordinator.tick()
-            status = self.coordinator.status(task)
-            if status["status"] in {"succeeded", "failed", "cancelled", "unrecoverable"}:
-                return status
+            status = self.tasks.status(task)
+            if status.ended:
+                return status.to_json()
             time.sleep(0.02)
-        raise AssertionError(f"task {task} did not end: {self.coordinator.status(task)}")
+        raise AssertionError(f"task {task} did not end: {self.status(task)}")
 
     def start_superstep(self, task: str) -> None:
         """Tick until the task has a superstep in flight (prepared, steps launched)."""

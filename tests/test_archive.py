@@ -14,12 +14,12 @@ from typing import cast
 import pytest
 import redis
 
-from storage.archive import NotCommitted, archive_gc
+from storage.archive import archive_gc
 from storage.backends.disk import DiskArchive
 from storage.backends.memory import MemoryHotStore
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
-from storage.errors import ArchiveError, CorruptCheckpoint
+from storage.errors import ArchiveError, CorruptCheckpoint, NotCommitted
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
@@ -257,3 +257,75 @@ def test_stale_temporary_files_are_cleared_and_live_ones_kept(tmp_path: Path) ->
     os.utime(old, (time.time() - 7200, time.time() - 7200))
     assert 1 == archive.remove_temporaries(older_than=3600)
     assert [live] == sorted((tmp_path / "archive").glob(".tmp-*"))
+
+
+class DiskCalls:
+    """The archive's durable-write calls, in the order they returned, made for real.
+
+    Each entry is (call, path, source): `fsync` of the path an fd names, `place` of a file
+    under its final name (a rename or a hard link of the temporary file `source`), `mkdir`
+    of a new directory.
+    """
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[tuple[str, str, str]] = []
+        fsync, replace, link, mkdir = os.fsync, os.replace, os.link, os.mkdir
+
+        def record_fsync(fd: int) -> None:
+            path = str(Path(f"/proc/self/fd/{fd}").readlink())
+            fsync(fd)
+            self.calls.append(("fsync", path, ""))
+
+        def record_replace(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+            replace(src, dst)
+            self.calls.append(("place", os.fspath(dst), os.fspath(src)))
+
+        def record_link(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+            link(src, dst)
+            self.calls.append(("place", os.fspath(dst), os.fspath(src)))
+
+        def record_mkdir(path: str | os.PathLike[str], mode: int = 0o777) -> None:
+            mkdir(path, mode)
+            self.calls.append(("mkdir", os.fspath(path), ""))
+
+        monkeypatch.setattr(os, "fsync", record_fsync)
+        monkeypatch.setattr(os, "replace", record_replace)
+        monkeypatch.setattr(os, "link", record_link)
+        monkeypatch.setattr(os, "mkdir", record_mkdir)
+
+    def index(self, call: str, path: Path) -> int:
+        """Where `call` of `path` returned (the first time)."""
+        return self.calls.index(next(c for c in self.calls if c[:2] == (call, str(path))))
+
+    def synced_between(self, directory: Path, start: int, end: int) -> bool:
+        """True when `directory` was fsynced after call `start` returned and before `end`."""
+        return ("fsync", str(directory), "") in self.calls[start + 1 : end]
+
+
+def test_a_gc_file_appears_only_once_everything_it_names_is_durable(
+    real_store: CheckpointStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every file a GC names is fsynced, put in place, its directory fsynced, before the GC.
+
+    So a power loss at any moment cannot leave a GC file on disk whose LCs, manifest or
+    blobs are not: each new directory entry (file or directory) is made durable by an
+    fsync of its directory, and all of those come before the GC file is put in place.
+    """
+    run_task(real_store, TASK, supersteps=2)
+    disk = DiskCalls(monkeypatch)
+    report = archive_gc(real_store, TASK, 2)
+    gc_file = tmp_path / "archive" / "tasks" / TASK / "gc" / f"{2:012d}.rec"
+    gc_at = disk.index("place", gc_file)
+    named = [(n, c) for n, c in enumerate(disk.calls[:gc_at]) if c[0] == "place"]
+    assert report.lcs + report.blobs == len(named)  # every file written before the GC file
+    for n, (_, path, tmp) in named:
+        assert n > disk.index("fsync", Path(tmp)), f"{path} placed before its data was synced"
+    not_synced = [
+        path
+        for n, (call, path, _) in enumerate(disk.calls[:gc_at])
+        if call in ("place", "mkdir")
+        and Path(path) != gc_file.parent  # the GC's own directory: part of writing the GC
+        and not disk.synced_between(Path(path).parent, n, gc_at)
+    ]
+    assert [] == not_synced
+    assert disk.synced_between(gc_file.parent, gc_at, len(disk.calls))  # the GC is durable too

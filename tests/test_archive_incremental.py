@@ -168,6 +168,31 @@ def test_a_corrupt_new_lc_fails_the_archive_and_writes_no_gc(
     assert [1] == real_store.cold.list_gcs(TASK)
 
 
+@pytest.mark.parametrize("damage", ["flip", "stand-in"])
+def test_a_damaged_hot_blob_fails_the_archive_and_writes_no_gc(
+    real_store: CheckpointStore, redis_client: redis.Redis, damage: str
+) -> None:
+    """A file blob whose Redis copy does not match its address is refused: no GC on disk.
+
+    A flipped byte fails the blob's own checks; another blob's sound bytes under its key
+    pass those and fail only the address. Either way the archive raises, naming the blob,
+    and writes neither the blob nor the GC, which would then name a file never readable.
+    """
+    gcs = run_task(real_store, TASK, supersteps=2)
+    archive_gc(real_store, TASK, 1)
+    files = real_store.read_manifest(TASK, gcs[1].workspace).files
+    victim, other = files["src/coder_2.py"], files["src/planner_2.py"]
+    data = redis_client.get(keys.blob(TASK, victim if damage == "flip" else other))
+    assert isinstance(data, bytes)
+    if damage == "flip":
+        data = data[:-1] + bytes([data[-1] ^ 1])
+    redis_client.set(keys.blob(TASK, victim), data)
+    with pytest.raises(CorruptCheckpoint, match=f"blob {victim}"):
+        archive_gc(real_store, TASK, 2)
+    assert [1] == real_store.cold.list_gcs(TASK)
+    assert not real_store.cold.has_blob(victim)
+
+
 def test_an_lc_missing_everywhere_fails_the_archive(real_store: CheckpointStore) -> None:
     """A new LC gone from Redis (and never archived) raises `RecordNotFound`; no GC file."""
     gcs = run_task(real_store, TASK, supersteps=3)

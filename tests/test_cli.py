@@ -13,7 +13,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,10 +21,21 @@ from typing import Any
 import pytest
 import redis
 
-from coordinator.settings import display_url, load_settings
+from cairn import Client
+from cairn import __version__ as cairn_version
+from cairn.settings import display_url, load_settings
 from storage.errors import InvalidSpec
 from storage.redis_server import RedisServer, free_port
-from tests.cli_harness import Run, cli_runner
+from tests.cli_harness import (
+    Run,
+    cairn,
+    children,
+    cli_runner,
+    cmdline,
+    spawn,
+    stop,
+    wait_until,
+)
 from tests.cluster import TEAM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -80,41 +91,6 @@ class Stack:
         ledger = self.tmp / f"{name}.ledger"
         path.write_text(TEAM.replace("LEDGER", str(ledger)).replace("SLOW", str(slow)))
         return path
-
-
-def cairn(*args: str, env: dict[str, str], timeout: float = 60) -> subprocess.CompletedProcess[str]:
-    """Run `python -m coordinator.cli ARGS` as a process of its own."""
-    return subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", *args],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
-def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[bytes]:
-    """Start `python -m coordinator.cli ARGS` in the background, its stderr in `log`."""
-    with log.open("wb") as sink:
-        return subprocess.Popen(
-            [sys.executable, "-m", "coordinator.cli", *args],
-            env=env,
-            stdout=subprocess.DEVNULL,
-            stderr=sink,
-        )
-
-
-def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:
-    """SIGTERM a process and return its exit code (SIGKILL it if it will not stop)."""
-    if process.poll() is None:
-        process.terminate()
-    try:
-        return process.wait(timeout)
-    except subprocess.TimeoutExpired:
-        process.kill()
-        process.wait()
-        raise
 
 
 @pytest.fixture(scope="module")
@@ -198,13 +174,13 @@ def test_an_invalid_spec_exits_2_with_one_line(stack: Stack) -> None:
     assert "Traceback" not in done.stderr + missing.stderr
 
 
-def test_an_unreachable_redis_exits_2_fast_without_its_password(stack: Stack) -> None:
-    """A closed port: exit 2 within seconds, one line naming the URL, the password masked."""
+def test_an_unreachable_redis_exits_3_fast_without_its_password(stack: Stack) -> None:
+    """A closed port: exit 3 (worth retrying) within seconds, one line, the password masked."""
     port = free_port()
     url = f"redis://:hunter2@127.0.0.1:{port}/0"
     started = time.monotonic()
     done = cairn("status", "some-task", env={**stack.env, "CAIRN_REDIS_URL": url})
-    assert 2 == done.returncode
+    assert 3 == done.returncode
     assert time.monotonic() - started < 10  # the interpreter's start included
     [line] = done.stderr.splitlines()
     assert line.startswith(f"cairn: cannot reach Redis at redis://:***@127.0.0.1:{port}/0 ")
@@ -461,31 +437,6 @@ def test_archive_copies_what_is_only_in_redis(
 
 
 # processes ------------------------------------------------------------------------------
-def children(parent: int, marker: str) -> set[int]:
-    """The live child processes of `parent` whose command line holds `marker`."""
-    found = set()
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            stat = (entry / "stat").read_text()
-            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
-        except OSError:
-            continue
-        fields = stat.rsplit(")", 1)[1].split()
-        if int(fields[1]) == parent and fields[0] != "Z" and marker in command:
-            found.add(int(entry.name))
-    return found
-
-
-def wait_until(check: Callable[[], bool], timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError("timed out")
-        time.sleep(0.05)
-
-
 def test_worker_count_restarts_a_killed_worker_and_stops_on_sigterm(
     own_redis: RedisServer, stack: Stack, tmp_path: Path
 ) -> None:
@@ -495,6 +446,7 @@ def test_worker_count_restarts_a_killed_worker_and_stops_on_sigterm(
     try:
         wait_until(lambda: 2 == len(children(supervisor.pid, "coordinator.worker")))
         first = children(supervisor.pid, "coordinator.worker")
+        assert all(own_redis.url not in cmdline(pid) for pid in first)  # it is in their env
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         wait_until(
@@ -505,6 +457,7 @@ def test_worker_count_restarts_a_killed_worker_and_stops_on_sigterm(
         )
         now = children(supervisor.pid, "coordinator.worker")
         assert victim not in now
+        assert all(own_redis.url not in cmdline(pid) for pid in now)
     finally:
         code = stop(supervisor)
     assert 0 == code
@@ -545,8 +498,76 @@ def test_up_runs_a_private_redis_that_other_commands_find(
         assert (state / "archive" / "tasks" / json.loads(out)["task_id"]).is_dir()
         processes = children(up.pid, "")
         assert 3 == len(processes)  # redis-server, the coordinator, one worker
+        url = (state / "redis.url").read_text().strip()
+        assert [] == [cmdline(pid) for pid in processes if url in cmdline(pid)]
     finally:
         code = stop(up)
     assert 0 == code
     assert not (state / "redis.url").exists()
     assert not any(Path(f"/proc/{pid}").exists() for pid in processes)
+
+
+# the command line as its users expect it ---------------------------------------------------
+def test_version_and_a_bare_cairn_print_what_they_should(run: Run) -> None:
+    """`--version` names the release; `cairn` alone prints its usage and the exit codes."""
+    code, out, err = run("--version")
+    assert (0, f"cairn {cairn_version}\n", "") == (code, out, err)
+    code, out, err = run()
+    assert (0, "") == (code, err)
+    assert out.startswith("usage: cairn")
+    assert "exit codes:" in out
+    assert "3  Redis is unreachable (worth retrying)" in out
+
+
+def test_global_options_are_shown_once_and_taken_anywhere(run: Run) -> None:
+    """`cairn --help` lists the global options and the log choices; a command's help does not.
+
+    A global option is still taken after the command's name.
+    """
+    _, top, _ = run("--help")
+    assert 1 == top.count("\n  --redis-url")  # in the options, once
+    assert "--log-level {debug,info,warning,error,critical}" in top
+    assert "--log-format {console,json}" in top
+    _, status_help, _ = run("status", "--help")
+    assert "--redis-url" not in status_help
+    assert "--json" in status_help
+    code, _, err = run("status", "no-such-task", "--log-level", "loud")
+    assert 2 == code
+    assert "invalid choice: 'loud'" in err
+
+
+def test_wait_that_runs_out_exits_4_and_the_task_runs_on(stack: Stack, run: Run) -> None:
+    """`submit --wait --timeout` exits 4 when the task outlives it; the task is not touched."""
+    code, out, err = run("submit", str(stack.spec("outlived", slow=1.0)), "--wait",
+                         "--timeout", "0.3", "--json")  # fmt: skip
+    assert (4, "") == (code, out)
+    [line] = err.splitlines()
+    assert "after 0.3 s" in line
+    task = line.split()[2]
+    assert "succeeded" == wait_for(run, task, {"succeeded", "failed"})["status"]
+
+
+def test_list_shows_every_task_newest_first(stack: Stack, run: Run) -> None:
+    """`list --json` is a list of statuses, the most recently submitted first."""
+    first = json.loads(run("submit", str(stack.spec("older")), "--json")[1])["task_id"]
+    second = json.loads(run("submit", str(stack.spec("newer")), "--json")[1])["task_id"]
+    code, out, _ = run("list", "--json")
+    assert 0 == code
+    listed = json.loads(out)
+    ids = [status["task_id"] for status in listed]
+    assert ids.index(second) < ids.index(first)
+    assert all(STATUS_KEYS <= status.keys() for status in listed)
+    code, table, _ = run("list")
+    assert 0 == code
+    assert len(table.splitlines()) >= len(listed) + 4  # a header, its rules, a row each
+    for task in (first, second):
+        wait_for(run, task, {"succeeded"})
+
+
+def test_status_json_is_the_models_json(
+    finished: tuple[str, subprocess.CompletedProcess[str]], run: Run, stack: Stack
+) -> None:
+    """`status --json` prints exactly `Task.status()` serialized, `state` under `status`."""
+    with Client(redis_url=stack.url, archive_dir=stack.env["CAIRN_ARCHIVE_DIR"]) as client:
+        expected = client.task(finished[0]).status().model_dump(mode="json")
+    assert expected == status_of(run, finished[0])

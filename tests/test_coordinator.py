@@ -13,6 +13,7 @@ import pytest
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
+from structlog.testing import capture_logs
 
 from agents.barrier import build_gc
 from agents.spec import FailSpec
@@ -30,7 +31,7 @@ def test_three_agents_on_two_workers(cluster: Cluster, tmp_path: Path) -> None:
     cluster.start_worker()
     cluster.start_worker()
     ledger = tmp_path / "ledger"
-    task = cluster.coordinator.submit(team_spec(ledger))
+    task = cluster.tasks.submit(team_spec(ledger))
     status = cluster.drive(task)
     assert "succeeded" == status["status"], status
     files, histories, ran = outcome(cluster, task, ledger)
@@ -54,11 +55,11 @@ def test_a_worker_killed_mid_step_is_detected_and_the_step_retried(
     reference = tmp_path / "reference.ledger"
     cluster.start_worker()
     cluster.start_worker()
-    clean = cluster.coordinator.submit(team_spec(reference, slow=0.0))
+    clean = cluster.tasks.submit(team_spec(reference, slow=0.0))
     assert "succeeded" == cluster.drive(clean)["status"]
 
     ledger = tmp_path / "ledger"
-    task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
+    task = cluster.tasks.submit(team_spec(ledger, slow=2.0))
     killed = cluster.wait_for_step(task, "coder", superstep=2)
     time.sleep(0.3)  # the coder is inside its slow model turn
     os.kill(killed, signal.SIGKILL)
@@ -75,15 +76,41 @@ def test_a_worker_killed_mid_step_is_detected_and_the_step_retried(
     assert {0: 1, 1: 1, 2: 2} == attempts
 
 
+def test_the_retry_of_a_killed_workers_step_starts_within_seconds_of_the_kill(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A dead worker is seen by its step's heartbeat lapsing, not by the step's timeout.
+
+    The step would run 300 s before timing out; its heartbeat lives 3 s after the last
+    beat. The coordinator retries the step because the worker stopped beating, and the
+    retry is running on the other worker within 10 s of the kill.
+    """
+    cluster.start_worker()
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger", slow=5.0)
+    assert 300.0 == spec.step_timeout  # the default: far beyond this test's wait
+    task = cluster.tasks.submit(spec)
+    killed = cluster.wait_for_step(task, "coder", superstep=2)
+    with capture_logs() as logs:
+        os.kill(killed, signal.SIGKILL)
+        killed_at = time.monotonic()
+        retry = cluster.wait_for_step(task, "coder", superstep=2, attempt=2)
+        retried_after = time.monotonic() - killed_at
+    assert killed != retry
+    assert retried_after < 10.0, f"attempt 2 started {retried_after:.1f} s after the kill"
+    retries = [(e["agent"], e["attempt"], e["why"]) for e in logs if e["event"] == "step retried"]
+    assert [("coder", 2, "its worker stopped beating (dead or stalled)")] == retries
+
+
 def test_a_zombie_worker_writes_nothing_that_is_accepted(cluster: Cluster, tmp_path: Path) -> None:
     """A worker stopped past the heartbeat's life is replaced; woken up, it is fenced."""
     reference = tmp_path / "reference.ledger"
     cluster.start_worker()
     cluster.start_worker()
-    clean = cluster.coordinator.submit(team_spec(reference))
+    clean = cluster.tasks.submit(team_spec(reference))
     assert "succeeded" == cluster.drive(clean)["status"]
     ledger = tmp_path / "ledger"
-    task = cluster.coordinator.submit(team_spec(ledger, slow=2.0))
+    task = cluster.tasks.submit(team_spec(ledger, slow=2.0))
     frozen = cluster.wait_for_step(task, "coder", superstep=2)
     os.kill(frozen, signal.SIGSTOP)
     deadline = time.monotonic() + 60
@@ -113,7 +140,7 @@ def test_a_new_coordinator_finishes_what_a_dead_one_started(
 ) -> None:
     """The coordinator dies with a superstep prepared but not committed; another carries on."""
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     cluster.start_superstep(task)
     assert [GCStatus.COMMITTED, GCStatus.PREPARING] == [
         g.status for g in cluster.store.list_gcs(task)
@@ -125,13 +152,13 @@ def test_a_new_coordinator_finishes_what_a_dead_one_started(
     thread.start()
     try:
         deadline = time.monotonic() + 60
-        while successor.status(task)["status"] == "running":
+        while cluster.status(task)["status"] == "running":
             assert time.monotonic() < deadline
             time.sleep(0.05)
     finally:
         stop.set()
         thread.join()
-    assert "succeeded" == successor.status(task)["status"]
+    assert "succeeded" == cluster.status(task)["status"]
     listed = cluster.store.list_gcs(task)
     assert all(g.status is GCStatus.COMMITTED for g in listed)
     assert list(range(len(listed))) == [g.number for g in listed]
@@ -140,21 +167,21 @@ def test_a_new_coordinator_finishes_what_a_dead_one_started(
 def test_pause_resume_and_cancel(cluster: Cluster, tmp_path: Path) -> None:
     """A paused task starts no superstep; resumed it goes on; cancelled it ends and is fenced."""
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
-    cluster.coordinator.pause(task)
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.tasks.pause(task)
     for _ in range(20):
         cluster.coordinator.tick()
-    assert 0 == cluster.coordinator.status(task)["superstep"]
-    cluster.coordinator.resume(task)
-    while cluster.coordinator.status(task)["superstep"] == 0:
+    assert 0 == cluster.status(task)["superstep"]
+    cluster.tasks.resume(task)
+    while cluster.status(task)["superstep"] == 0:
         cluster.coordinator.tick()
         time.sleep(0.02)
     epoch = cluster.store.hot.get_epoch(task)
-    cluster.coordinator.cancel(task)
-    assert "cancelled" == cluster.coordinator.status(task)["status"]
+    cluster.tasks.cancel(task)
+    assert "cancelled" == cluster.status(task)["status"]
     assert epoch + 1 == cluster.store.hot.get_epoch(task)
     with pytest.raises(InvalidSpec, match="is cancelled"):
-        cluster.coordinator.resume(task)
+        cluster.tasks.resume(task)
 
 
 def test_workers_refuse_functions_that_are_not_cairn_jobs(
@@ -175,7 +202,7 @@ def test_exhausted_retries_roll_back_then_fail(cluster: Cluster, tmp_path: Path)
     coder = spec.agents[1]
     coder.max_retries = 1
     coder.script[1].fail = FailSpec(attempts=[1, 2], error="retryable", message="model down")
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     status = cluster.drive(task, timeout=120)
     assert "failed" == status["status"]
     assert "model down" in str(status["reason"])
@@ -192,7 +219,7 @@ def test_a_fatal_model_error_is_not_retried(cluster: Cluster, tmp_path: Path) ->
     cluster.start_worker()
     spec = team_spec(tmp_path / "ledger")
     spec.agents[0].script[0].fail = FailSpec(attempts=[1], error="fatal", message="401 bad key")
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     cluster.drive(task, timeout=60)
     outcomes = cluster.client.hgetall(keys.outcomes(task, 1, 1))
     assert b"fatal" in outcomes[b"planner"]
@@ -200,20 +227,20 @@ def test_a_fatal_model_error_is_not_retried(cluster: Cluster, tmp_path: Path) ->
         Job.fetch(
             f"cairn-{task}-1-1-planner-2", connection=cluster.client, serializer=JSONSerializer
         )
-    assert "401 bad key" in str(cluster.coordinator.status(task)["reason"])
+    assert "401 bad key" in str(cluster.status(task)["reason"])
 
 
 def test_many_tasks_share_one_pool_of_workers(cluster: Cluster, tmp_path: Path) -> None:
     """Three tasks at once on two workers all succeed with their own files."""
     cluster.start_worker()
     cluster.start_worker()
-    tasks = [cluster.coordinator.submit(team_spec(tmp_path / f"ledger-{i}")) for i in range(3)]
+    tasks = [cluster.tasks.submit(team_spec(tmp_path / f"ledger-{i}")) for i in range(3)]
     deadline = time.monotonic() + 90
-    while any(cluster.coordinator.status(t)["status"] == "running" for t in tasks):
+    while any(cluster.status(t)["status"] == "running" for t in tasks):
         assert time.monotonic() < deadline
         cluster.coordinator.tick()
         time.sleep(0.02)
-    assert ["succeeded"] * 3 == [cluster.coordinator.status(t)["status"] for t in tasks]
+    assert ["succeeded"] * 3 == [cluster.status(t)["status"] for t in tasks]
     for i, task in enumerate(tasks):
         assert (
             b"print('Hello')\n" == outcome(cluster, task, tmp_path / f"ledger-{i}")[0]["greet.py"]
@@ -225,7 +252,7 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
 ) -> None:
     """The GC of the superstep in flight is already committed: the coordinator moves on."""
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     cluster.start_superstep(task)
     deadline = time.monotonic() + 30
     while len(cluster.store.hot.get_votes(task, 1, 1)) < 3:  # every step voted
@@ -249,7 +276,7 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
 
 def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path) -> None:
     """Once a newer leader has claimed a task, the old one's writes are refused."""
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     old = Coordinator(cluster.client, cluster.store, tmp_path / "a", name="old", lease_ttl_ms=200)
     assert old.lease.acquire()
     old.advance(task)  # claims the task and starts superstep 1
@@ -264,7 +291,7 @@ def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path
         old.advance(task)
     with pytest.raises(FencedWrite, match="no longer owns"):
         old.runs.write(task, {"status": "failed", "reason": "stale"})
-    assert "running" == cluster.coordinator.status(task)["status"]
+    assert "running" == cluster.status(task)["status"]
 
 
 def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
@@ -273,7 +300,7 @@ def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     """Two coordinator processes; the leader is SIGKILLed mid-superstep; the standby finishes."""
     cluster.start_worker()
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger", slow=1.5))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger", slow=1.5))
     first = cluster.start_coordinator("first")
     deadline = time.monotonic() + 60
     while not cast(bytes, cluster.client.get(keys.LEASE) or b"").startswith(b"first:"):
@@ -288,10 +315,10 @@ def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     assert "first" == leader
     first.send_signal(signal.SIGKILL)
     first.wait()
-    while cluster.coordinator.status(task)["status"] == "running":
-        assert time.monotonic() < deadline, cluster.coordinator.status(task)
+    while cluster.status(task)["status"] == "running":
+        assert time.monotonic() < deadline, cluster.status(task)
         time.sleep(0.05)
-    assert "succeeded" == cluster.coordinator.status(task)["status"]
+    assert "succeeded" == cluster.status(task)["status"]
     assert cast(bytes, cluster.client.get(keys.LEASE)).decode().startswith("second:")
     assert all(g.status is GCStatus.COMMITTED for g in cluster.store.list_gcs(task))
     assert second.poll() is None  # the standby is still running, now as the leader
@@ -305,7 +332,7 @@ def test_a_job_taken_by_a_worker_that_died_before_starting_it_is_retried(
     The job stays `queued` in no queue (RQ's sweep finds such jobs only minutes later):
     the coordinator sees it and retries the step as attempt 2.
     """
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     cluster.start_superstep(task)
     queue = f"rq:queue:{STEPS_QUEUE}"
     job = cast(bytes, cluster.client.lindex(queue, 0)).decode()
@@ -327,7 +354,7 @@ def test_a_retry_of_a_step_whose_job_was_canceled_already_goes_on(
     Its successor finds the job canceled and retries the step; canceling it again must
     not raise (it did, and the coordinator died on it, again and again).
     """
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     cluster.start_superstep(task)
     job = cast(bytes, cluster.client.lindex(f"rq:queue:{STEPS_QUEUE}", 0)).decode()
     Job.fetch(job, connection=cluster.client, serializer=JSONSerializer).cancel()

@@ -8,7 +8,9 @@ from pathlib import Path
 import pytest
 import structlog
 
-from coordinator.demo import run_demo
+from cairn.cli.demo import Workers, run_demo
+from storage.redis_server import RedisServer
+from tests.cli_harness import cmdline
 
 
 @pytest.fixture
@@ -37,3 +39,17 @@ def test_the_demo_survives_a_killed_worker_and_a_rollback_and_passes_verify(
     task = next(line.split()[2].rstrip(":") for line in lines if "submitted" in line)
     archived = tmp_path / "state" / "archive" / "tasks" / task / "gc"
     assert len(list(archived.iterdir())) >= 7, "GCs 0-6 are on disk at the end"
+
+
+def test_the_demos_workers_get_their_redis_url_from_the_environment(
+    redis_server: RedisServer, tmp_path: Path
+) -> None:
+    """The URL (and its password) is in a worker's environment, not on its command line."""
+    workers = Workers(redis_server.url, tmp_path)
+    try:
+        process = workers.start()
+        assert redis_server.url not in cmdline(process.pid)
+        environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
+        assert f"CAIRN_REDIS_URL={redis_server.url}".encode() in environ
+    finally:
+        workers.stop()

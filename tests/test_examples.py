@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coordinator.cli import build_parser
+from cairn.cli.parse import build_parser
 from coordinator.spec import load_spec
 from tests.agent_harness import files_of
 from tests.cluster import ROOT, Cluster
@@ -53,7 +53,7 @@ def test_the_scripted_team_succeeds_on_two_workers(cluster: Cluster) -> None:
     cluster.start_worker()
     cluster.start_worker()
     path = EXAMPLES / "team.yaml"
-    task = cluster.coordinator.submit(load_spec(path), base=path.parent)
+    task = cluster.tasks.submit(load_spec(path), base=path.parent)
     status = cluster.drive(task, timeout=30)
     assert "succeeded" == status["status"], status
     gc = cluster.store.latest_gc(task)

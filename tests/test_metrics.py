@@ -66,13 +66,13 @@ def scrape(port: int) -> Samples:
 def run_to_end(cluster: Cluster, tmp_path: Path) -> str:
     """Submit the small team, let a coordinator process drive it; return the task id."""
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))  # commits GC 0 here
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))  # commits GC 0 here
     cluster.start_coordinator("metered")
     deadline = time.monotonic() + 25
-    while cluster.coordinator.status(task)["status"] == "running":
-        assert time.monotonic() < deadline, cluster.coordinator.status(task)
+    while cluster.status(task)["status"] == "running":
+        assert time.monotonic() < deadline, cluster.status(task)
         time.sleep(0.05)
-    assert "succeeded" == cluster.coordinator.status(task)["status"]
+    assert "succeeded" == cluster.status(task)["status"]
     return task
 
 

@@ -24,7 +24,8 @@ def test_lua_scripts_ship_with_the_package() -> None:
     """Every protocol script is package data, so an installed Cairn can load it."""
     lua = resources.files("storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
-    expected = ["abort_gc", "begin_attempt", "claim", "commit_gc", "lg_put", "prepare_gc"]
+    expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_put"]
+    expected += ["prepare_gc"]
     expected += ["raise_epoch"]
     expected += ["read_chain", "step_start", "walk_chains", "write_lc"]
     assert [f"{name}.lua" for name in expected] == names

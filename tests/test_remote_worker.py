@@ -18,8 +18,9 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.coordinator import TERMINAL, Coordinator
+from coordinator.coordinator import Coordinator
 from coordinator.restore import Restorer
+from coordinator.tasks import Tasks
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
@@ -79,8 +80,8 @@ def test_a_worker_in_another_network_namespace_runs_and_restores_the_task(
         }
         with (tmp_path / "worker.log").open("wb") as log:
             worker = subprocess.Popen(
-                ["ip", "netns", "exec", name, sys.executable, "-m", "coordinator.worker",
-                 server.url], env=env, stdout=subprocess.DEVNULL, stderr=log,
+                ["ip", "netns", "exec", name, sys.executable, "-m", "coordinator.worker"],
+                env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
         ours = Path("/proc/self/ns/net").readlink()
         deadline = time.monotonic() + 10
@@ -88,13 +89,14 @@ def test_a_worker_in_another_network_namespace_runs_and_restores_the_task(
             assert time.monotonic() < deadline, "the worker never entered its namespace"
             time.sleep(0.02)
         coordinator = Coordinator(client, store, tmp_path / "coordinator", heartbeat_grace=2.0)
-        task = coordinator.submit(team_spec(tmp_path / "ledger"))
+        tasks = Tasks(client, store)
+        task = tasks.submit(team_spec(tmp_path / "ledger"))
         deadline = time.monotonic() + 60
-        while coordinator.status(task)["status"] not in TERMINAL:
-            assert time.monotonic() < deadline, coordinator.status(task)
+        while not tasks.status(task).ended:
+            assert time.monotonic() < deadline, tasks.status(task)
             coordinator.tick()
             time.sleep(0.02)
-        assert "succeeded" == coordinator.status(task)["status"], tmp_path / "worker.log"
+        assert "succeeded" == tasks.status(task).state, tmp_path / "worker.log"
         assert 1 == (tmp_path / "ledger").read_text().count("coder-ran")
         # A restore staged on the workers: the far worker reads the shared archive's chains.
         restored = Restorer(client, store, workers=True).restore(task, to=1)

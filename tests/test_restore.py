@@ -8,10 +8,16 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+import redis
 
-from coordinator.restore import Restored, RestoreFailed
+from agents.spec import AgentSpec, TaskRecord
+from agents.task import start_task
+from coordinator.restore import Restored, Restorer
+from coordinator.spec import LIMITS_DOC
 from storage import keys
+from storage.errors import CorruptCheckpoint, RestoreFailed
 from storage.records import GCStatus, GlobalCheckpoint
+from storage.store import CheckpointStore
 from tests.agent_harness import files_of
 from tests.cluster import Cluster, outcome, team_spec
 
@@ -50,10 +56,10 @@ def test_restore_mid_run_puts_every_agent_and_file_back_then_finishes(
     cluster.start_worker()
     cluster.start_worker()
     reference = tmp_path / "reference"
-    clean = cluster.coordinator.submit(team_spec(reference))
+    clean = cluster.tasks.submit(team_spec(reference))
     assert "succeeded" == cluster.drive(clean)["status"]
 
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     run_until(cluster, task, 2)
     gc1 = cluster.store.read_gc(task, 1)
     restored = cluster.coordinator.restorer.restore(task, to=1)
@@ -80,8 +86,9 @@ def test_a_corrupt_lc_makes_the_restore_fall_back_for_every_agent(
 ) -> None:
     """One agent's LC of the latest GC is damaged everywhere: all agents go back one GC."""
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     latest = run_until(cluster, task, 2)
+    assert cluster.coordinator.archiver.drain()  # no copy lands on disk after the damage
     ref = latest.members["coder"]
     data = bytearray(cast(bytes, cluster.client.hget(keys.lc(task, ref.id), "data")))
     data[-1] ^= 1
@@ -100,12 +107,52 @@ def test_a_corrupt_lc_makes_the_restore_fall_back_for_every_agent(
     assert aborted, "the failed attempt at the latest GC was aborted"
 
 
+def test_an_inline_restore_with_one_corrupt_agent_of_three_falls_back_for_every_agent(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Staged in the caller's process (the CLI's default), one bad agent of three is enough.
+
+    The coder, second of three, cannot be staged from the latest GC: the planner already
+    staged is dropped too, and every agent goes back to the same older GC. The task then
+    runs on to the end.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    assert {"planner", "coder", "reviewer"} == set(latest.members)
+    assert cluster.coordinator.archiver.drain()  # no copy lands on disk after the damage
+    ref = latest.members["coder"]
+    data = bytearray(cast(bytes, cluster.client.hget(keys.lc(task, ref.id), "data")))
+    data[-1] ^= 1
+    cluster.client.hset(keys.lc(task, ref.id), "data", bytes(data))
+    archived = tmp_path / "archive" / "tasks" / task / "lc" / "coder" / f"{ref.id}.rec"
+    archived.write_bytes(bytes(data))  # damaged on both tiers
+    restored = Restorer(cluster.client, cluster.store, workers=False).restore(task)
+    assert latest.number - 1 == restored.restored_to
+    older = cluster.store.read_gc(task, restored.restored_to)
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    assert (restored.number, older.superstep, older.workspace) == (
+        now.number,
+        now.superstep,
+        now.workspace,
+    )
+    assert set(older.members) == set(now.members)
+    before, after = states_of(cluster, older), states_of(cluster, now)
+    for agent, history in before.items():
+        assert history == after[agent][: len(history)]
+        assert 1 == len(after[agent]) - len(history)  # plus its context summary
+    statuses = {g.number: g.status for g in cluster.store.list_gcs(task)}
+    assert GCStatus.ABORTED == statuses[restored.number - 1]  # the try at the latest GC
+    assert "succeeded" == cluster.drive(task)["status"]
+
+
 def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -> None:
     """With durability sync, a GC acknowledged is on disk: FLUSHALL, restore, and it is back."""
     cluster.start_worker()
     spec = team_spec(tmp_path / "ledger")
     spec.checkpoints.durability = "sync"
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     gc = run_until(cluster, task, 2)
     assert gc.number <= int(cluster.client.hget(keys.run(task), "archived") or -1)
     expected = states_of(cluster, gc), files_of(cluster.store, gc)
@@ -128,7 +175,7 @@ def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_
     the newest archived GC says epoch 1. Reusing epoch 2 would let a zombie of it write.
     """
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     run_until(cluster, task, 2)
     assert cluster.coordinator.archiver.drain()
     first = cluster.coordinator.restorer.restore(task, to=1)
@@ -148,7 +195,7 @@ def test_a_restore_under_sync_durability_is_on_disk_when_it_returns(
     cluster.start_worker()
     spec = team_spec(tmp_path / "ledger")
     spec.checkpoints.durability = "sync"
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     run_until(cluster, task, 2)
     restored = cluster.coordinator.restorer.restore(task, to=1)
     assert restored.number in cluster.store.cold.list_gcs(task)
@@ -164,7 +211,7 @@ def test_a_task_submitted_under_sync_durability_survives_a_flushall_at_once(
     """Its task id is the acknowledgement of GC 0: it is on disk before submit returns."""
     spec = team_spec(tmp_path / "ledger")
     spec.checkpoints.durability = "sync"
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     assert [0] == cluster.store.cold.list_gcs(task)
     cluster.client.flushall()
     cluster.start_worker()  # it stages the restore
@@ -172,11 +219,47 @@ def test_a_task_submitted_under_sync_durability_survives_a_flushall_at_once(
     assert "succeeded" == cluster.drive(task)["status"]
 
 
+def bare_task(store: CheckpointStore, task: str) -> None:
+    """A task as `agents.task.start_task` leaves it: spec and GC 0, no coordinator's limits."""
+    record = TaskRecord(task=task, goal="g", agents=[AgentSpec(name="a"), AgentSpec(name="b")])
+    start_task(store, record, {"README.md": b"x"})
+
+
+def test_a_task_started_without_a_coordinator_restores_under_the_default_policy(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """No limits document (none was submitted): the restore applies the default policy.
+
+    It used to read the limits after committing its GC and raise `RecordNotFound`, leaving
+    the task `restoring` and inactive for good (`make bench` died on it).
+    """
+    bare_task(real_store, "bare")
+    restored = Restorer(redis_client, real_store, workers=False).restore("bare", to=0)
+    assert Restored(0, 1, 2) == restored
+    assert b"running" == redis_client.hget(keys.run("bare"), "status")
+    assert redis_client.sismember(keys.ACTIVE_TASKS, "bare")
+    assert [] == real_store.cold.list_gcs("bare")  # async, the default: not archived by it
+
+
+def test_damaged_limits_make_the_restore_fail_before_it_touches_anything(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """Limits unreadable on both tiers: refused with the reason, the task as it was."""
+    bare_task(real_store, "hurt")
+    real_store.hot.put_doc("hurt", LIMITS_DOC, b"not a record")
+    real_store.cold.put_doc("hurt", LIMITS_DOC, b"not a record")
+    with pytest.raises(CorruptCheckpoint, match="limits"):
+        Restorer(redis_client, real_store, workers=False).restore("hurt", to=0)
+    assert 1 == real_store.hot.get_epoch("hurt")
+    assert [0] == [g.number for g in real_store.list_gcs("hurt")]
+    assert not redis_client.exists(keys.run("hurt"))
+
+
 def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -> None:
     """Two concurrent restores both finish, one after the other, leaving one consistent state."""
     cluster.start_worker()
     cluster.start_worker()
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     run_until(cluster, task, 2)
     results: list[Restored] = []
     threads = [
@@ -203,7 +286,7 @@ def test_restoring_a_checkpoint_that_does_not_exist_is_refused(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """Asking for a GC the task never committed says so and changes nothing."""
-    task = cluster.coordinator.submit(team_spec(tmp_path / "ledger"))
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     with pytest.raises(RestoreFailed, match="no committed checkpoint 7"):
         cluster.coordinator.restorer.restore(task, to=7)
     assert 1 == cluster.store.hot.get_epoch(task)
@@ -216,7 +299,7 @@ def test_a_finished_task_has_every_gc_on_disk_whatever_archive_every_says(
     cluster.start_worker()
     spec = team_spec(tmp_path / "ledger")
     spec.checkpoints.archive_every = 100  # never due while the task runs
-    task = cluster.coordinator.submit(spec)
+    task = cluster.tasks.submit(spec)
     assert "succeeded" == cluster.drive(task)["status"]
     committed = [g.number for g in cluster.store.list_gcs(task) if g.status is GCStatus.COMMITTED]
     assert len(committed) >= 4

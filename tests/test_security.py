@@ -31,10 +31,11 @@ from rq.serializers import JSONSerializer
 
 from agents.logs import configure_logging
 from agents.spec import ToolRequest
-from coordinator.cli import main as cairn
+from cairn.cli import main as cairn
 from coordinator.coordinator import Coordinator
 from coordinator.jobs import ALLOWED_JOBS, STEPS_QUEUE
 from coordinator.spec import TaskSpec
+from coordinator.tasks import Tasks
 from coordinator.worker import CairnJob, CairnWorker, queues
 from storage import keys
 from storage.backends.disk import DiskArchive
@@ -89,7 +90,7 @@ def team_cluster(
 
 def run_team(cluster: Cluster, tmp: Path, spec: TaskSpec | None = None) -> str:
     """Submit the small team (or `spec`), drive it to its end; return the task, succeeded."""
-    task = cluster.coordinator.submit(spec or team_spec(tmp / "ledger"))
+    task = cluster.tasks.submit(spec or team_spec(tmp / "ledger"))
     status = cluster.drive(task)
     assert "succeeded" == status["status"], status
     return task
@@ -488,7 +489,7 @@ def test_without_the_signing_key_a_redis_writer_cannot_make_workers_run_a_task(
         spec.agents[0].script[0].tools = [
             ToolRequest(name="run_command", args={"command": f"touch {marker}"})
         ]
-        task = coordinator.submit(spec)
+        task = Tasks(cluster.client, forger).submit(spec)
         cluster.coordinator = coordinator
         status = cluster.drive(task)
         assert "unrecoverable" == status["status"], status

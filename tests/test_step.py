@@ -15,12 +15,13 @@ import pytest
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from agents.approval import decide
 from agents.barrier import build_gc
 from agents.models.scripted import ScriptedModel
 from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy
-from agents.step import run_step
+from agents.step import FIRST_BEAT_MS, run_step
 from agents.task import start_task
+from agents.tools import idempotency_key
+from coordinator.views import record_decision
 from storage.errors import FencedWrite, InvalidSpec, ModelError
 from storage.records import AgentStatus, Role
 from storage.redis_server import RedisServer
@@ -91,7 +92,7 @@ import sys
 from pathlib import Path
 from agents.spec import AgentSpec
 from agents.models.scripted import ScriptedModel
-from agents.step import run_step
+from agents.step import FIRST_BEAT_MS, run_step
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
@@ -238,13 +239,19 @@ def test_model_reply_trigger_saves_the_model_call(
 def test_zombie_attempt_is_fenced_before_it_calls_the_model(
     real_store: CheckpointStore, tmp_path: Path
 ) -> None:
-    """A stale attempt or epoch is refused up front; a stale superstep too."""
+    """A stale attempt or epoch is refused up front, with no model call; a stale superstep too."""
     start_task(real_store, record("fence", scripted("coder", [{"say": "x"}])), {})
     real_store.hot.begin_attempt("fence", "coder", 1, 2)
+    calls: list[int] = []
+
+    def models(spec: AgentSpec) -> ScriptedModel:
+        return ScriptedModel(spec.script, on_call=calls.append)
+
     with pytest.raises(FencedWrite, match="stale attempt"):
-        run_step("fence", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
+        run_step("fence", "coder", 1, 1, 1, store=real_store, cache=tmp_path, models=models)
     with pytest.raises(FencedWrite, match="stale epoch"):
-        run_step("fence", "coder", 1, 7, 2, store=real_store, cache=tmp_path)
+        run_step("fence", "coder", 1, 7, 2, store=real_store, cache=tmp_path, models=models)
+    assert [] == calls  # fenced before the model was paid for
     assert {} == real_store.hot.get_votes("fence", 1, 1)  # none of it wrote anything
     current = run_step("fence", "coder", 1, 1, 2, store=real_store, cache=tmp_path)
     assert {"coder": current.lc} == real_store.hot.get_votes("fence", 1, 1)
@@ -291,14 +298,14 @@ def test_approval_pauses_then_resumes(real_store: CheckpointStore, tmp_path: Pat
     assert AgentStatus.WAITING_APPROVAL == gc.statuses["coder"]
     assert "out.txt" not in files_of(real_store, gc)
     assert superstep(real_store, "ok", cache, models) is None  # nobody decided: nothing runs
-    decide(real_store, "ok", "coder", "call_0_0", approved=True)
+    record_decision(real_store, "ok", "coder", "call_0_0", approved=True)
     gc = superstep(real_store, "ok", cache, models)
     assert gc is not None
     assert b"deployed\n" == files_of(real_store, gc)["out.txt"]
     assert [0] == calls  # the approved call ran without asking the model again
     gc = superstep(real_store, "ok", cache, models)  # turn 1 asks for another command
     assert gc is not None
-    decide(real_store, "ok", "coder", "call_1_0", approved=False, reason="not on a Friday")
+    record_decision(real_store, "ok", "coder", "call_1_0", approved=False, reason="not on a Friday")
     gc = superstep(real_store, "ok", cache, models)
     assert gc is not None
     state = real_store.read_state("ok", "coder", gc.members["coder"].id)
@@ -380,7 +387,42 @@ def test_heartbeat_is_alive_while_the_step_runs(
     watcher.start()
     run_step("hb", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
     watcher.join()
-    assert all(token == f"{socket.gethostname()}:{os.getpid()}:1:1" for token in seen[1:7]), seen
+    token = f"{socket.gethostname()}:{os.getpid()}:1:1:1"  # epoch, superstep, attempt
+    assert all(token == beat for beat in seen[1:7]), seen
+
+
+def test_heartbeat_outlives_the_first_beat_of_a_long_step(
+    real_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """A step longer than its first beat's TTL keeps beating: the key never lapses.
+
+    The first beat (sent with the step's start) lives `FIRST_BEAT_MS`; after that only the
+    heartbeat thread's renewals keep the key, each living three intervals.
+    """
+    policy = StepPolicy(heartbeat_ms=100)
+    latency = FIRST_BEAT_MS / 1000 + 1.0
+    turn = {"say": "x", "latency": latency}
+    start_task(real_store, record("long", scripted("coder", [turn]), policy=policy), {})
+    real_store.hot.begin_attempt("long", "coder", 1, 1)
+    seen: list[str | None] = []
+    done = threading.Event()
+
+    def watch() -> None:
+        while not done.wait(0.1):
+            seen.append(real_store.hot.beating("long", "coder"))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    started = time.monotonic()
+    try:
+        run_step("long", "coder", 1, 1, 1, store=real_store, cache=tmp_path)
+    finally:
+        done.set()
+        watcher.join()
+    assert time.monotonic() - started >= latency
+    token = f"{socket.gethostname()}:{os.getpid()}:1:1:1"  # epoch, superstep, attempt
+    during = seen[1:-2]  # the first and last looks may fall just outside the step
+    assert [token] * len(during) == during
 
 
 def test_a_rerun_tool_gets_the_same_idempotency_key(
@@ -388,12 +430,12 @@ def test_a_rerun_tool_gets_the_same_idempotency_key(
 ) -> None:
     """Killed after its last command ran, the step's retry runs it again with the same key.
 
-    The key is the call's place in its turn: the retry resumes with one call pending, and
-    that call still gets index 2, not 0.
+    The key holds the call's place in its turn: the retry resumes with one call pending,
+    and that call still gets index 2, not 0. Its first call, the same command, gets 0.
     """
     ledger, log = tmp_path / "ledger", tmp_path / "log"
-    record_key = {"name": "run_command",
-                  "args": {"command": f'echo "$CAIRN_IDEMPOTENCY_KEY" >> {ledger}'}}  # fmt: skip
+    command = f'echo "$CAIRN_IDEMPOTENCY_KEY" >> {ledger}'
+    record_key = {"name": "run_command", "args": {"command": command}}
     turn = {
         "say": "Working.",
         "tools": [record_key, {"name": "write_file", "args": {"path": "a", "content": "a"}},
@@ -408,9 +450,13 @@ def test_a_rerun_tool_gets_the_same_idempotency_key(
     second = run_in_process(own_redis, tmp_path / "archive", tmp_path / "c2", log, "keyed", 1, 2)
     assert 0 == second.returncode, second.stderr
     # At-least-once without the key: the last command ran twice, under one key.
-    assert ["keyed:coder:1:0", "keyed:coder:1:2", "keyed:coder:1:2"] == ledger.read_text().split()
+    at_0, at_2 = (
+        idempotency_key("keyed", "coder", 1, index, "run_command", {"command": command})
+        for index in (0, 2)
+    )
+    write = idempotency_key("keyed", "coder", 1, 1, "write_file", {"path": "a", "content": "a"})
+    assert [at_0, at_2, at_2] == ledger.read_text().split()
     vote = own_store.hot.get_votes("keyed", 1, 1)["coder"]
     state = own_store.read_state("keyed", "coder", vote.id, vote.checksum)
     keys = [(r.tool, r.idempotency_key) for r in state.trace if r.tool is not None]
-    assert [("run_command", "keyed:coder:1:0"), ("write_file", "keyed:coder:1:1"),
-            ("run_command", "keyed:coder:1:2")] == keys  # fmt: skip
+    assert [("run_command", at_0), ("write_file", write), ("run_command", at_2)] == keys

@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
+from cairn.cli.timeline_page import render
 from coordinator.restore import Restorer
 from coordinator.timeline import CheckpointMark, StepCell, Timeline, gather
-from coordinator.timeline_page import render
 from storage.redis_server import RedisServer
 from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
@@ -52,7 +52,7 @@ def ran(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Ran]:
     try:
         cluster.start_worker()
         cluster.start_worker()
-        task = cluster.coordinator.submit(team_spec(tmp / "ledger", slow=1.5))
+        task = cluster.tasks.submit(team_spec(tmp / "ledger", slow=1.5))
         os.kill(cluster.wait_for_step(task, "coder", superstep=2), signal.SIGKILL)
         assert "succeeded" == cluster.drive(task)["status"]
         Restorer(cluster.client, cluster.store, workers=False).restore(task, 1)
@@ -165,7 +165,7 @@ def page(ran: Ran) -> Path:
         "PYTHONPATH": str(ROOT),
     }
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.cli", "trace", ran.task, "--html", str(path)],
+        [sys.executable, "-m", "cairn.cli", "trace", ran.task, "--html", str(path)],
         env=env,
         capture_output=True,
         text=True,

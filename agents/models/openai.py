@@ -24,6 +24,7 @@ from pydantic import JsonValue
 
 from agents.models.base import ModelReply, ModelRequest, ToolSchema, check_reply
 from storage.errors import ModelError
+from storage.ids import new_id
 from storage.records import Message, ToolCall, Usage
 
 API_KEY_VARIABLES = ("CAIRN_OPENAI_API_KEY", "OPENAI_API_KEY")
@@ -177,9 +178,7 @@ def _parse_reply(body: bytes) -> ModelReply:
         data = orjson.loads(body)
         message = data["choices"][0]["message"]
         content = message.get("content")
-        calls = [
-            _parse_tool_call(i, call) for i, call in enumerate(message.get("tool_calls") or [])
-        ]
+        calls = [_parse_tool_call(call) for call in message.get("tool_calls") or []]
         usage = data.get("usage") or {}
         tokens = Usage(
             prompt_tokens=usage.get("prompt_tokens") or 0,
@@ -194,7 +193,7 @@ def _parse_reply(body: bytes) -> ModelReply:
     return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
 
 
-def _parse_tool_call(index: int, call: Mapping[str, Any]) -> ToolCall:
+def _parse_tool_call(call: Mapping[str, Any]) -> ToolCall:
     """One tool call; arguments that are no JSON object come back as `{"_raw": text}`."""
     function = call["function"]
     raw = function.get("arguments") or "{}"
@@ -206,8 +205,9 @@ def _parse_tool_call(index: int, call: Mapping[str, Any]) -> ToolCall:
             args = None
     if not isinstance(args, dict):
         args = {"_raw": raw if isinstance(raw, str) else orjson.dumps(raw).decode()}
-    # Some local servers leave the id out; the runtime still needs one per call.
-    return ToolCall(id=call.get("id") or f"call_{index}", name=function["name"], args=args)
+    # Some local servers leave the id out. The runtime needs one per call, and one that no
+    # other call shares: a decision on a call's approval, a result, are matched by it.
+    return ToolCall(id=call.get("id") or f"call_{new_id()}", name=function["name"], args=args)
 
 
 def _server_message(error: urllib.error.HTTPError) -> str:

@@ -1,6 +1,6 @@
 """`cairn demo`: a planner, a coder and a reviewer fix a bug through a crash and a rollback.
 
-The team of `coordinator/demo/team.yaml` fixes `calc.py` on two real worker processes.
+The team of `cairn/cli/demo/team.yaml` fixes `calc.py` on two real worker processes.
 While the coder's step runs, the demo SIGKILLs its worker: the coordinator sees the
 heartbeat stop and retries the step (attempt 2) on the other worker. Once the reviewer
 has approved, the demo rolls the task back to an earlier global checkpoint, as a person
@@ -25,8 +25,11 @@ from pathlib import Path
 from typing import cast
 
 from agents.logs import configure_logging
-from coordinator.coordinator import TERMINAL, Coordinator, StepRun
+from coordinator.coordinator import Coordinator, StepRun
+from coordinator.runs import TaskState
 from coordinator.spec import TaskSpec, load_spec
+from coordinator.tasks import Tasks
+from coordinator.views import TaskStatus
 from storage import keys
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
@@ -44,7 +47,7 @@ Say = Callable[[str], None]
 
 def demo_dir() -> Path:
     """Where the demo's team spec and project live (inside the installed package)."""
-    return Path(str(resources.files("coordinator").joinpath("demo")))
+    return Path(str(resources.files("cairn.cli").joinpath("demo")))
 
 
 def demo_spec(model: str | None = None, base_url: str | None = None) -> TaskSpec:
@@ -58,7 +61,10 @@ def demo_spec(model: str | None = None, base_url: str | None = None) -> TaskSpec
 
 @dataclass
 class Workers:
-    """The demo's worker processes (`python -m coordinator.worker URL`), each its own cache."""
+    """The demo's worker processes (`python -m coordinator.worker`), each its own cache.
+
+    Each learns its Redis from `CAIRN_REDIS_URL`: a URL on its command line would show.
+    """
 
     url: str
     state: Path
@@ -76,8 +82,8 @@ class Workers:
         }
         log = (self.state / f"worker-{n}.log").open("ab")
         with log:
-            process = subprocess.Popen(  # noqa: S603 - this interpreter, fixed arguments
-                [sys.executable, "-m", "coordinator.worker", self.url],
+            process = subprocess.Popen(
+                [sys.executable, "-m", "coordinator.worker"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,
@@ -117,6 +123,7 @@ class Demo:
     """One run of the demo: the task, what happened, and when."""
 
     coordinator: Coordinator
+    tasks: Tasks
     store: CheckpointStore
     workers: Workers
     say: Say
@@ -133,7 +140,7 @@ class Demo:
         self.events.append((at, text))
         self.say(f"{at:6.1f}s  {text}")
 
-    def run(self, task: str) -> dict[str, object]:
+    def run(self, task: str) -> TaskStatus:
         """Drive the task to its end, injecting the crash and the rollback on the way."""
         deadline = self.started + TIMEOUT
         while True:
@@ -143,11 +150,11 @@ class Demo:
                                  "the demo without CAIRN_REDIS_URL (a private Redis)")  # fmt: skip
             self.coordinator.tick()
             self._watch(task)
-            status = self.coordinator.status(task)
-            if status["status"] in TERMINAL:
+            status = self.tasks.status(task)
+            if status.ended:
                 return status
             if time.monotonic() > deadline:
-                self.event(f"gave up after {TIMEOUT:g} s: {status['status']}")
+                self.event(f"gave up after {TIMEOUT:g} s: {status.state.value}")
                 return status
             time.sleep(0.05)
 
@@ -235,23 +242,24 @@ def run_demo(
             workers.start()
         coordinator = Coordinator(client, store, state / "coordinator", heartbeat_grace=1.0)
         spec = demo_spec(model, base_url)
-        task = coordinator.submit(spec, base=demo_dir())
-        demo = Demo(coordinator, store, workers, say)
+        tasks = Tasks(client, store)
+        task = tasks.submit(spec, base=demo_dir())
+        demo = Demo(coordinator, tasks, store, workers, say)
         demo.event(f"submitted {task}: {', '.join(a.name for a in spec.agents)} on 2 workers")
         try:
             status = demo.run(task)
         finally:
             coordinator.lease.release()
-        demo.event(f"task {status['status']}: {status.get('reason')}")
+        demo.event(f"task {status.state.value}: {status.reason}")
         timeline(store, task, say)
         say("")
         say(f"archive: {archive.resolve()}/tasks/{task}")
-        say(f"verify output: {str(status.get('verify_output') or '').strip()}")
-        return 0 if status["status"] == "succeeded" else 1
+        say(f"verify output: {(status.verify_output or '').strip()}")
+        return 0 if status.state is TaskState.SUCCEEDED else 1
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m coordinator.demo [--state DIR] [--model openai:NAME]`."""
+    """`python -m cairn.cli.demo [--state DIR] [--model openai:NAME]`."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--state", type=Path, default=Path(".cairn/demo"))
     parser.add_argument("--model", default=None, help="openai:<name> instead of the scripts")

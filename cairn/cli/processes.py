@@ -4,6 +4,9 @@
 after a backoff when it keeps dying young) and stops them all on SIGTERM or SIGINT:
 SIGTERM first, SIGKILL after a grace period. Workers are stateless and every write they
 make is fenced, so killing one mid-step costs a retry of that step, nothing more.
+
+Children learn their Redis from `CAIRN_REDIS_URL` in their environment, never from their
+command line, which any user of the machine can read (`ps`, `/proc/PID/cmdline`).
 """
 
 from __future__ import annotations
@@ -22,11 +25,12 @@ from typing import IO
 import structlog
 from rich.console import Console
 
+from cairn.client import Client
+from cairn.connection import ping
+from cairn.settings import Settings, display_url
 from coordinator import metrics
-from coordinator.cli_context import RedisUnreachable, client_for, open_store, ping
 from coordinator.coordinator import Coordinator
-from coordinator.settings import Settings, display_url
-from storage.errors import InvalidSpec
+from storage.errors import InvalidSpec, Unavailable
 from storage.redis_server import RedisServer
 
 log = structlog.get_logger("cairn.cli")
@@ -149,7 +153,7 @@ def worker_children(settings: Settings, url: str, count: int, logs: Path | None)
     return [
         Child(
             f"worker-{n}",
-            [sys.executable, "-m", "coordinator.worker", url],
+            [sys.executable, "-m", "coordinator.worker"],
             env,
             None if logs is None else logs / f"worker-{n}.log",
         )
@@ -157,12 +161,12 @@ def worker_children(settings: Settings, url: str, count: int, logs: Path | None)
     ]
 
 
-def run_workers(settings: Settings, url: str, count: int, console: Console) -> int:
+def run_workers(client: Client, count: int, console: Console) -> int:
     """`cairn worker --count N`: run N workers in the foreground until stopped."""
     stop = stop_on_signals()
-    supervisor = Supervisor(worker_children(settings, url, count, None))
+    supervisor = Supervisor(worker_children(client.settings, client.url, count, None))
     supervisor.start()
-    console.print(f"{count} worker(s) on {display_url(url)}; Ctrl-C stops them")
+    console.print(f"{count} worker(s) on {display_url(client.url)}; Ctrl-C stops them")
     try:
         supervisor.watch(stop)
     finally:
@@ -170,23 +174,20 @@ def run_workers(settings: Settings, url: str, count: int, console: Console) -> i
     return 0
 
 
-def run_coordinator(settings: Settings, url: str, name: str, lease_ms: int) -> int:
+def run_coordinator(client: Client, name: str, lease_ms: int) -> int:
     """`cairn coordinator`: lead (or stand by, while another leads) until stopped."""
     stop = stop_on_signals()
-    client = client_for(url)
-    metrics.serve_coordinator(client, settings.metrics_port)
-    try:
-        coordinator = Coordinator(
-            client,
-            open_store(settings, client),
-            settings.cache / "coordinator",
-            name=name,
-            lease_ttl_ms=lease_ms,
-        )
-        log.info("coordinator running", name=name, redis=display_url(url))
-        coordinator.run(stop)
-    finally:
-        client.close()
+    settings = client.settings
+    metrics.serve_coordinator(client.redis, settings.metrics_port)
+    coordinator = Coordinator(
+        client.redis,
+        client.store,
+        settings.cache / "coordinator",
+        name=name,
+        lease_ttl_ms=lease_ms,
+    )
+    log.info("coordinator running", name=name, redis=display_url(client.url))
+    coordinator.run(stop)
     return 0
 
 
@@ -211,7 +212,7 @@ def run_up(settings: Settings, workers: int, console: Console) -> int:
     env = settings.child_env(url)
     coordinator = Child(
         "coordinator",
-        [sys.executable, "-m", "coordinator", url, "--name", "up"],
+        [sys.executable, "-m", "coordinator", "--name", "up"],
         env,
         logs / "coordinator.log",
     )
@@ -242,6 +243,6 @@ def _refuse_second_up(settings: Settings) -> None:
         return
     try:
         ping(written)
-    except RedisUnreachable:
+    except Unavailable:
         return  # left by an `up` that was killed: its Redis is gone
     raise InvalidSpec(f"cairn up is running already in {settings.state_dir} (Redis at {written})")

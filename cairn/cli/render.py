@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from enum import Enum
 from typing import Any
 
-from rich.console import Console
+from pydantic import BaseModel
+from rich.console import Console, Group
 from rich.table import Table
+from rich.text import Text
 
 KIB = 1024
 JSON = Mapping[str, Any]  # parsed JSON: the views' own shapes
@@ -29,7 +33,13 @@ STATUS_STYLE = {
 
 def emit_json(data: object) -> None:
     """Print `data` as JSON on stdout: the stable shape scripts rely on."""
-    sys.stdout.write(json.dumps(data, indent=2, default=str) + "\n")
+    sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def emit_line(data: object) -> None:
+    """Print `data` as one line of JSON on stdout (a stream of them: `cairn watch`)."""
+    sys.stdout.write(json.dumps(plain(data)) + "\n")
     sys.stdout.flush()
 
 
@@ -40,8 +50,16 @@ def say(message: str) -> None:
 
 
 def plain(data: object) -> Any:  # noqa: ANN401 - whatever JSON the data makes
-    """`data` as JSON would read it back: enums become their values, datetimes strings."""
-    return json.loads(json.dumps(data, default=str))
+    """`data` as JSON would read it back: models their JSON, enums their values."""
+    return json.loads(json.dumps(data, default=_json_default))
+
+
+def _json_default(value: object) -> object:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return dataclasses.asdict(value)
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json", by_alias=True)
+    return str(value.value) if isinstance(value, Enum) else str(value)
 
 
 def styled(status: object) -> str:
@@ -96,7 +114,7 @@ def show_status(console: Console, status: JSON) -> None:
 def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
     """One line per global checkpoint: state, tiers, size."""
     table = Table("GC", "status", "superstep", "agents", "hot", "cold", "created", "size")
-    for row in rows:
+    for row in plain(rows):
         table.add_row(
             str(row["number"]),
             styled(row["status"]),
@@ -155,7 +173,7 @@ def show_archived(console: Console, reports: Sequence[JSON]) -> None:
         console.print("every committed checkpoint is on disk already")
         return
     table = Table("GC", "local checkpoints", "blobs", "written")
-    for report in reports:
+    for report in plain(reports):
         table.add_row(
             str(report["number"]),
             str(report["lcs"]),
@@ -163,3 +181,45 @@ def show_archived(console: Console, reports: Sequence[JSON]) -> None:
             _size(report["bytes"]),
         )
     console.print(table)
+
+
+def show_tasks(console: Console, statuses: Sequence[JSON]) -> None:
+    """One line per task, the most recently submitted first."""
+    if not statuses:
+        console.print("no tasks")
+        return
+    table = Table("task", "status", "superstep", "epoch", "checkpoint", "agents")
+    for status in plain(statuses):
+        table.add_row(
+            status["task_id"],
+            styled(status["status"]),
+            str(status["superstep"]),
+            str(status["epoch"]),
+            "" if status["latest_checkpoint"] is None else str(status["latest_checkpoint"]),
+            str(len(status["agents"])),
+        )
+    console.print(table)
+
+
+# `cairn watch` ---------------------------------------------------------------------------
+WATCHED = ("task_id", "status", "superstep", "epoch", "latest_checkpoint", "agents", "reason")
+
+
+def watch_line(status: object) -> dict[str, Any]:
+    """The part of a status `cairn watch --json` prints (one line each time it changes)."""
+    shape = plain(status)
+    return {name: shape.get(name) for name in WATCHED}
+
+
+def live_view(status: object) -> Group:
+    """A rich view of a task's status: one line, then a table of its agents."""
+    line = watch_line(status)
+    head = Text.from_markup(
+        f"[bold]{line['task_id']}[/]  {styled(line['status'])}"
+        f"  superstep {line['superstep']}  epoch {line['epoch']}"
+        f"  checkpoint {line['latest_checkpoint']}"
+    )
+    table = Table("agent", "status", "step", box=None)
+    for agent in line["agents"]:
+        table.add_row(agent["name"], agent["status"], str(agent["step"]))
+    return Group(head, table)

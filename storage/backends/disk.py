@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
 import shutil
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
-from storage.errors import ArchiveError
+from storage.errors import ArchiveConflict, ArchiveError
 from storage.keys import check_name
 
 SUFFIX = ".rec"
@@ -91,8 +93,12 @@ class DiskArchive:
             self._unsynced.update(d.parent for d in missing)
             self._known_dirs.add(path)
 
-    def _write(self, path: Path, data: bytes) -> None:
-        """Write `data` at `path` atomically and durably, or raise `ArchiveError`."""
+    def _write(self, path: Path, data: bytes, *, replace: bool = True) -> bool:
+        """Write `data` at `path` atomically and durably, or raise `ArchiveError`.
+
+        With `replace=False` an existing file is left alone and False returned: the new
+        one is linked into place, which (unlike a rename) never replaces another.
+        """
         tmp = path.parent / f"{TMP_PREFIX}{path.name}.{os.getpid()}.{threading.get_ident()}"
         try:
             self._ensure_dir(path.parent)
@@ -104,13 +110,22 @@ class DiskArchive:
                 os.fsync(fd)
             finally:
                 os.close(fd)
-            tmp.replace(path)
+            if replace:
+                tmp.replace(path)
+            else:
+                try:
+                    os.link(tmp, path)
+                except FileExistsError:
+                    return False
+                finally:
+                    tmp.unlink()
         except OSError as exc:
             with contextlib.suppress(OSError):
                 tmp.unlink()
             raise ArchiveError(f"cannot archive {path}: {_reason(exc)}") from None
         with self._lock:
             self._unsynced.add(path.parent)
+        return True
 
     def sync(self) -> None:
         """Make every file put so far durable: fsync each directory that gained an entry."""
@@ -208,9 +223,15 @@ class DiskArchive:
     # global checkpoints ------------------------------------------------------------------
     def put_gc(self, task: str, number: int, data: bytes) -> None:
         path = self._gc_path(task, number)
-        if not path.exists():
+        existing = self._read(path)
+        if existing is None:
             self.sync()  # everything the GC names is durable before the GC appears
-            self._write(path, data)
+            if not self._write(path, data, replace=False):
+                existing = self._read(path)  # another writer was first
+        if existing is not None and existing != data:
+            raise ArchiveConflict(
+                f"archive already holds another GC {number} of task {task}; not replaced"
+            )
         self.sync()
 
     def get_gc(self, task: str, number: int) -> bytes | None:
@@ -237,6 +258,25 @@ class DiskArchive:
 
     def get_doc(self, task: str, name: str) -> bytes | None:
         return self._read(self._doc_path(task, name))
+
+    def update_doc(
+        self, task: str, name: str, change: Callable[[bytes | None], bytes | None]
+    ) -> None:
+        path = self._doc_path(task, name)
+        lock = path.parent / f".lock-{path.name}"
+        try:
+            self._ensure_dir(path.parent)
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ArchiveError(f"cannot lock {path}: {_reason(exc)}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # other processes' updates wait; released on close
+            data = change(self._read(path))
+            if data is not None:
+                self._write(path, data)
+                self.sync()
+        finally:
+            os.close(fd)
 
     def put_docs(self, task: str, docs: dict[str, bytes]) -> None:
         """Put many documents of a task, made durable together by one `sync()`."""

@@ -8,11 +8,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
-from storage.errors import CommitRefused, FencedWrite
+from storage.errors import ArchiveConflict, CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC, check_name
 from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
 
@@ -179,10 +179,14 @@ class MemoryHotStore:
         with self._lock:
             return self._progress.get((task, epoch, superstep), {}).get(agent)
 
-    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> bool:
         check_name("agent", agent)
         with self._lock:
+            current = self._attempts.get((task, agent))
+            if current is not None and not token.endswith(":" + ":".join(map(str, current))):
+                return False
             self._beats[(task, agent)] = (token, time.monotonic() + ttl_ms / 1000)
+            return True
 
     def beating(self, task: str, agent: str) -> str | None:
         with self._lock:
@@ -198,6 +202,10 @@ class MemoryHotStore:
     def get_doc(self, task: str, name: str) -> bytes | None:
         with self._lock:
             return self._docs.get((task, name))
+
+    def delete_doc(self, task: str, name: str) -> None:
+        with self._lock:
+            self._docs.pop((task, name), None)
 
     def claim(self, task: str, token: int) -> None:
         with self._lock:
@@ -355,6 +363,18 @@ class MemoryArchive:
         with self._lock:
             return self._docs.get((task, name))
 
+    def delete_doc(self, task: str, name: str) -> None:
+        with self._lock:
+            self._docs.pop((task, name), None)
+
+    def update_doc(
+        self, task: str, name: str, change: Callable[[bytes | None], bytes | None]
+    ) -> None:
+        with self._lock:
+            data = change(self._docs.get((task, name)))
+            if data is not None:
+                self._docs[(task, name)] = data
+
     def put_blob(self, sha: str, data: bytes) -> None:
         with self._lock:
             self._blobs.setdefault(sha, data)
@@ -405,7 +425,10 @@ class MemoryArchive:
 
     def put_gc(self, task: str, number: int, data: bytes) -> None:
         with self._lock:
-            self._gcs.setdefault((task, number), data)
+            if self._gcs.setdefault((task, number), data) != data:
+                raise ArchiveConflict(
+                    f"archive already holds another GC {number} of task {task}; not replaced"
+                )
 
     def get_gc(self, task: str, number: int) -> bytes | None:
         with self._lock:

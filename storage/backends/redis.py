@@ -151,6 +151,7 @@ class RedisHotStore:
         self._abort_gc = script(client, "abort_gc")
         self._raise_epoch = script(client, "raise_epoch")
         self._step_start = script(client, "step_start")
+        self._beat = script(client, "beat")
         self._begin_attempt = script(client, "begin_attempt")
         self._claim = script(client, "claim")
 
@@ -295,8 +296,11 @@ class RedisHotStore:
             cast(bytes | None, self.redis.hget(keys.progress(task, epoch, superstep), agent))
         )
 
-    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> None:
-        self.redis.set(keys.heartbeat(task, agent), token, px=ttl_ms)
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> bool:
+        kept = self._beat(
+            keys=[keys.heartbeat(task, agent), keys.attempts(task)], args=[token, ttl_ms, agent]
+        )
+        return bool(kept)
 
     def beating(self, task: str, agent: str) -> str | None:
         value = cast(bytes | None, self.redis.get(keys.heartbeat(task, agent)))
@@ -307,6 +311,9 @@ class RedisHotStore:
 
     def get_doc(self, task: str, name: str) -> bytes | None:
         return cast(bytes | None, self.redis.get(keys.doc(task, name)))
+
+    def delete_doc(self, task: str, name: str) -> None:
+        self.redis.delete(keys.doc(task, name))
 
     def claim(self, task: str, token: int) -> None:
         translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))

@@ -5,8 +5,11 @@ import sys
 from calc import add, mul
 
 failures = []
-for name, got, want in [("add(2, 3)", add(2, 3), 5), ("add(-1, 1)", add(-1, 1), 0),
-                        ("mul(4, 5)", mul(4, 5), 20)]:
+for name, got, want in [
+    ("add(2, 3)", add(2, 3), 5),
+    ("add(-1, 1)", add(-1, 1), 0),
+    ("mul(4, 5)", mul(4, 5), 20),
+]:
     if got != want:
         failures.append(f"{name} = {got}, expected {want}")
 print("\n".join(failures) or "all 3 tests passed")

@@ -1,0 +1,59 @@
+"""Cairn: crash-proof teams of LLM agents on Redis and RQ. The public Python API.
+
+    from cairn import Client
+
+    with Client() as client:  # CAIRN_REDIS_URL, else a running `cairn up`
+        task = client.submit("team.yaml")
+        status = task.wait(timeout=120)
+        print(status.state, [a.status for a in status.agents])
+        task.restore(to=1)
+
+Everything promised is named in `__all__`; errors are in `cairn.errors`, the LangGraph
+checkpointer is `cairn.langgraph.CairnSaver` (the `langgraph` extra), and the command
+line is `cairn.cli`.
+"""
+
+import importlib.metadata as _metadata
+
+from cairn import errors
+from cairn.client import Client, Task
+from cairn.settings import Settings
+from coordinator.runs import TaskState
+from coordinator.spec import TaskSpec
+from coordinator.timeline import Timeline
+from coordinator.views import (
+    AgentStatus,
+    CheckpointInfo,
+    Decision,
+    Export,
+    RestoreResult,
+    TaskStatus,
+)
+from storage.archive import ArchiveReport
+from storage.records import AgentStatus as AgentState
+from storage.records import GCStatus
+
+try:
+    __version__ = _metadata.version("cairn-agents")
+except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
+
+__all__ = [
+    "AgentState",
+    "AgentStatus",
+    "ArchiveReport",
+    "CheckpointInfo",
+    "Client",
+    "Decision",
+    "Export",
+    "GCStatus",
+    "RestoreResult",
+    "Settings",
+    "Task",
+    "TaskSpec",
+    "TaskState",
+    "TaskStatus",
+    "Timeline",
+    "__version__",
+    "errors",
+]

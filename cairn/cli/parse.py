@@ -1,0 +1,170 @@
+"""The `cairn` argument parser: global options once, then one subcommand and its own."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+from importlib.metadata import version
+from pathlib import Path
+from typing import NoReturn
+
+from cairn.cli import commands
+from cairn.cli.exits import EPILOG
+from cairn.settings import LOG_FORMATS, LOG_LEVELS
+
+DESCRIPTION = "Crash-safe checkpoints for teams of LLM agents."
+GLOBAL_OPTIONS = (
+    "redis_url",
+    "state_dir",
+    "archive_dir",
+    "cache_dir",
+    "log_format",
+    "log_level",
+    "metrics_port",
+)
+
+
+class UsageError(Exception):
+    """Raised by the parser instead of printing usage and exiting: main says it in one line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An argument parser whose errors are one line, through `main`."""
+
+    def error(self, message: str) -> NoReturn:
+        """Raise `UsageError` (argparse would print the whole usage, then exit)."""
+        command = self.prog.removeprefix("cairn").strip()
+        raise UsageError(f"{command}: {message}" if command else message)
+
+
+def _global_options(*, shown: bool) -> Parser:
+    """Options every command takes, before or after its name (no defaults: env decides).
+
+    Shown once, in `cairn --help`; a subcommand accepts them too, without listing them.
+    """
+    options = Parser(add_help=False)
+    s = argparse.SUPPRESS
+
+    def text(help_text: str) -> str:
+        return help_text if shown else s
+
+    options.add_argument("--redis-url", default=s, help=text("Redis URL (CAIRN_REDIS_URL)"))
+    options.add_argument("--state-dir", default=s, help=text("state directory (CAIRN_STATE_DIR)"))
+    options.add_argument(
+        "--archive-dir", default=s, help=text("archive directory (CAIRN_ARCHIVE_DIR)")
+    )
+    options.add_argument("--cache-dir", default=s, help=text("workspace cache (CAIRN_CACHE_DIR)"))
+    options.add_argument(
+        "--log-format",
+        default=s,
+        type=str.lower,
+        choices=LOG_FORMATS,
+        help=text("console or json (CAIRN_LOG_FORMAT)"),
+    )
+    options.add_argument(
+        "--log-level",
+        default=s,
+        type=str.lower,
+        choices=LOG_LEVELS,
+        help=text("log level (CAIRN_LOG_LEVEL)"),
+    )
+    options.add_argument(
+        "--metrics-port", default=s, help=text("metrics port (CAIRN_METRICS_PORT)")
+    )
+    return options
+
+
+def build_parser() -> Parser:
+    """The `cairn` argument parser."""
+    hidden = _global_options(shown=False)
+    parser = Parser(
+        prog="cairn",
+        description=DESCRIPTION,
+        epilog=EPILOG,
+        parents=[_global_options(shown=True)],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"cairn {version('cairn-agents')}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
+
+    def command(
+        name: str, handler: commands.Handler, doc: str, *, json: bool = True
+    ) -> argparse.ArgumentParser:
+        cmd = sub.add_parser(name, parents=[hidden], help=doc, description=doc)
+        cmd.set_defaults(handler=handler)
+        if json:
+            cmd.add_argument("--json", action="store_true", help="print JSON for scripts")
+        return cmd
+
+    cmd = command("submit", commands.submit, "submit a task spec (YAML or JSON)")
+    cmd.add_argument("spec", help="the task spec file")
+    cmd.add_argument("--wait", action="store_true", help="follow the task to its end")
+    cmd.add_argument(
+        "--timeout", type=float, help="with --wait: give up after this many s (exit 4)"
+    )
+    command("list", commands.list_tasks, "every task Redis knows, newest first")
+    for name, handler, doc in (
+        ("status", commands.status, "a task's status and agents"),
+        ("checkpoints", commands.checkpoints, "a task's global checkpoints"),
+        ("archive", commands.archive, "archive every committed checkpoint not yet on disk"),
+    ):
+        command(name, handler, doc).add_argument("task")
+    cmd = command("checkpoint", commands.checkpoint, "one global checkpoint in detail")
+    cmd.add_argument("task")
+    cmd.add_argument("number", type=int)
+    cmd = command("restore", commands.restore, "restore every agent of a task to a checkpoint")
+    cmd.add_argument("task")
+    cmd.add_argument("--to", type=int, help="the checkpoint (default: the latest committed)")
+    cmd.add_argument(
+        "--on-workers",
+        action="store_true",
+        help="stage the agents on the workers (default: here, so no worker need be up)",
+    )
+    cmd = command("trace", commands.trace, "what the agents did, step by step")
+    cmd.add_argument("task")
+    cmd.add_argument("--agent", help="only this agent")
+    cmd.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
+    cmd = command(
+        "watch", commands.watch, "follow a task live until it ends (exit 0 if it succeeded)"
+    )
+    cmd.add_argument("task")
+    cmd = command("workspace", commands.workspace, "write a checkpoint's files into a directory")
+    cmd.add_argument("task")
+    cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")
+    cmd.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    for name, doc in (
+        ("approve", "let an agent make a tool call"),
+        ("reject", "refuse an agent's tool call"),
+    ):
+        cmd = command(name, commands.decide, doc)
+        cmd.add_argument("task")
+        cmd.add_argument("agent")
+        cmd.add_argument("call", nargs="?", help="the call's id (default: the one waiting)")
+        cmd.add_argument("--reason", required=name == "reject", help="what the model reads")
+    for name, doc in (
+        ("pause", "start no more supersteps"),
+        ("resume", "start them again"),
+        ("cancel", "end the task now"),
+    ):
+        command(name, commands.lifecycle, doc).add_argument("task")
+    cmd = command("worker", commands.worker, "run worker processes", json=False)
+    cmd.add_argument("--count", type=_positive, default=1, help="how many (default 1)")
+    cmd = command("coordinator", commands.coordinator, "run a coordinator", json=False)
+    cmd.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}")
+    cmd.add_argument("--lease-ms", type=_positive, default=5_000, help=argparse.SUPPRESS)
+    cmd = command(
+        "demo", commands.demo, "a team fixes a bug through a crash and a rollback", json=False
+    )
+    cmd.add_argument("--model", help="openai:<name>: the same team on a real model")
+    cmd.add_argument("--base-url", help="with --model: an OpenAI-compatible endpoint")
+    cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
+    cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
+    return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, not {value}")
+    return value

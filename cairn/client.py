@@ -1,0 +1,278 @@
+"""`Client` and `Task`: what a user calls to submit, watch, restore and steer tasks.
+
+A thin layer over the coordinator's user side (`coordinator.tasks.Tasks`), its read
+models (`coordinator.views`), the restorer and the archive; the coordinator's loop and
+the workers run elsewhere (`cairn up`, `cairn coordinator`, `cairn worker`). Every call
+reads Redis (and the archive) afresh: a `Task` holds nothing but its id.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import TracebackType
+from typing import Any, ParamSpec, TypeVar
+
+import redis
+
+from agents.spec import parse_model
+from cairn.connection import client_for, open_store, ping
+from cairn.settings import Settings, display_url, load_settings
+from coordinator import views
+from coordinator.restore import Restorer
+from coordinator.spec import TaskSpec, load_spec
+from coordinator.tasks import Tasks
+from coordinator.timeline import Timeline, gather
+from coordinator.views import CheckpointInfo, Decision, Export, RestoreResult, TaskStatus
+from storage import keys
+from storage.archive import ArchiveReport, archive_gc
+from storage.errors import Timeout, Unavailable
+from storage.records import GCStatus
+
+P = ParamSpec("P")
+R = TypeVar("R")
+WAIT_POLL = 0.2  # seconds between looks at a task `Task.wait` follows
+SpecSource = str | os.PathLike[str] | TaskSpec | Mapping[str, Any]
+
+
+def _redis_errors(call: Callable[P, R]) -> Callable[P, R]:
+    """Raise `Unavailable` for a Redis that stopped answering during `call`."""
+
+    @functools.wraps(call)
+    def checked(*args: P.args, **kwargs: P.kwargs) -> R:
+        try:
+            return call(*args, **kwargs)
+        except (redis.ConnectionError, redis.TimeoutError) as exc:
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            raise Unavailable(f"Redis stopped answering: {reason}") from exc
+
+    return checked
+
+
+class Client:
+    """A connection to one Cairn deployment: its Redis and its archive.
+
+    Configured by the arguments, else `CAIRN_REDIS_URL` and `CAIRN_ARCHIVE_DIR` (and the
+    other `CAIRN_*` settings), else the Redis a running `cairn up` in the state directory
+    started. Raises `Unavailable` when that Redis does not answer, `InvalidSpec` when no
+    Redis is configured or a setting is invalid.
+    """
+
+    def __init__(
+        self,
+        redis_url: str | None = None,
+        archive_dir: str | os.PathLike[str] | None = None,
+        *,
+        settings: Settings | None = None,
+    ) -> None:
+        if settings is None:
+            settings = load_settings(redis_url=redis_url, archive_dir=archive_dir)
+        elif redis_url is not None or archive_dir is not None:
+            settings = settings.model_copy(
+                update={
+                    name: value
+                    for name, value in (("redis_url", redis_url), ("archive_dir", archive_dir))
+                    if value is not None
+                }
+            )
+        self.settings = settings
+        url, origin = settings.redis()
+        ping(url, origin)
+        self.url = url
+        self.redis = client_for(url)
+        self.store = open_store(settings, self.redis)
+        self.control = Tasks(self.redis, self.store)  # the coordinator's user side
+
+    def __repr__(self) -> str:
+        return f"Client({display_url(self.url)!r})"
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Close the connections to Redis."""
+        self.redis.close()
+
+    @_redis_errors
+    def submit(self, spec: SpecSource, *, base: str | os.PathLike[str] | None = None) -> Task:
+        """Store a task and queue it for the coordinator; return its handle.
+
+        `spec` is a YAML or JSON file, a `TaskSpec`, or a mapping of its fields; a spec's
+        `workspace` directory is relative to `base` (default: the file's directory, else
+        the current one). Raises `InvalidSpec` naming what is wrong.
+        """
+        where = Path() if base is None else Path(base)
+        if isinstance(spec, TaskSpec):
+            parsed = spec
+        elif isinstance(spec, Mapping):
+            parsed = parse_model(TaskSpec, dict(spec), "task spec")
+        else:
+            parsed = load_spec(spec)
+            where = Path(spec).parent if base is None else where
+        return Task(self, self.control.submit(parsed, where))
+
+    @_redis_errors
+    def task(self, task_id: str) -> Task:
+        """The handle of a task Cairn knows; `TaskNotFound` for any other id."""
+        self.control.require(task_id)
+        return Task(self, task_id)
+
+    @_redis_errors
+    def tasks(self) -> list[TaskStatus]:
+        """The status of every task Redis knows, the most recently submitted first."""
+        return self.control.list()
+
+    @_redis_errors
+    def has_coordinator(self) -> bool:
+        """True while a coordinator holds the leader lease (tasks submitted now will run)."""
+        return bool(self.redis.exists(keys.LEASE))
+
+
+class Task:
+    """One task: its id, and calls that read or change it (see `Client.task`)."""
+
+    def __init__(self, client: Client, task_id: str) -> None:
+        self.client = client
+        self.id = task_id
+
+    def __repr__(self) -> str:
+        return f"Task({self.id!r})"
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Task) and (other.client, other.id) == (self.client, self.id)
+
+    def __hash__(self) -> int:
+        return hash(self.id)
+
+    @_redis_errors
+    def status(self) -> TaskStatus:
+        """The task's status now."""
+        return self.client.control.status(self.id)
+
+    def wait(
+        self,
+        timeout: float | None = None,
+        *,
+        poll: float = WAIT_POLL,
+        on_status: Callable[[TaskStatus], None] | None = None,
+    ) -> TaskStatus:
+        """Poll the status until the task ends; return the final status, whatever it is.
+
+        `on_status` sees every status read. Raises `Timeout` when `timeout` seconds pass
+        first (the task runs on).
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while True:
+            status = self.status()
+            if on_status is not None:
+                on_status(status)
+            if status.ended:
+                return status
+            if deadline is not None:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise Timeout(
+                        f"task {self.id} is still {status.state.value} after {timeout:g} s"
+                    )
+                time.sleep(min(poll, left))
+            else:
+                time.sleep(poll)
+
+    @_redis_errors
+    def checkpoints(self) -> list[CheckpointInfo]:
+        """Every global checkpoint, hot or cold, oldest first."""
+        return views.checkpoints(self.client.store, self.id)
+
+    @_redis_errors
+    def checkpoint(self, number: int) -> dict[str, Any]:
+        """One global checkpoint in detail: members, their steps, files, undelivered inbox."""
+        return views.checkpoint(self.client.store, self.id, number)
+
+    @_redis_errors
+    def restore(self, to: int | None = None, *, on_workers: bool = False) -> RestoreResult:
+        """Put every agent and file back to checkpoint `to` (default: the latest committed).
+
+        All or nothing: when the target cannot be restored whole, older committed
+        checkpoints are tried; with none left, `RestoreFailed` (the task is unrecoverable).
+        `on_workers` stages the agents on the workers; by default it is done here, so no
+        worker need be up. An absent checkpoint `to` is `InvalidSpec`.
+        """
+        if to is not None:
+            views.checkpoint_at(self.client.store, self.id, to)
+        restorer = Restorer(self.client.redis, self.client.store, workers=on_workers)
+        done = restorer.restore(self.id, to)
+        return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)
+
+    @_redis_errors
+    def workspace(self, checkpoint: int | None = None) -> dict[str, bytes]:
+        """The files of a checkpoint (default: the latest committed): path → contents."""
+        return views.workspace_files(self.client.store, self.id, checkpoint)
+
+    @_redis_errors
+    def export(self, out_dir: str | os.PathLike[str], checkpoint: int | None = None) -> Export:
+        """Write a checkpoint's files into `out_dir`, a new or empty directory."""
+        return views.export_workspace(self.client.store, self.id, checkpoint, Path(out_dir))
+
+    @_redis_errors
+    def trace(self, agent: str | None = None) -> list[dict[str, Any]]:
+        """What the agents (or one) did, model turn by tool call, in the order it happened."""
+        return views.trace(self.client.store, self.id, agent)
+
+    @_redis_errors
+    def timeline(self) -> Timeline:
+        """Steps, checkpoints, retries and restores, as the HTML timeline draws them."""
+        return gather(self.client.redis, self.client.store, self.id)
+
+    @_redis_errors
+    def approve(self, agent: str, call: str | None = None) -> Decision:
+        """Let `agent` make its tool call that waits for a person (`call`, or the first)."""
+        return views.record_decision(self.client.store, self.id, agent, call, approved=True)
+
+    @_redis_errors
+    def reject(self, agent: str, call: str | None = None, *, reason: str) -> Decision:
+        """Refuse `agent`'s waiting tool call; the model reads `reason` as its result."""
+        return views.record_decision(
+            self.client.store, self.id, agent, call, approved=False, reason=reason
+        )
+
+    @_redis_errors
+    def pause(self) -> TaskStatus:
+        """Start no more supersteps (the one in flight finishes); return the status."""
+        self.client.control.pause(self.id)
+        return self.status()
+
+    @_redis_errors
+    def resume(self) -> TaskStatus:
+        """Start supersteps again; return the status."""
+        self.client.control.resume(self.id)
+        return self.status()
+
+    @_redis_errors
+    def cancel(self) -> TaskStatus:
+        """End the task now (its running steps are fenced); return the status."""
+        self.client.control.cancel(self.id)
+        return self.status()
+
+    @_redis_errors
+    def archive(self) -> list[ArchiveReport]:
+        """Archive every committed checkpoint still only in Redis, oldest first."""
+        store = self.client.store
+        self.client.control.require(self.id)
+        on_disk = set(store.cold.list_gcs(self.id))
+        due = [
+            info.number
+            for info in store.hot.list_gcs(self.id)
+            if info.status is GCStatus.COMMITTED and info.number not in on_disk
+        ]
+        return [archive_gc(store, self.id, number) for number in due]

@@ -1,0 +1,135 @@
+"""The user's side of the coordinator: submit tasks, read them, pause, resume, cancel.
+
+`Tasks` never leads and holds no lease: it writes a task's records and run state, and the
+coordinator's loop (`Coordinator.run`, in whichever process holds the lease) drives what
+it finds there. A person's writes are not fenced by a lease token (`RunState` without a
+token), so they land whichever coordinator leads.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+
+import redis
+import structlog
+
+from agents.task import start_task
+from coordinator import metrics
+from coordinator.archiver import ArchiveJob, acknowledge, archive
+from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
+from coordinator.spec import LIMITS_DOC, CheckpointPolicy, Limits, TaskSpec
+from coordinator.views import TaskStatus, list_tasks, require_task, task_status
+from storage import keys
+from storage.archive import archive_gc
+from storage.errors import InvalidSpec, RecordNotFound, TaskNotFound
+from storage.ids import new_id
+from storage.store import CheckpointStore
+
+log = structlog.get_logger(__name__)
+CANCELLED_REASON = "cancelled by a person"
+
+
+def task_id(name: str) -> str:
+    """A task id people can read: the spec's name, made safe, plus a unique suffix."""
+    slug = re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-")[:40] or "task"
+    return f"{slug}-{new_id().replace('-', '')[-12:]}"
+
+
+class Tasks:
+    """Submits tasks to the coordinators of one Redis and reads and steers them."""
+
+    def __init__(self, client: redis.Redis, store: CheckpointStore) -> None:
+        self.redis = client
+        self.store = store
+        self.runs = RunState(client, store.hot)
+
+    def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
+        """Store a task, commit its GC 0 and queue it to run; return its id.
+
+        `base` is the directory a spec's `workspace` is relative to.
+        """
+        task = task_id(spec.name)
+        files = spec.workspace_files(base)
+        start_task(self.store, spec.record(task), files)
+        metrics.GC_COMMITS.inc()  # GC 0
+        limits = Limits(
+            verify=spec.verify,
+            verify_timeout=spec.verify_timeout,
+            max_supersteps=spec.max_supersteps,
+            step_timeout=spec.step_timeout,
+            checkpoints=spec.checkpoints,
+        )
+        self.store.put_doc(task, LIMITS_DOC, limits)
+        if spec.checkpoints.durability == "sync":
+            # Its GC 0 is acknowledged by the task id we return: under `sync`, only once
+            # on disk (a full or read-only archive fails the submit, with the reason).
+            archive_gc(self.store, task, 0)
+            acknowledge(self.runs, task, 0)
+        self.runs.write(
+            task, {"status": TaskState.RUNNING, "superstep": 0, "submitted_at": time.time()}
+        )
+        self.redis.sadd(keys.ACTIVE_TASKS, task)
+        log.info("task submitted", task=task, agents=len(spec.agents))
+        return task
+
+    def require(self, task: str) -> None:
+        """Raise `TaskNotFound` (or `InvalidName`) unless `task` is a task Cairn knows."""
+        require_task(self.redis, self.store, task)
+
+    def status(self, task: str) -> TaskStatus:
+        """The task's status (`TaskNotFound` when Redis has no run state of it)."""
+        return task_status(self.redis, self.store, task)
+
+    def list(self) -> list[TaskStatus]:
+        """Every task Redis knows, the most recently submitted first."""
+        return list_tasks(self.redis, self.store)
+
+    def pause(self, task: str) -> None:
+        """Stop starting supersteps; the one in flight finishes and commits."""
+        self._move(task, TaskState.PAUSED, only_from=TaskState.RUNNING)
+
+    def resume(self, task: str) -> None:
+        """Start supersteps again."""
+        self._move(task, TaskState.RUNNING, only_from=TaskState.PAUSED)
+
+    def cancel(self, task: str) -> None:
+        """End the task now: fence its running steps and abort the superstep in flight.
+
+        Every GC it committed goes to disk, as for any task that ended. Raises
+        `TaskNotFound` for an unknown task, `InvalidSpec` for one that has ended already.
+        """
+        run = self._run(task)
+        if run.get("status", "") in TERMINAL:
+            raise InvalidSpec(f"task {task} is {run['status']} already: nothing to cancel")
+        self.store.raise_epoch(task, self.store.hot.get_epoch(task) + 1)
+        if int(run.get("superstep", "0")):
+            abort_in_flight(self.runs, self.store, task)
+        latest = self.store.hot.latest_gc(task)
+        if latest is not None:
+            policy = self._policy(task)
+            archive(self.store, ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
+        self.runs.write(task, {"status": TaskState.CANCELLED, "reason": CANCELLED_REASON})
+        self.redis.srem(keys.ACTIVE_TASKS, task)
+        log.info("task ended", task=task, status=TaskState.CANCELLED.value, reason=CANCELLED_REASON)
+
+    def _run(self, task: str) -> dict[str, str]:
+        run = self.runs.read(task)
+        if not run:
+            self.require(task)
+            raise TaskNotFound(f"task {task!r} is not in Redis (only its archive is left)")
+        return run
+
+    def _move(self, task: str, state: TaskState, only_from: TaskState) -> None:
+        current = self._run(task).get("status")
+        if current != only_from:
+            raise InvalidSpec(f"task {task} is {current or 'unknown'}, not {only_from.value}")
+        self.runs.write(task, {"status": state})
+
+    def _policy(self, task: str) -> CheckpointPolicy:
+        """The task's checkpoint policy; the default one for a task started without limits."""
+        try:
+            return self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
+        except RecordNotFound:
+            return CheckpointPolicy()

@@ -1,0 +1,284 @@
+"""The public Python API, `cairn`, against a real redis-server, coordinator and worker.
+
+One private stack serves the module: a redis-server, a `cairn coordinator` and a
+`cairn worker` process; the tests drive them only through `cairn.Client`.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import os
+import pkgutil
+import re
+import types
+import typing
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+import cairn
+import cairn.errors
+import storage.errors
+from cairn import (
+    AgentState,
+    CheckpointInfo,
+    Client,
+    RestoreResult,
+    Task,
+    TaskSpec,
+    TaskState,
+    TaskStatus,
+)
+from cairn.errors import CairnError, InvalidSpec, TaskNotFound, Timeout, Unavailable
+from storage.redis_server import RedisServer, free_port
+from tests.cli_harness import spawn, stop
+from tests.cluster import TEAM
+
+ROOT = Path(__file__).resolve().parents[1]
+AGENTS = ["planner", "coder", "reviewer"]
+
+
+class Stack:
+    """The module's Redis, with a coordinator and a worker process on it."""
+
+    def __init__(self, url: str, tmp: Path) -> None:
+        self.url, self.tmp = url, tmp
+
+    def spec(self, name: str, slow: float = 0.0) -> Path:
+        """Write the three-agent team's spec (tests/cluster.py) and return its path."""
+        path = self.tmp / f"{name}.yaml"
+        ledger = self.tmp / f"{name}.ledger"
+        path.write_text(TEAM.replace("LEDGER", str(ledger)).replace("SLOW", str(slow)))
+        return path
+
+    def client(self) -> Client:
+        """A client of the stack's Redis and archive, configured by arguments alone."""
+        return Client(redis_url=self.url, archive_dir=self.tmp / "archive")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A private redis-server, `cairn coordinator` and `cairn worker` for the module."""
+    tmp = tmp_path_factory.mktemp("api")
+    server = RedisServer(tmp / "redis", appendonly=True).start()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_REDIS_URL": server.url,
+        "CAIRN_STATE_DIR": str(tmp / "state"),
+        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
+        "CAIRN_CACHE_DIR": str(tmp / "cache"),
+        "CAIRN_LOG_FORMAT": "json",
+    }
+    processes = [
+        spawn(["coordinator", "--name", "api-test", "--lease-ms", "1000"], env, tmp / "c.log"),
+        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
+    ]
+    try:
+        yield Stack(server.url, tmp)
+    finally:
+        for process in processes:
+            stop(process)
+        server.stop()
+
+
+@pytest.fixture
+def client(stack: Stack) -> Iterator[Client]:
+    """A client of the stack, closed after the test."""
+    with stack.client() as opened:
+        yield opened
+
+
+@pytest.fixture(scope="module")
+def finished(stack: Stack) -> tuple[Task, TaskStatus]:
+    """The team's task, submitted from its file and waited for."""
+    with stack.client() as opened:
+        task = opened.submit(stack.spec("team"))
+        return task, task.wait(timeout=60)
+
+
+# the facade -------------------------------------------------------------------------------
+def test_the_facade_promises_exactly_its_all() -> None:
+    """Every name in `cairn.__all__` exists; every public non-module name is in it."""
+    public = {
+        name
+        for name, value in vars(cairn).items()
+        if not name.startswith("_") and not isinstance(value, types.ModuleType)
+    }
+    assert public | {"__version__", "errors"} == set(cairn.__all__)
+    for name in cairn.__all__:
+        assert hasattr(cairn, name), name
+    assert isinstance(cairn.__version__, str)
+
+
+def _classes(hint: object) -> Iterator[type]:
+    """The classes a type hint names, through unions and generics."""
+    if isinstance(hint, type) and not typing.get_args(hint):
+        yield hint
+    for arg in typing.get_args(hint):
+        yield from _classes(arg)
+    origin = typing.get_origin(hint)
+    if isinstance(origin, type):
+        yield origin
+
+
+def test_every_type_the_api_hands_out_is_exported() -> None:
+    """The results and arguments of `Client` and `Task` calls are types `cairn` exports."""
+    exported = {id(getattr(cairn, name)) for name in cairn.__all__}
+    ours = ("cairn", "coordinator", "agents", "storage")
+    for cls in (Client, Task):
+        for name, method in inspect.getmembers(cls, inspect.isfunction):
+            if name.startswith("_"):
+                continue
+            for hint in typing.get_type_hints(method).values():
+                for found in _classes(hint):
+                    if found.__module__.split(".")[0] in ours:
+                        assert id(found) in exported, f"{cls.__name__}.{name}: {found}"
+
+
+def _all_modules() -> Iterator[types.ModuleType]:
+    for package in ("storage", "agents", "coordinator", "cairn"):
+        root = importlib.import_module(package)
+        yield root
+        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
+            if info.name in {"cairn.langgraph", "cairn.cli.demo.project"}:
+                continue  # an optional extra; the demo's bundled project
+            try:
+                yield importlib.import_module(info.name)
+            except ImportError:  # an optional extra's module
+                continue
+
+
+def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
+    """Every error Cairn defines is a `CairnError` in `storage.errors`, in `cairn.errors`.
+
+    Each is named in the tree both modules draw; `TaskNotFound` is not bad spec input.
+    """
+    modules = list(_all_modules())
+    defined = {
+        value
+        for module in modules
+        for value in vars(module).values()
+        if isinstance(value, type)
+        and issubclass(value, CairnError)
+        and value.__module__.split(".")[0] in {"storage", "agents", "coordinator", "cairn"}
+    }
+    assert {CairnError, InvalidSpec, TaskNotFound, Unavailable, Timeout} <= defined
+    for error in defined:
+        assert "storage.errors" == error.__module__, error
+        assert error is getattr(cairn.errors, error.__name__), error
+        for doc in (storage.errors.__doc__ or "", cairn.errors.__doc__ or ""):
+            assert re.search(rf"(^|\s){error.__name__}\s", doc, re.MULTILINE), error
+    assert set(cairn.errors.__all__) == {error.__name__ for error in defined}
+    assert not issubclass(TaskNotFound, InvalidSpec)
+    assert issubclass(Unavailable, ConnectionError)
+    assert issubclass(Timeout, TimeoutError)
+
+
+def test_the_langgraph_saver_is_the_storage_one_when_installed() -> None:
+    """`cairn.langgraph.CairnSaver` is the saver of `storage.langgraph` (an optional extra)."""
+    pytest.importorskip("langgraph.checkpoint.base")
+    saver = importlib.import_module("cairn.langgraph").CairnSaver
+    assert saver is importlib.import_module("storage.langgraph").CairnSaver
+
+
+# a task, through the API -----------------------------------------------------------------
+def test_submit_a_file_and_wait_for_a_typed_status(finished: tuple[Task, TaskStatus]) -> None:
+    """`wait` returns the final status: a model with a `TaskState`, agents and checkpoint."""
+    task, status = finished
+    assert (task.id, TaskState.SUCCEEDED, True) == (status.task_id, status.state, status.ended)
+    assert set(AGENTS) == {agent.name for agent in status.agents}
+    assert all(isinstance(agent.status, AgentState) for agent in status.agents)
+    assert (3, 3, 1) == (status.superstep, status.latest_checkpoint, status.epoch)
+    assert "succeeded" == status.model_dump(mode="json")["status"]  # the JSON name
+    assert "state" not in status.model_dump(mode="json")
+
+
+def test_checkpoints_workspace_export_and_trace(
+    finished: tuple[Task, TaskStatus], client: Client, tmp_path: Path
+) -> None:
+    """A handle from `client.task` reads every GC, any GC's files, and the trace."""
+    task = client.task(finished[0].id)
+    checkpoints = task.checkpoints()
+    assert all(isinstance(c, CheckpointInfo) for c in checkpoints)
+    assert [0, 1, 2, 3] == [c.number for c in checkpoints]
+    assert all(c.cold and c.status == "COMMITTED" for c in checkpoints)
+    assert {"greet.py": b"print('hi')\n"} == task.workspace(checkpoint=0)
+    assert b"Looks good.\n" == task.workspace()["REVIEW.md"]
+    export = task.export(tmp_path / "out", checkpoint=2)
+    assert (2, ["PLAN.md", "greet.py"]) == (export.checkpoint, export.files)
+    assert b"1. say Hello\n" == (tmp_path / "out" / "PLAN.md").read_bytes()
+    calls = [(r["agent"], r["tool"]) for r in task.trace() if r["tool"]]
+    assert ("coder", "write_file") in calls
+    assert all(r["agent"] == "reviewer" for r in task.trace("reviewer"))
+    with pytest.raises(InvalidSpec, match="no checkpoint 9"):
+        task.workspace(checkpoint=9)
+
+
+def test_restore_then_the_task_plays_on_to_the_same_end(stack: Stack, client: Client) -> None:
+    """`restore(to=1)` raises the epoch and records a new GC; the task ends as before."""
+    task = client.submit(stack.spec("restored"))
+    assert TaskState.SUCCEEDED == task.wait(timeout=60).state
+    restored = task.restore(to=1)
+    assert RestoreResult(restored_to=1, epoch=2, checkpoint=4) == restored
+    final = task.wait(timeout=60)
+    assert (TaskState.SUCCEEDED, 2) == (final.state, final.epoch)
+    assert b"Looks good.\n" == task.workspace()["REVIEW.md"]
+
+
+def test_pause_resume_cancel_and_a_wait_that_runs_out(stack: Stack, client: Client) -> None:
+    """A slow task waits past its timeout (`Timeout`), pauses, resumes and is cancelled."""
+    task = client.submit(stack.spec("steered", slow=1.0))
+    with pytest.raises(Timeout, match=r"after 0\.2 s"):
+        task.wait(timeout=0.2)
+    assert TaskState.PAUSED == task.pause().state
+    with pytest.raises(InvalidSpec, match="is paused, not running"):
+        task.pause()
+    assert TaskState.RUNNING == task.resume().state
+    cancelled = task.cancel()
+    assert (TaskState.CANCELLED, "cancelled by a person") == (cancelled.state, cancelled.reason)
+    assert cancelled.ended
+
+
+def test_a_spec_as_a_model_or_a_mapping_and_the_list_of_tasks(stack: Stack, client: Client) -> None:
+    """`submit` takes a `TaskSpec` or a dict; `tasks()` lists the newest first."""
+    fields = {
+        "name": "Inline",
+        "goal": "Say hello.",
+        "files": {"a.txt": "a\n"},
+        "agents": [{"name": "solo", "script": [{"say": "Done."}]}],
+    }
+    first = client.submit(fields)
+    second = client.submit(TaskSpec.model_validate(fields))
+    for task in (first, second):
+        assert TaskState.SUCCEEDED == task.wait(timeout=60).state
+    listed = [status.task_id for status in client.tasks()]
+    assert listed.index(second.id) < listed.index(first.id)
+    assert all(isinstance(status, TaskStatus) for status in client.tasks())
+    with pytest.raises(InvalidSpec, match="agents"):
+        client.submit({**fields, "agents": []})
+
+
+def test_unknown_tasks_and_an_unreachable_redis_raise_their_errors(
+    client: Client, stack: Stack
+) -> None:
+    """An unknown id is `TaskNotFound`; a Redis that does not answer is `Unavailable`."""
+    with pytest.raises(TaskNotFound, match="unknown task 'no-such-task'"):
+        client.task("no-such-task")
+    url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
+    with pytest.raises(Unavailable, match=r"redis://:\*\*\*@127\.0\.0\.1") as raised:
+        Client(redis_url=url, archive_dir=stack.tmp / "archive")
+    assert "hunter2" not in str(raised.value)
+
+
+def test_a_client_configured_by_the_environment(
+    stack: Stack, monkeypatch: pytest.MonkeyPatch, finished: tuple[Task, TaskStatus]
+) -> None:
+    """`Client()` reads CAIRN_REDIS_URL and CAIRN_ARCHIVE_DIR."""
+    monkeypatch.setenv("CAIRN_REDIS_URL", stack.url)
+    monkeypatch.setenv("CAIRN_ARCHIVE_DIR", str(stack.tmp / "archive"))
+    with Client() as configured:
+        assert TaskState.SUCCEEDED == configured.task(finished[0].id).status().state
+        assert configured.has_coordinator()
