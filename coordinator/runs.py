@@ -16,15 +16,15 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
-from importlib import resources
 from typing import cast
 
 import redis
 import structlog
 
 from storage import keys
+from storage.backends.redis import script, translating
 from storage.base import HotStore
-from storage.errors import CairnError, FencedWrite
+from storage.errors import CairnError
 from storage.store import CheckpointStore
 
 log = structlog.get_logger(__name__)
@@ -70,8 +70,7 @@ class RunState:
         self.redis = client
         self.hot = hot
         self.token = token
-        source = resources.files("coordinator").joinpath("lua/run_write.lua")
-        self._write = client.register_script(source.read_text())
+        self._write = script(client, "run_write")
 
     def claim(self, task: str) -> None:
         """Own the task with this coordinator's token, or raise `FencedWrite` (a newer owns it).
@@ -94,7 +93,7 @@ class RunState:
     ) -> None:
         """Set run fields and step entries (after clearing the steps, if asked) in one go."""
         token = self.token()
-        _fenced(
+        translating(
             lambda: self._write(
                 keys=[keys.owner(task), keys.run(task), keys.steps(task)],
                 args=[
@@ -110,15 +109,6 @@ class RunState:
     def read(self, task: str) -> dict[str, str]:
         """Return the task's run state (empty for an unknown task)."""
         return read_run(self.redis, task)
-
-
-def _fenced(call: Callable[[], object]) -> None:
-    try:
-        call()
-    except redis.ResponseError as exc:
-        if str(exc).startswith("FENCED "):
-            raise FencedWrite(str(exc).removeprefix("FENCED ")) from None
-        raise
 
 
 def read_run(client: redis.Redis, task: str) -> dict[str, str]:

@@ -161,23 +161,25 @@ class HotStore(Protocol):
         """
 
     def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
-        """Record a PREPARING global checkpoint (refused if it is already decided).
+        """Record a PREPARING global checkpoint (`CommitRefused` if it is already decided).
 
-        With `owner`, refused (`CommitRefused`) unless that token still owns the task.
+        `FencedWrite` when the epoch is stale or, with `owner`, that token no longer owns
+        the task.
         """
 
     def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
-        """Atomically commit a GC and move `latest`, or raise `CommitRefused`, writing nothing.
+        """Atomically commit a GC and move `latest`, or raise, writing nothing.
 
-        Refused when the epoch is stale, the GC was aborted, the workspace manifest is not
-        hot, a member LC is missing or has another checksum, or `owner` no longer owns the
-        task. Committing twice is a no-op.
+        `FencedWrite` when the epoch is stale or `owner` no longer owns the task;
+        `CommitRefused` when the GC was aborted, the workspace manifest is not hot, or a
+        member LC is missing or has another checksum. Committing twice is a no-op.
         """
 
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         """Mark a GC ABORTED and delete the superstep's tentative LCs and votes.
 
-        With `owner`, refused unless that token still owns the task.
+        `CommitRefused` for a committed GC; `FencedWrite` when `owner` no longer owns the
+        task.
         """
 
     def read_gc(self, task: str, number: int) -> bytes | None:

@@ -225,7 +225,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "run-state-ignores-the-owner",
-        "coordinator/lua/run_write.lua",
+        "storage/backends/lua/run_write.lua",
         "if ARGV[1] ~= '' and redis.call('GET', KEYS[1]) ~= ARGV[1] then",
         "if false then",
         ("tests/test_coordinator.py::test_a_coordinator_past_its_lease_is_fenced",),

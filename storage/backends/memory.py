@@ -216,7 +216,7 @@ class MemoryHotStore:
 
     def _check_owner(self, task: str, owner: int | None) -> None:
         if owner is not None and self._owners.get(task) != owner:
-            raise CommitRefused(f"coordinator token {owner} no longer owns the task")
+            raise FencedWrite(f"coordinator token {owner} no longer owns the task")
 
     def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
@@ -256,7 +256,7 @@ class MemoryHotStore:
     def _check_epoch(self, task: str, epoch: int) -> None:
         current = self._epochs.get(task, 0)
         if current != epoch:
-            raise CommitRefused(f"stale epoch {epoch} (task is at {current})")
+            raise FencedWrite(f"stale epoch {epoch} (task is at {current})")
 
     def _gc_status(self, task: str, number: int) -> GCStatus | None:
         hot = self._gcs.get((task, number))

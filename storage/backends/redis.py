@@ -94,7 +94,14 @@ def script(r: redis.Redis, name: str) -> Script:
 
 
 def translating(call: Callable[[], object]) -> object:
-    """Run a script call, turning its FENCED/REFUSED replies into Cairn's errors."""
+    """Run a script call, turning its FENCED/REFUSED replies into Cairn's errors.
+
+    Every script in `lua/` replies with one of two words when it writes nothing: FENCED
+    when the writer lost the right to write (a newer coordinator owns the task, the epoch
+    or attempt moved on, a write-once record holds other bytes): `FencedWrite`, the caller
+    must stop; REFUSED when the write itself is refused (a GC already decided, a member
+    missing or mismatched): `CommitRefused`.
+    """
     try:
         return call()
     except redis.ResponseError as exc:

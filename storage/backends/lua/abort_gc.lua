@@ -4,7 +4,7 @@
 --       6 owner token or "" (a coordinator's write is refused once a newer one owns the task)
 local CHUNK = 1000 -- keys per DEL: unpack() is bounded by Lua's C stack
 if ARGV[6] ~= '' and redis.call('GET', KEYS[6]) ~= ARGV[6] then
-  return redis.error_reply('REFUSED coordinator token ' .. ARGV[6] .. ' no longer owns the task')
+  return redis.error_reply('FENCED coordinator token ' .. ARGV[6] .. ' no longer owns the task')
 end
 local status = redis.call('HGET', KEYS[1], 'status')
 if status == 'COMMITTED' then

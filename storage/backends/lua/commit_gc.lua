@@ -14,6 +14,7 @@ local byte, find, sub = string.byte, string.find, string.sub
 local prefix, packed = ARGV[6], ARGV[8]
 
 local function refuse(message) return redis.error_reply('REFUSED ' .. message) end
+local function fence(message) return redis.error_reply('FENCED ' .. message) end
 
 -- Run `command` (with `key` first, unless nil) over `names` in chunks; concatenate the
 -- replies of a command that returns a list, add those of one that returns a count.
@@ -100,11 +101,11 @@ local function sweep(ids)
 end
 
 if ARGV[7] ~= '' and redis.call('GET', KEYS[9]) ~= ARGV[7] then
-  return refuse('coordinator token ' .. ARGV[7] .. ' no longer owns the task')
+  return fence('coordinator token ' .. ARGV[7] .. ' no longer owns the task')
 end
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[2] then
-  return refuse('stale epoch ' .. ARGV[2] .. ' (task is at ' .. (epoch or 'none') .. ')')
+  return fence('stale epoch ' .. ARGV[2] .. ' (task is at ' .. (epoch or 'none') .. ')')
 end
 local status = redis.call('HGET', KEYS[2], 'status')
 if status == 'COMMITTED' then
