@@ -8,11 +8,11 @@ import threading
 from types import TracebackType
 
 import redis
-import structlog
 
+from agents.logs import get_logger
 from storage.base import HotStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 def worker_token(epoch: int, superstep: int, attempt: int) -> str:

@@ -1,11 +1,18 @@
-"""structlog set-up: console in a terminal, JSON otherwise; context bound per step."""
+"""Cairn's logging: the loggers of its modules, and the set-up its processes run.
+
+Cairn logs with structlog. A process (the `cairn` CLI, a coordinator, a worker) calls
+`configure_logging` once: console in a terminal, JSON otherwise, context bound per step.
+Used as a library (`cairn.Client` in someone's program), Cairn configures nothing: until
+structlog is configured, its loggers hand their events to the standard library's
+`logging`, under the module's name, where they stay quiet unless that program asks for
+them (as httpx's and redis-py's do).
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
-from typing import TextIO
+from typing import Any, TextIO
 
 import structlog
 from structlog.typing import EventDict, WrappedLogger
@@ -21,19 +28,55 @@ def redact_event(_logger: WrappedLogger, _method: str, event: EventDict) -> Even
     return event
 
 
+def render_message(_logger: WrappedLogger, _method: str, event: EventDict) -> str:
+    """A structlog processor: the event as one line, `event key=value ...`."""
+    text = str(event.pop("event", ""))
+    return " ".join([text, *(f"{name}={value!r}" for name, value in event.items())])
+
+
+class CairnLogger:
+    """A logger of one Cairn module: structlog as the process configured it, else `logging`.
+
+    The choice is made at each call, so a process that configures logging after
+    importing Cairn gets every event from then on.
+    """
+
+    def __init__(self, name: str) -> None:
+        self._configured = structlog.get_logger(name)
+        self._library = structlog.wrap_logger(
+            logging.getLogger(name),
+            processors=[
+                structlog.stdlib.filter_by_level,  # first: a quiet level costs nothing more
+                structlog.contextvars.merge_contextvars,
+                structlog.processors.format_exc_info,
+                redact_event,
+                render_message,
+            ],
+            wrapper_class=structlog.stdlib.BoundLogger,
+        )
+
+    def __getattr__(self, method: str) -> Any:  # noqa: ANN401 - structlog's loggers are untyped
+        logger = self._configured if structlog.is_configured() else self._library
+        return getattr(logger, method)
+
+
+def get_logger(name: str) -> CairnLogger:
+    """The logger of the Cairn module `name` (quiet until a process configures logging)."""
+    return CairnLogger(name)
+
+
 def configure_logging(
     fmt: str | None = None, level: str | None = None, stream: TextIO | None = None
 ) -> None:
-    """Configure structlog from arguments, else `CAIRN_LOG_FORMAT` and `CAIRN_LOG_LEVEL`.
+    """Configure structlog for a Cairn process (its settings' `log_format`, `log_level`).
 
-    `fmt` is `console` or `json` (default: console when stderr is a terminal). Context
-    bound with `structlog.contextvars` (task, agent, superstep, epoch, attempt) is merged
-    into every event. Events go to `stream`, by default stderr.
+    `fmt` is `console` or `json` (default: console when stderr is a terminal); `level`
+    defaults to `info`. Context bound with `structlog.contextvars` (task, agent,
+    superstep, epoch, attempt) is merged into every event. Events go to `stream`, by
+    default stderr.
     """
-    fmt = (
-        fmt or os.environ.get("CAIRN_LOG_FORMAT") or ("console" if sys.stderr.isatty() else "json")
-    )
-    name = (level or os.environ.get("CAIRN_LOG_LEVEL") or "info").upper()
+    fmt = fmt or ("console" if sys.stderr.isatty() else "json")
+    name = (level or "info").upper()
     numeric = logging.getLevelNamesMapping().get(name)
     if numeric is None:
         raise ValueError(f"unknown log level {name!r}")

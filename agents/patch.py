@@ -4,6 +4,7 @@
 Context and removed lines must match exactly (no fuzz). A hunk that does not match at its stated
 line is moved to the only place it matches, as GNU patch does with offsets; when it matches
 nowhere or in several places, `PatchError` says which hunk and why, so the model can fix it.
+A hunk's line counts are taken from its body when its header's are off (models miscount).
 Paths are returned as written (less git's `a/`, `b/`): the caller's workspace jail checks them.
 """
 
@@ -167,18 +168,20 @@ def _parse_name(header: str) -> str | None:
 
 
 def _parse_hunk(lines: list[str], i: int, where: str) -> tuple[Hunk, int]:
-    """The hunk whose `@@` header is `lines[i]`, and the index of the line after it."""
+    """The hunk whose `@@` header is `lines[i]`, and the index of the line after it.
+
+    The body ends where the header's counts say, when it looks done there; else (the
+    counts are off) at the first line that cannot be body, and the counts are the body's.
+    """
     header = _HUNK_HEADER.match(lines[i])
     if header is None:
         raise PatchError(
             f"malformed {where}: header {lines[i]!r} is not '@@ -start,count +start,count @@'"
         )
     old_start, new_start = int(header[1]), int(header[3])
-    old_count, new_count = (1 if n is None else int(n) for n in (header[2], header[4]))
-    if old_count and not old_start:
-        raise PatchError(f"malformed {where}: old lines cannot start at line 0")
+    declared = tuple(1 if n is None else int(n) for n in (header[2], header[4]))
     body: list[str] = []
-    old_seen = new_seen = 0
+    old_seen = new_seen = blank_tail = 0
     old_missing = new_missing = False
     i += 1
     while i < len(lines):
@@ -186,22 +189,47 @@ def _parse_hunk(lines: list[str], i: int, where: str) -> tuple[Hunk, int]:
         if line.startswith("\\") and body:
             old_missing |= body[-1][0] != "+"
             new_missing |= body[-1][0] != "-"
-        elif (old_seen, new_seen) == (old_count, new_count) or line[0] not in _BODY_OPS:
+        elif _ends_hunk(lines, i, (old_seen, new_seen) == declared):
             break
         else:
             body.append(line)
             old_seen += line[0] != "+"
             new_seen += line[0] != "-"
+            blank_tail = blank_tail + 1 if not lines[i] else 0
         i += 1
-    more = _continues_hunk(lines, i)
-    if more or (old_seen, new_seen) != (old_count, new_count):
-        found = "continues past them" if more else f"has {old_seen} and {new_seen}"
-        raise PatchError(
-            f"malformed {where}: the header declares {old_count} old and {new_count} new lines "
-            f"but the body {found}"
-        )
-    hunk = Hunk(old_start, old_count, new_start, new_count, body, old_missing, new_missing)
+    if (old_seen, new_seen) != declared and blank_tail:
+        # Empty lines ending a miscounted hunk separate it from what follows: not context.
+        del body[-blank_tail:]
+        i -= blank_tail
+        old_seen, new_seen = old_seen - blank_tail, new_seen - blank_tail
+    if not body:
+        raise PatchError(f"malformed {where}: it has no lines (' ', '-' or '+')")
+    if old_seen and not old_start:
+        raise PatchError(f"malformed {where}: old lines cannot start at line 0")
+    hunk = Hunk(old_start, old_seen, new_start, new_seen, body, old_missing, new_missing)
     return hunk, i
+
+
+def _ends_hunk(lines: list[str], i: int, counted: bool) -> bool:
+    """True when the hunk's body ends before `lines[i]`; `counted`: the header's counts are met.
+
+    Where the counts are met the body ends unless the line plainly goes on with it; else it
+    ends only at a line that cannot be body.
+    """
+    if counted and not _continues_hunk(lines, i):
+        return True
+    line = lines[i] or " "
+    return line[0] not in _BODY_OPS or _starts_file(lines, i) or _is_signature(lines, i)
+
+
+def _starts_file(lines: list[str], i: int) -> bool:
+    """True when `lines[i]` is a `--- old` line followed by its `+++ new` line."""
+    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+
+
+def _is_signature(lines: list[str], i: int) -> bool:
+    """True when `lines[i]` is the `-- ` that ends a `git format-patch` mail, not body."""
+    return lines[i] == "-- " and (i + 1 == len(lines) or not lines[i + 1].startswith(_BODY_OPS))
 
 
 def _continues_hunk(lines: list[str], i: int) -> bool:

@@ -7,6 +7,8 @@ coordinator's user-facing `TaskSpec` produces it. Invalid input is refused with
 
 from __future__ import annotations
 
+import re
+import urllib.parse
 from typing import Literal, TypeVar
 
 import yaml
@@ -20,21 +22,46 @@ from pydantic import (
     model_validator,
 )
 
+from agents.mcp.names import MCP_REF
 from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
 from storage.errors import InvalidSpec
 from storage.keys import check_name
 from storage.records import Record
 
-TOOL_NAMES = (
+TOOL_NAMES = (  # the built-in tools (agents/tools.py), every agent's tools by default
     "list_files",
     "read_file",
     "write_file",
+    "edit_file",
     "apply_patch",
     "run_command",
     "send_message",
     "finish",
 )
+# What every model API takes as a function name. A spec may name any such tool: whether a
+# worker has it is checked on the worker, which alone knows its tools (agents/toolkit.py).
+TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 MAX_PROMPT_CHARS = 1_000_000  # of a task's goal or an agent's system prompt
+MODEL_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}:\S{1,256}")
+KEY_VARIABLE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,120}_API_KEY")
+RESERVED_PARAMS = ("model", "messages", "system", "tools", "stream")
+MAX_PARAMS_BYTES = 64 * 1024
+HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")
+RESERVED_HEADERS = frozenset(
+    {
+        "authorization",
+        "proxy-authorization",
+        "x-api-key",
+        "api-key",
+        "host",
+        "content-length",
+        "content-type",
+        "transfer-encoding",
+        "connection",
+    }
+)
+MAX_HEADERS = 32
+MAX_HEADER_CHARS = 4096
 M = TypeVar("M", bound=BaseModel)
 
 
@@ -93,6 +120,10 @@ class AgentSpec(Strict):
     model: str = "scripted"
     script: list[Turn] = Field(default_factory=list)
     base_url: str | None = None
+    api_key_env: str | None = None
+    timeout: float = Field(default=600.0, gt=0, le=24 * 3600)
+    params: dict[str, JsonValue] = Field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     tools: list[str] = Field(default_factory=lambda: list(TOOL_NAMES))
     approve: list[str] = Field(default_factory=list)
     max_retries: int = Field(default=3, ge=0, le=100)
@@ -105,23 +136,74 @@ class AgentSpec(Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value != "scripted" and not (
-            value.startswith("openai:") and len(value) > len("openai:")
-        ):
-            raise ValueError("must be 'scripted' or 'openai:<model name>'")
+        if value != "scripted" and not MODEL_PATTERN.fullmatch(value):
+            raise ValueError(
+                "must be 'scripted' or '<provider>:<model name>' (openai:, anthropic:, or a "
+                "provider a worker's package adds)"
+            )
+        return value
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is not None:
+            split = urllib.parse.urlsplit(value)
+            if split.scheme not in {"http", "https"} or not split.hostname:
+                raise ValueError("must be an http:// or https:// URL with a host")
+        return value
+
+    @field_validator("api_key_env")
+    @classmethod
+    def _key_variable(cls, value: str | None) -> str | None:
+        # Only *_API_KEY variables: a spec must not be able to send a worker's other
+        # secrets (its signing key, a cloud credential) to a server of its choosing.
+        if value is not None and not KEY_VARIABLE_PATTERN.fullmatch(value):
+            raise ValueError("must be an environment variable name ending in _API_KEY")
+        return value
+
+    @field_validator("params")
+    @classmethod
+    def _passable_params(cls, value: dict[str, JsonValue]) -> dict[str, JsonValue]:
+        reserved = sorted(set(value) & set(RESERVED_PARAMS))
+        if reserved:
+            raise ValueError(f"{reserved} are set by Cairn, not by params")
+        size = json_size(value)
+        if size > MAX_PARAMS_BYTES:
+            raise ValueError(f"{size} bytes as JSON; at most {MAX_PARAMS_BYTES}")
+        return value
+
+    @field_validator("headers")
+    @classmethod
+    def _sendable_headers(cls, value: dict[str, str]) -> dict[str, str]:
+        for name, text in value.items():
+            if not HEADER_NAME_PATTERN.fullmatch(name):
+                raise ValueError(f"{name!r} is not a header name")
+            if name.lower() in RESERVED_HEADERS:
+                raise ValueError(f"{name} is set by Cairn (a key goes in api_key_env)")
+            if len(text) > MAX_HEADER_CHARS or not (text.isascii() and text.isprintable()):
+                raise ValueError(
+                    f"the value of {name} must be printable ASCII, at most {MAX_HEADER_CHARS}"
+                )
         return value
 
     @field_validator("tools", "approve")
     @classmethod
-    def _known_tools(cls, value: list[str]) -> list[str]:
-        unknown = sorted(set(value) - set(TOOL_NAMES))
-        if unknown:
-            raise ValueError(f"unknown tools {unknown}; known: {list(TOOL_NAMES)}")
-        return value
+    def _tool_names(cls, value: list[str]) -> list[str]:
+        bad = [n for n in value if not (TOOL_NAME.fullmatch(n) or MCP_REF.fullmatch(n))]
+        if bad:
+            raise ValueError(
+                f"{bad[0]!r} is not a tool name: letters, digits, _ and -, at most 64, "
+                "or mcp:<server> or mcp:<server>/<tool>"
+            )
+        return list(dict.fromkeys(value))  # a tool named twice is offered once
 
     @model_validator(mode="after")
     def _approve_only_own_tools(self) -> AgentSpec:
-        missing = sorted(set(self.approve) - set(self.tools))
+        # `mcp:<server>/<tool>` may be approved where the agent has all of `mcp:<server>`.
+        servers = {n for n in self.tools if MCP_REF.fullmatch(n)}
+        missing = sorted(
+            n for n in set(self.approve) - set(self.tools) if n.split("/")[0] not in servers
+        )
         if missing:
             raise ValueError(f"approve names tools the agent does not have: {missing}")
         return self

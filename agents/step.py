@@ -2,9 +2,10 @@
 
 Load the agent's state (from the latest GC, or from the tool-level LC an earlier attempt
 left), deliver its inbox, take one model turn, run the tool calls it asked for (with
-tool-level LCs as the triggers say), then write the step's LC and vote, in one fenced
-write. A retry after a crash resumes where the last tool-level LC left off: the model is
-not asked again for a turn it already took, and tools already done are not run again.
+tool-level LCs as the triggers and the tools' effects say), then write the step's LC and
+vote, in one fenced write. A retry after a crash resumes where the last tool-level LC left
+off: the model is not asked again for a turn it already took, and tools already done are
+not run again.
 """
 
 from __future__ import annotations
@@ -12,12 +13,13 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
+from types import MappingProxyType
+from typing import TYPE_CHECKING
 
-import structlog
 from pydantic import JsonValue
 from structlog.contextvars import bound_contextvars
 
@@ -25,16 +27,19 @@ from agents.approval import consume, decision_for
 from agents.barrier import pending_calls
 from agents.cache import WORKER, WorkerCache
 from agents.heartbeat import Heartbeat, worker_token
+from agents.logs import get_logger
+from agents.mcp.tools import agent_tools
+from agents.models import registry
 from agents.models.base import Model, ModelReply, ModelRequest
-from agents.models.openai import OpenAIModel
-from agents.models.scripted import ScriptedModel
 from agents.spec import AgentSpec, StepPolicy, TaskRecord
-from agents.tools import TOOLS, Tool, ToolContext, idempotency_key
+from agents.toolkit import ToolRegistry, installed_tools
+from agents.tools import Tool, ToolContext, idempotency_key
 from agents.workspace import apply_changes, net_changes
 from storage.errors import FencedWrite, ToolError
 from storage.keys import SPEC_DOC
 from storage.records import (
     AgentStatus,
+    Effects,
     GlobalCheckpoint,
     LCRef,
     Level,
@@ -47,17 +52,17 @@ from storage.records import (
 from storage.redact import redact, redact_json, redact_optional
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+if TYPE_CHECKING:
+    from agents.mcp.manager import McpManager
+
+log = get_logger(__name__)
 FIRST_BEAT_MS = 3_000  # the TTL of the first beat, sent before the task's policy is read
 ModelFactory = Callable[[AgentSpec], Model]
 
 
-def build_model(spec: AgentSpec) -> Model:
-    """Return the model an agent's spec names."""
-    if spec.model == "scripted":
-        return ScriptedModel(spec.script)
-    name = spec.model.removeprefix("openai:")
-    return OpenAIModel(name, base_url=spec.base_url) if spec.base_url else OpenAIModel(name)
+def build_model(spec: AgentSpec, environ: Mapping[str, str] = MappingProxyType({})) -> Model:
+    """Return the model an agent's spec names; its API key, if any, from `environ`."""
+    return registry.build_model(spec, environ)
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,19 +87,26 @@ def run_step(
     cache: Path,
     models: ModelFactory = build_model,
     warm: WorkerCache = WORKER,
+    tools: ToolRegistry | None = None,
+    mcp: McpManager | None = None,
 ) -> StepResult:
     """Run `agent`'s step of `superstep` as attempt `attempt` of `epoch`; return its outcome.
 
     Raises `FencedWrite` (and changes nothing) when the epoch or attempt is not current or
-    the superstep does not follow the latest GC, and `ModelError` when the model fails.
+    the superstep does not follow the latest GC, `MissingTool` (before the model is asked)
+    when the agent names a tool `tools` lacks, and `ModelError` when the model fails.
     `warm` is what this worker keeps between steps (states it wrote, manifests, workspace
-    directories); a miss reads from the store.
+    directories); a miss reads from the store. `tools` is the worker's (`load_tools`);
+    without it, the built-ins and installed packages' entry points. `mcp` serves the
+    agent's `mcp:` tools (a worker without it has none); a server it cannot reach raises
+    `ToolUnreachable` before the model is asked.
     """
     token = worker_token(epoch, superstep, attempt)
     with bound_contextvars(
         task=task, agent=agent, superstep=superstep, epoch=epoch, attempt=attempt
     ):
-        step = _Step(store, task, agent, superstep, epoch, attempt, cache, warm, token)
+        step = _Step(store, task, agent, superstep, epoch, attempt, cache, warm, token,
+                     installed_tools() if tools is None else tools, mcp)  # fmt: skip
         beats = Heartbeat(
             store.hot,
             task,
@@ -122,6 +134,8 @@ class _Step:
         cache: Path,
         warm: WorkerCache,
         token: str,
+        tools: ToolRegistry,
+        mcp: McpManager | None,
     ) -> None:
         # One round trip: the first heartbeat, the epoch, the latest GC, progress, the spec.
         start = store.hot.step_start(task, agent, epoch, superstep, token, FIRST_BEAT_MS)
@@ -143,6 +157,10 @@ class _Step:
             )
         self.store, self.warm, self.gc = store, warm, gc
         self.spec = record.agent(agent)
+        # Before the model is asked: a tool this worker lacks fails the step (a retry here
+        # would find the same tools), an MCP server it cannot reach is worth a retry.
+        self.offered: dict[str, Tool] = agent_tools(self.spec.tools, tools, mcp, f"agent {agent}")
+        self.approved_names = set(agent_tools(self.spec.approve, tools, mcp, f"agent {agent}"))
         self.task, self.agent = task, agent
         self.policy: StepPolicy = record.policy
         self.attempt = attempt
@@ -166,7 +184,7 @@ class _Step:
         # A decision holds for a call waiting in the LC this step starts from (`approval`).
         self.waiting_at = gc.members[agent].id if agent in gc.members else ""
         self.decided: list[ToolCall] = []  # calls whose decision this step used
-        self.dirty = False  # a side effect ran since the last tool-level checkpoint
+        self.dirty = False  # an external call ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
         self.ctx = ToolContext(
             workspace=self.workspace,
@@ -174,6 +192,7 @@ class _Step:
             team=[a.name for a in record.agents],
             superstep=superstep,
             policy=self.policy,
+            task=task,
             outbox=self.state.outbox,
         )
 
@@ -218,7 +237,7 @@ class _Step:
             state.inbox_cursor = message.seq
 
     def _ask(self, model: Model) -> ModelReply:
-        tools = [TOOLS[name].schema for name in self.spec.tools]
+        tools = [tool.schema for tool in self.offered.values()]
         started = datetime.now(UTC)
         clock = time.perf_counter()
         reply = model.complete(
@@ -232,14 +251,14 @@ class _Step:
                 tool_calls=reply.tool_calls,
             )
         )
-        self._trace(None, {}, reply.content, False, None, started, clock, reply)
+        self._trace(None, {}, reply.content, None, None, started, clock, reply)
         log.info("model answered", tool_calls=len(reply.tool_calls))
         return reply
 
     def _call(self, call: ToolCall, index: int, place: int) -> bool:
         """Run one tool call (the `place`-th of its turn); False when it waits for approval."""
-        tool = TOOLS.get(call.name) if call.name in self.spec.tools else None
-        if tool is not None and call.name in self.spec.approve:
+        tool = self.offered.get(call.name)
+        if tool is not None and call.name in self.approved_names:
             decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
             if decision is None:
                 self.state.status = AgentStatus.WAITING_APPROVAL
@@ -257,7 +276,7 @@ class _Step:
         if tool is None:
             self._result(call, None, None, f"unknown tool {call.name!r}", started, clock)
             return True
-        self.dirty = self.dirty or tool.side_effect
+        self.dirty = self.dirty or tool.effects is Effects.EXTERNAL
         self.touched = True
         self.ctx.idempotency_key = idempotency_key(
             self.task, self.agent, self.state.superstep, place, call.name, call.args
@@ -278,12 +297,15 @@ class _Step:
     def _wants_checkpoint(self, tool: Tool) -> bool:
         """Say whether to checkpoint before `tool`.
 
-        `all`: before every tool. `side_effects`: before each tool with side effects and
-        before any tool that follows one, so a finished side effect is on record before
-        anything else runs, and a crash repeats at most the tool it interrupted.
+        `all`: before every tool. `side_effects`: before each tool with external effects
+        and before any tool that follows one, so a finished external call is on record
+        before anything else runs, and a crash repeats at most the call it interrupted.
+        Workspace effects need none: a retry discards the step's tree and outbox since the
+        last LC and redoes them.
         """
         level = self.policy.triggers.tool_call
-        return level == "all" or (level == "side_effects" and (tool.side_effect or self.dirty))
+        external = tool.effects is Effects.EXTERNAL
+        return level == "all" or (level == "side_effects" and (external or self.dirty))
 
     def _result(
         self,
@@ -299,9 +321,10 @@ class _Step:
         self.state.messages.append(
             Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
         )
-        side_effect = tool.side_effect if tool is not None else False
-        self._trace(call.name, call.args, result, side_effect, error, started, clock, None,
-                    key if side_effect else None)  # fmt: skip
+        effects = tool.effects if tool is not None else None
+        external = effects is Effects.EXTERNAL
+        self._trace(call.name, call.args, result, effects, error, started, clock, None,
+                    key if external else None)  # fmt: skip
         if error is not None:
             log.info("tool failed", tool=call.name, error=error)
 
@@ -310,7 +333,7 @@ class _Step:
         tool: str | None,
         args: dict[str, JsonValue],
         result: str | None,
-        side_effect: bool,
+        effects: Effects | None,
         error: str | None,
         started: datetime | None,
         clock: float | None,
@@ -326,7 +349,8 @@ class _Step:
                     "tool": tool,
                     "arguments": redact_json(args),
                     "result": redact_optional(result),
-                    "side_effect": side_effect,
+                    "side_effect": effects is Effects.EXTERNAL,
+                    "effects": effects,
                     "idempotency_key": key,
                     "error": redact_optional(error),
                     "started_at": started or now,

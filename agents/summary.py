@@ -5,7 +5,7 @@ from __future__ import annotations
 from storage.chain import AgentState
 from storage.records import Message, Role, TraceRecord
 
-FILE_TOOLS = ("write_file", "apply_patch")
+FILE_TOOLS = ("write_file", "edit_file", "apply_patch")
 MAX_STEPS_SHOWN = 12
 RESULT_CHARS = 160
 

@@ -1,9 +1,11 @@
-"""The tools an agent can call, each declaring whether it has side effects.
+"""The built-in tools an agent can call, and what every tool is: a `Tool` with its effects.
 
 A tool takes its arguments and a `ToolContext` and returns text for the model. Anything
 that goes wrong in a way the model can fix (a bad path, a patch that does not apply, a
 missing argument) raises `ToolError`, and its message goes back to the model as the
-tool's result; the step goes on.
+tool's result; the step goes on. Each tool declares its `Effects`, which decide where a
+step takes a tool-level checkpoint (`agents/step.py`). Tools of users' own are made
+with `cairn.tool` (`agents/toolkit.py`).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from pydantic import JsonValue
 
@@ -27,7 +30,7 @@ from agents.spec import StepPolicy
 from agents.workspace import Workspace
 from storage.errors import ToolError
 from storage.ids import new_id
-from storage.records import InboxMessage
+from storage.records import Effects, InboxMessage
 
 MAX_LISTED = 2_000
 MAX_READ = 1_000_000
@@ -46,9 +49,14 @@ class ToolContext:
     team: list[str]
     superstep: int
     policy: StepPolicy
+    task: str = ""
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
     idempotency_key: str = ""  # the current call's; see `idempotency_key`
+
+    def path(self, path: str) -> Path:
+        """Return where workspace path `path` is on disk; `ToolError` if it leaves the workspace."""
+        return self.workspace.resolve(path)
 
 
 Args = dict[str, JsonValue]
@@ -84,12 +92,12 @@ def idempotency_key(
 
 @dataclass(frozen=True, slots=True)
 class Tool:
-    """A tool: how a model sees it, whether it changes the world, and what it does."""
+    """A tool: how a model sees it, what it may change, and what it does."""
 
     name: str
     description: str
     parameters: dict[str, JsonValue]
-    side_effect: bool
+    effects: Effects
     run: Callable[[ToolContext, Args], str]
 
     @property
@@ -182,6 +190,56 @@ def apply_patch(ctx: ToolContext, args: Args) -> str:
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_text(content, encoding="utf-8")
     return "applied to " + ", ".join(sorted({t for t, _ in results}))
+
+
+def edit_file(ctx: ToolContext, args: Args) -> str:
+    """Replace the one occurrence of a text in a file; zero or several are an error."""
+    name = _text(args, "path")
+    old = _bounded_text(args, "old", "edit_file", MAX_WRITE)
+    new = _bounded_text(args, "new", "edit_file", MAX_WRITE)
+    if not old:
+        raise ToolError("old is empty: give the exact text to replace (write_file makes files)")
+    path = ctx.workspace.resolve(name)
+    if not path.is_file():
+        raise ToolError(f"no such file: {name}")
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError:
+        raise ToolError(f"{name} is not UTF-8 text") from None
+    if old not in text and "\r\n" in text:  # a CRLF file, edited with the model's "\n"
+        old, new = (s.replace("\r\n", "\n").replace("\n", "\r\n") for s in (old, new))
+    found = _first_occurrences(text, old, 5)
+    if not found:
+        raise ToolError(f"old occurs 0 times in {name}; it must occur exactly once, as written")
+    if len(found) > 1:
+        count = max(text.count(old), len(found))  # overlapping occurrences count too
+        lines = ", ".join(str(_line_of(text, at)) for at in found)
+        more = ", …" if count > len(found) else ""
+        raise ToolError(
+            f"old occurs {count} times in {name} (at lines {lines}{more}); it must occur "
+            "exactly once: add surrounding lines to make it unique"
+        )
+    at = found[0]
+    data = (text[:at] + new + text[at + len(old) :]).encode()
+    if len(data) > MAX_WRITE:
+        raise ToolError(f"the edit makes {name} {len(data)} bytes; at most {MAX_WRITE}")
+    path.write_bytes(data)
+    return f"replaced the text at line {_line_of(text, at)} of {name}"
+
+
+def _line_of(text: str, at: int) -> int:
+    """The 1-based line of `text` that character `at` is on."""
+    return text.count("\n", 0, at) + 1
+
+
+def _first_occurrences(text: str, old: str, limit: int) -> list[int]:
+    """Where the first `limit` occurrences of `old` start in `text`, overlapping ones too."""
+    found: list[int] = []
+    at = text.find(old)
+    while at != -1 and len(found) < limit:
+        found.append(at)
+        at = text.find(old, at + 1)
+    return found
 
 
 def run_command(ctx: ToolContext, args: Args) -> str:
@@ -307,22 +365,27 @@ def finish(ctx: ToolContext, args: Args) -> str:
     return "finished"
 
 
+NONE, WORKSPACE, EXTERNAL = Effects.NONE, Effects.WORKSPACE, Effects.EXTERNAL
 TOOLS: dict[str, Tool] = {
     t.name: t
     for t in (
         Tool("list_files", "List files under a directory of the workspace.",
-             _object(("path",), path="directory to list (default: all)"), False, list_files),
+             _object(("path",), path="directory to list (default: all)"), NONE, list_files),
         Tool("read_file", "Read a text file of the workspace.",
-             _object(path="file to read"), False, read_file),
+             _object(path="file to read"), NONE, read_file),
         Tool("write_file", "Create or replace a file of the workspace.",
-             _object(path="file to write", content="the whole new content"), True, write_file),
+             _object(path="file to write", content="the whole new content"), WORKSPACE,
+             write_file),
+        Tool("edit_file", "Replace one exact, unique piece of text in a file of the workspace.",
+             _object(path="file to edit", old="the exact text to replace; it must occur once",
+                     new="the text to put in its place"), WORKSPACE, edit_file),
         Tool("apply_patch", "Apply a unified diff (as `diff -u` or `git diff` print it).",
-             _object(patch="the unified diff"), True, apply_patch),
+             _object(patch="the unified diff"), WORKSPACE, apply_patch),
         Tool("run_command", "Run a shell command in the workspace; returns exit code and output.",
-             _object(command="the command line"), True, run_command),
+             _object(command="the command line"), EXTERNAL, run_command),
         Tool("send_message", "Send a message to a teammate (delivered at the end of the round).",
-             _object(to="the teammate's name", content="the message"), True, send_message),
+             _object(to="the teammate's name", content="the message"), WORKSPACE, send_message),
         Tool("finish", "Say your part is done, with a short summary.",
-             _object(("summary",), summary="what you did"), False, finish),
+             _object(("summary",), summary="what you did"), NONE, finish),
     )
 }  # fmt: skip

@@ -30,6 +30,7 @@ from agents.models.scripted import ScriptedModel
 from agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
 from agents.step import run_step
 from agents.task import start_task
+from agents.toolkit import ToolRegistry, builtin_tools
 from agents.tools import TOOLS, Args, ToolContext
 from agents.workspace import Workspace
 from bench.report import (
@@ -164,6 +165,7 @@ class Team:
     cache: Path
     model: Model
     gc: GlobalCheckpoint
+    tools: ToolRegistry = field(default_factory=builtin_tools)
 
     @classmethod
     def start(cls, store: CheckpointStore, root: Path, task: str, model: Model, text: Text) -> Team:
@@ -179,9 +181,8 @@ class Team:
         """Run the agent's step of the next superstep; return its voted LC."""
         gc, models = self.gc, lambda _spec: self.model
         s = gc.superstep + 1
-        return run_step(
-            gc.task, AGENT, s, gc.epoch, 1, store=self.store, cache=self.cache, models=models
-        ).lc
+        return run_step(gc.task, AGENT, s, gc.epoch, 1, store=self.store, cache=self.cache,
+                        models=models, tools=self.tools).lc  # fmt: skip
 
     def barrier(self, vote: LCRef) -> None:
         """Build, prepare and commit the superstep's GC."""
@@ -276,11 +277,9 @@ def step_overhead(env: Env) -> None:
     profiled, fill = STEPS // PROFILE_EVERY, (HISTORY - 2) // 2
     model = ScriptedModel(turns(env.text, fill + STEPS + profiled + 10))
     timed_tool = replace(tool, run=cast(ToolRun, phases.wrap(TOOL, tool.run)))
-    with (
-        mock.patch.dict(TOOLS, {"write_file": timed_tool}),
-        mock.patch.object(ScriptedModel, "complete", phases.wrap(MODEL, ScriptedModel.complete)),
-    ):
+    with mock.patch.object(ScriptedModel, "complete", phases.wrap(MODEL, ScriptedModel.complete)):
         team = Team.start(env.store, env.root, "steps", model, env.text)
+        team.tools = ToolRegistry([timed_tool, *(t for t in TOOLS.values() if t is not tool)])
         for _ in range(fill):  # builds the history the way a team does, and warms up
             team.superstep()
         for i in range(1, STEPS + 1):
@@ -444,8 +443,8 @@ def run() -> list[Target]:
         print(
             f"redis-server private (port {server.port}, no AOF); workspaces on "
             f"{filesystem(root)}. CheckpointStore: Codec() unsigned, full_every="
-            f"{store.full_every}; default policy (a tool-level LC before each side-effecting "
-            "tool); logs rendered as JSON at level info into /dev/null"
+            f"{store.full_every}; default policy (a tool-level LC before each external call, "
+            "none before writes); logs rendered as JSON at level info into /dev/null"
         )
         step_overhead(env)
         on_off(env)

@@ -18,10 +18,9 @@ import redis
 import structlog
 
 from agents.logs import configure_logging
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
+from coordinator.settings import Settings, open_store
+from storage.backends.redis import connect
 from storage.chain import DEFAULT_FULL_EVERY
-from storage.codec import Codec
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 
@@ -225,7 +224,7 @@ def private_store(
     stack.callback(server.stop)
     server.start()
     client = stack.enter_context(connect(server.url))
-    store = CheckpointStore(
-        RedisHotStore(client), DiskArchive(root / "archive"), Codec(), full_every=full_every
-    )
+    # Unsigned and unaudited whatever the environment says: what the reports describe.
+    settings = Settings(archive_dir=root / "archive", signing_key=None, audit=False)
+    store = open_store(settings, client, full_every=full_every)
     return root, server, client, store

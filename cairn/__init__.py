@@ -9,16 +9,19 @@
         task.restore(to=1)
 
 Everything promised is named in `__all__`; errors are in `cairn.errors`, the LangGraph
-checkpointer is `cairn.langgraph.CairnSaver` (the `langgraph` extra), and the command
-line is `cairn.cli`.
+checkpointer is `cairn.langgraph.CairnSaver` (the `langgraph` extra), the command line
+is `cairn.cli`, and `tool` (with `ToolContext`) makes a Python function a tool that
+workers load (docs/tools.md).
 """
 
 import importlib.metadata as _metadata
 
+from agents.toolkit import tool
+from agents.tools import ToolContext
 from cairn import errors
 from cairn.client import Client, Task
-from cairn.settings import Settings
 from coordinator.runs import TaskState
+from coordinator.settings import Settings
 from coordinator.spec import TaskSpec
 from coordinator.timeline import Timeline
 from coordinator.views import (
@@ -54,6 +57,8 @@ __all__ = [
     "TaskState",
     "TaskStatus",
     "Timeline",
+    "ToolContext",
     "__version__",
     "errors",
+    "tool",
 ]

@@ -19,10 +19,10 @@ from typing import Any, ParamSpec, TypeVar
 import redis
 
 from agents.spec import parse_model
-from cairn.connection import client_for, open_store, ping
-from cairn.settings import Settings, display_url, load_settings
+from cairn.connection import client_for, ping
 from coordinator import views
 from coordinator.restore import Restorer
+from coordinator.settings import Settings, display_url, load_settings, open_store
 from coordinator.spec import TaskSpec, load_spec
 from coordinator.tasks import Tasks
 from coordinator.timeline import Timeline, gather

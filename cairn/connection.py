@@ -1,4 +1,4 @@
-"""Connections for one-shot calls: a checked Redis client and the checkpoint store on it.
+"""Connections for one-shot calls: a checked Redis client (its store: `open_store`).
 
 A call fails fast on an unreachable Redis: one ping with a short connect timeout and no
 retries before anything else (`Unavailable`), then a client with short timeouts and a
@@ -12,12 +12,9 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
-from cairn.settings import Settings, display_url
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
+from coordinator.settings import display_url
+from storage.backends.redis import connect
 from storage.errors import InvalidSpec, Unavailable
-from storage.store import CheckpointStore
 
 CONNECT_TIMEOUT = 3.0  # seconds: a Redis that does not answer by then is unreachable
 COMMAND_TIMEOUT = 60.0  # seconds: well above any one Cairn command or script
@@ -57,11 +54,4 @@ def client_for(url: str) -> redis.Redis:
         socket_connect_timeout=CONNECT_TIMEOUT,
         socket_timeout=COMMAND_TIMEOUT,
         retry=Retry(ExponentialWithJitterBackoff(base=0.05, cap=0.5), 2),
-    )
-
-
-def open_store(settings: Settings, client: redis.Redis) -> CheckpointStore:
-    """The checkpoint store over `client` and the configured archive and signing key."""
-    return CheckpointStore(
-        RedisHotStore(client), DiskArchive(settings.archive), Codec(signing_key=settings.key())
     )

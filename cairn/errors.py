@@ -17,7 +17,9 @@ CairnError
 │   └── ArchiveConflict  the archive holds another record under that name
 ├── ModelError           a model call failed (retryable or not)
 ├── ToolError            a tool call cannot be done; the model reads why
-│   └── PatchError       a patch is malformed or does not apply
+│   ├── PatchError       a patch is malformed or does not apply
+│   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
+├── MissingTool          an agent names a tool its worker does not have
 ├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 └── RedisServerError     a private redis-server cannot be found or started
 
@@ -37,6 +39,7 @@ from storage.errors import (
     FencedWrite,
     InvalidName,
     InvalidSpec,
+    MissingTool,
     ModelError,
     NotCommitted,
     PatchError,
@@ -48,6 +51,7 @@ from storage.errors import (
     TaskNotFound,
     Timeout,
     ToolError,
+    ToolUnreachable,
     Unavailable,
 )
 
@@ -60,6 +64,7 @@ __all__ = [
     "FencedWrite",
     "InvalidName",
     "InvalidSpec",
+    "MissingTool",
     "ModelError",
     "NotCommitted",
     "PatchError",
@@ -71,5 +76,6 @@ __all__ = [
     "TaskNotFound",
     "Timeout",
     "ToolError",
+    "ToolUnreachable",
     "Unavailable",
 ]

@@ -9,11 +9,35 @@ Importing this module without the extra raises an `ImportError` that says what t
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
+import redis
+
+from coordinator.settings import load_settings
+from storage.codec import Codec
+
 try:
-    from storage.langgraph import CairnSaver
+    from storage.langgraph import CairnSaver as _StorageSaver
 except ImportError as exc:  # the optional extra is not installed
     raise ImportError(
         f"cairn.langgraph needs the langgraph extra: pip install 'cairn-agents[langgraph]' ({exc})"
     ) from exc
 
 __all__ = ["CairnSaver"]
+
+
+class CairnSaver(_StorageSaver):
+    """The LangGraph saver, signing with `CAIRN_SIGNING_KEY` unless given a `codec`."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        archive: str | Path | None = None,
+        *,
+        codec: Codec | None = None,
+        **options: Any,  # noqa: ANN401 - the storage saver's keyword options, as they are
+    ) -> None:
+        super().__init__(
+            client, archive, codec=codec or Codec(signing_key=load_settings().key()), **options
+        )

@@ -32,12 +32,10 @@ from chaos.faults import Fault, Plan
 from chaos.observe import History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
 from chaos.team import AGENTS, team
+from coordinator.settings import load_settings, open_store
 from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
+from storage.backends.redis import connect
 from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
@@ -72,6 +70,8 @@ class ChaosRun:
         self.mount = mount and any(f.kind == "full_archive" for f in plan.faults)
         self.logs = directory / "logs"
         self.archive = directory / "archive"
+        # The harness reads what the processes wrote, with their settings (the archive here).
+        self.settings = load_settings(archive_dir=self.archive)
         self.server = RedisServer(directory / "redis", appendonly=True, fsync="always")
         self.proxy: DelayProxy | None = None
         self.client: redis.Redis | None = None  # straight to Redis, for the harness alone
@@ -215,7 +215,7 @@ class ChaosRun:
 
     def _verdict(self, reference: Observed | None, ended: bool, seconds: float) -> RunResult:
         assert self.client is not None
-        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        store = open_store(self.settings, self.client)
         observed = observe(store, self.client, self.task, self._run_state(), self.ledger)
         history = read_history(self.logs, self.task)
         result = RunResult(self.plan, self.task, seconds, history, observed, skipped=self.skipped)
@@ -355,7 +355,7 @@ class ChaosRun:
             superstep = int(run.get("superstep", "0"))
             if superstep:
                 steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps(self.task)))
-                votes = RedisHotStore(self.client).get_votes(
+                votes = open_store(self.settings, self.client).hot.get_votes(
                     self.task, int(run.get("epoch", "0")), superstep
                 )
                 if steps and {s.decode() for s in steps} <= votes.keys():
@@ -381,7 +381,7 @@ class ChaosRun:
     def _corrupt_archive(self, fault: Fault) -> dict[str, object] | None:
         """Flip a byte of an archived LC, GC or file that GC 0 (the last fallback) lacks."""
         assert self.client is not None
-        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        store = open_store(self.settings, self.client)
         gc0 = store.read_gc(self.task, 0)
         keep = {f"{ref.id}" for ref in gc0.members.values()} | {gc0.workspace}
         keep |= set(store.read_manifest(self.task, gc0.workspace).files.values())
@@ -428,7 +428,7 @@ class ChaosRun:
 
     def _manual_restore(self, fault: Fault) -> dict[str, object] | None:
         assert self.client is not None
-        store = CheckpointStore(RedisHotStore(self.client), DiskArchive(self.archive), Codec())
+        store = open_store(self.settings, self.client)
         committed = [
             g.number for g in store.hot.list_gcs(self.task) if g.status.value == "committed"
         ]

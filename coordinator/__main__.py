@@ -9,22 +9,18 @@ first one's lease lapses. `cairn coordinator` runs the same loop.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import socket
 import sys
 import threading
-from pathlib import Path
 from types import FrameType
 
 from agents.logs import configure_logging
 from coordinator import metrics
 from coordinator.coordinator import Coordinator
-from coordinator.jobs import default_archive, default_cache
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.store import CheckpointStore
+from coordinator.settings import load_settings, open_store
+from storage.backends.redis import connect
+from storage.errors import InvalidSpec
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -34,17 +30,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--name", default=f"{socket.gethostname()}")
     parser.add_argument("--lease-ms", type=int, default=5_000)
     args = parser.parse_args(argv)
-    url = args.url or os.environ.get("CAIRN_REDIS_URL")
-    if not url:
-        parser.error("no Redis: give REDIS_URL or set CAIRN_REDIS_URL")
-    configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
+    try:
+        settings = load_settings(redis_url=args.url)  # CAIRN_*, read once for the process
+        url, _origin = settings.redis()
+    except InvalidSpec as exc:
+        parser.error(str(exc))
+    configure_logging(settings.log_format, settings.log_level)
     client = connect(url)
-    metrics.serve_coordinator(client, metrics.configured_port())  # CAIRN_METRICS_PORT, if set
-    store = CheckpointStore(RedisHotStore(client), DiskArchive(default_archive()), Codec.from_env())
+    metrics.serve_coordinator(client, settings.metrics_port)
+    store = open_store(settings, client)
     coordinator = Coordinator(
         client,
         store,
-        Path(default_cache()) / "coordinator",
+        settings.cache / "coordinator",
         name=args.name,
         lease_ttl_ms=args.lease_ms,
     )

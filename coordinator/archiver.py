@@ -15,15 +15,14 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import structlog
-
+from agents.logs import get_logger
 from coordinator.runs import RunState
 from storage.archive import archive_gc, trim_cold, trim_hot
 from storage.errors import CairnError, FencedWrite
 from storage.records import GCStatus
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 @dataclass(frozen=True, slots=True)

@@ -19,7 +19,6 @@ from pathlib import Path
 from typing import TypeVar, cast
 
 import redis
-import structlog
 from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.job import Job, JobStatus
@@ -27,6 +26,7 @@ from rq.serializers import JSONSerializer
 from rq.utils import utcparse
 
 from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
+from agents.logs import get_logger
 from agents.spec import TaskRecord
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
@@ -44,7 +44,7 @@ from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 R = TypeVar("R", bound=Record)
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0

@@ -6,10 +6,12 @@ Set `CAIRN_METRICS_PORT` (the CLI's `--metrics-port`) and each process serves
 - the coordinator process (`python -m coordinator`, `cairn coordinator`, the one
   `cairn up` starts) on PORT itself;
 - each worker process on PORT + 1 + N, N being the `slot-N` cache directory the worker
-  claimed (`coordinator.jobs.claim_slot`), so `cairn worker --count 3` on one host serves
+  claimed (`coordinator.slots.claim_slot`), so `cairn worker --count 3` on one host serves
   on PORT + 1, PORT + 2 and PORT + 3 and no two live workers collide. A restarted worker
   takes a dead one's slot, hence its port.
 
+Workers observe the LC histograms through the metered store they open
+(`open_store(settings, client, metered=True)`: `MeteredStore` over `MeteredHotStore`).
 A port already in use is one warning in the process's log, and the process runs on
 without an endpoint. With no port set nothing is served; the counters and histograms are
 still updated (in memory, no Redis round trip), which costs nothing that matters.
@@ -36,21 +38,26 @@ queues and registries, one for the worker keys), never on the coordinator's loop
 
 from __future__ import annotations
 
-import os
 import threading
+import time
 from collections.abc import Iterator
 
 import redis
-import structlog
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 from rq import Queue
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-log = structlog.get_logger(__name__)
+from agents.logs import get_logger
+from storage.backends.redis import RedisHotStore
+from storage.base import LCEntry
+from storage.chain import AgentState
+from storage.records import LCRef, Level
+from storage.store import CheckpointStore
 
-PORT_VARIABLE = "CAIRN_METRICS_PORT"
+log = get_logger(__name__)
+
 QUEUES = ("cairn-steps", "cairn-control")  # coordinator.jobs' names (no import: no cycle)
 MAX_PORT = 65_535
 
@@ -77,21 +84,6 @@ STEP_RETRIES = Counter("cairn_step_retries", "Step attempts retried by this coor
 
 _lock = threading.Lock()
 _served: set[str] = set()  # roles whose endpoint this process started (or tried to)
-
-
-def configured_port() -> int | None:
-    """`CAIRN_METRICS_PORT` as a port number, or None when unset (a bad value: a warning)."""
-    raw = os.environ.get(PORT_VARIABLE, "").strip()
-    if not raw:
-        return None
-    try:
-        port = int(raw)
-    except ValueError:
-        port = 0
-    if not 1 <= port <= MAX_PORT:
-        log.warning("metrics not served: not a port", variable=PORT_VARIABLE, value=raw)
-        return None
-    return port
 
 
 def serve(port: int, role: str) -> bool:
@@ -169,3 +161,25 @@ def serve_coordinator(client: redis.Redis, port: int | None) -> bool:
 def worker_port(base: int, slot: int) -> int:
     """The port a worker in cache slot `slot` serves on: `base` + 1 + `slot`."""
     return base + 1 + slot
+
+
+class MeteredHotStore(RedisHotStore):
+    """Redis as the hot store, observing the size of each LC written."""
+
+    def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
+        """Write as Redis does, then observe the sealed bytes' length."""
+        super().write_lc(entry, vote=vote)
+        LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
+
+
+class MeteredStore(CheckpointStore):
+    """The checkpoint store, observing how long each LC write takes (fenced ones aside)."""
+
+    def write_lc(
+        self, state: AgentState, level: Level = Level.STEP, *, vote: bool = False
+    ) -> LCRef:
+        """Write as the store does, timed."""
+        started = time.perf_counter()
+        ref = super().write_lc(state, level, vote=vote)
+        LC_WRITE_SECONDS.labels(level.value).observe(time.perf_counter() - started)
+        return ref

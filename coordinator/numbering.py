@@ -23,14 +23,13 @@ from __future__ import annotations
 import threading
 import time
 
-import structlog
-
+from agents.logs import get_logger
 from coordinator.restore import Restored, Restorer
 from coordinator.runs import abort_in_flight
 from storage.records import GCStatus
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 ARCHIVE_RECHECK = 30.0  # seconds between looks at a task's newest archived GC
 LOST_REASON = "the live store lost checkpoints the archive holds"
 

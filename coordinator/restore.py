@@ -5,7 +5,8 @@
 2. Pick the target: the GC asked for, else the latest committed one.
 3. Prepare: for each agent, read its LC chain (Redis, else the archive), verify every link,
    rebuild its state, append its context summary, and stage it as a new LC under the new
-   epoch with a vote (one job per agent on the workers' control queue, or inline).
+   epoch with a vote (`coordinator.staging`: one job per agent on the workers' control
+   queue, or inline).
 4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
    inbox and statuses; it moves `latest`. If any agent could not be staged, drop the
    staging and try the next older GC; with none left, the task is unrecoverable and its
@@ -21,26 +22,24 @@ from dataclasses import dataclass
 from typing import cast
 
 import redis
-import structlog
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from agents.barrier import pending_calls
+from agents.logs import get_logger
 from agents.spec import TaskRecord
-from agents.summary import context_summary
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
-from coordinator.jobs import CONTROL_QUEUE, environment
+from coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
 from coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, CheckpointPolicy, Limits
+from coordinator.spec import CheckpointPolicy, read_policy
+from coordinator.staging import stage
 from storage import keys
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from storage.keys import SPEC_DOC
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
+from storage.records import GCStatus, GlobalCheckpoint
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
-RESTORE_JOB = "coordinator.restore.stage_job"
+log = get_logger(__name__)
 LOCK_TTL_MS = 120_000
 
 
@@ -51,34 +50,6 @@ class Restored:
     restored_to: int
     number: int
     epoch: int
-
-
-def stage(
-    store: CheckpointStore, task: str, agent: str, target: int, epoch: int, reason: str
-) -> LCRef:
-    """Stage `agent`'s state of GC `target` as a new LC of `epoch`, with its vote.
-
-    Raises `CorruptCheckpoint` or `RecordNotFound` when its chain cannot be read whole.
-    """
-    gc = store.read_gc(task, target)
-    ref = gc.members[agent]
-    state = store.read_state(task, agent, ref.id, ref.checksum)
-    if not pending_calls(state.messages):  # a summary may not split a call from its result
-        state.messages.append(context_summary(state, reason, target))
-    state.epoch, state.attempt, state.superstep = epoch, 1, gc.superstep
-    state.changes, state.outbox = {}, []
-    return store.write_lc(state, Level.STEP, vote=True)
-
-
-def stage_job(task: str, agent: str, target: int, epoch: int, reason: str) -> str:
-    """The worker's side of a restore: stage one agent, or say why it could not."""
-    env = environment()
-    try:
-        stage(env.store, task, agent, target, epoch, reason)
-    except (CorruptCheckpoint, RecordNotFound) as exc:
-        env.redis.hset(keys.outcomes(task, epoch, -target), agent, json.dumps({"no": str(exc)}))
-        return "no"
-    return "yes"
 
 
 class Restorer:
@@ -115,7 +86,7 @@ class Restorer:
 
     def _restore(self, task: str, to: int | None, reason: str, wait: float) -> Restored:
         record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
-        policy = self._policy(task)  # read before anything is touched: it may be unreadable
+        policy = read_policy(self.store, task)  # before anything is touched: it may be unreadable
         candidates = self._candidates(task, to)
         if not candidates:
             raise RestoreFailed(f"task {task} has no committed checkpoint {to or ''} to restore")
@@ -160,20 +131,6 @@ class Restorer:
         self.redis.srem(keys.ACTIVE_TASKS, task)
         metrics.RESTORES.labels("unrecoverable").inc()
         raise RestoreFailed(f"no checkpoint of task {task} could be restored: {why}")
-
-    def _policy(self, task: str) -> CheckpointPolicy:
-        """The task's checkpoint policy, from the limits `Tasks.submit` stores.
-
-        A task started without a coordinator (`agents.task.start_task`, as embedders and
-        the benchmarks do), or whose submit died before its limits were stored, has none:
-        nothing asked it for `sync` (under `sync` the limits are stored before the submit
-        acknowledges anything), so it gets the default policy. A limits document that is
-        there but damaged raises `CorruptCheckpoint`, before the restore changes anything.
-        """
-        try:
-            return self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
-        except RecordNotFound:
-            return CheckpointPolicy()
 
     def _make_durable(self, task: str, number: int, policy: CheckpointPolicy) -> None:
         """Under `durability: sync`, put the restore's GC on disk before it is reported.
@@ -221,7 +178,7 @@ class Restorer:
             return None
         for agent in agents:
             self.control.enqueue_call(
-                RESTORE_JOB,
+                STAGE_JOB,
                 args=(task, agent, gc.number, epoch, reason),
                 job_id=f"cairn-restore-{task}-{epoch}-{gc.number}-{agent}",
                 result_ttl=3_600,

@@ -19,15 +19,15 @@ from enum import Enum
 from typing import cast
 
 import redis
-import structlog
 
+from agents.logs import get_logger
 from storage import keys
 from storage.backends.redis import script, translating
 from storage.base import HotStore
 from storage.errors import CairnError
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 
 
 class TaskState(str, Enum):

@@ -25,8 +25,9 @@ from agents.spec import (
     parse_model,
 )
 from agents.workspace import check_path
-from storage.errors import InvalidSpec, ToolError
+from storage.errors import InvalidSpec, RecordNotFound, ToolError
 from storage.records import Record
+from storage.store import CheckpointStore
 
 MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
 
@@ -55,7 +56,9 @@ class TaskSpec(Strict):
     verify: str | None = None
     verify_timeout: float = Field(default=300.0, gt=0, le=24 * 3600)
     max_supersteps: int = Field(default=50, ge=1, le=100_000)
-    step_timeout: float = Field(default=300.0, gt=0, le=24 * 3600)
+    # Above a model call's default `timeout` (600 s), with room for the step's tools: a
+    # step still running at `step_timeout` is retried, and its model call paid again.
+    step_timeout: float = Field(default=900.0, gt=0, le=24 * 3600)
     checkpoints: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
 
     @model_validator(mode="after")
@@ -70,6 +73,14 @@ class TaskSpec(Strict):
                 check_path(path)
             except ToolError as exc:
                 raise ValueError(f"files: {exc}") from None
+        for agent in self.agents:
+            calls_out = agent.model.split(":")[0] != "scripted"  # a script waits on nothing
+            if calls_out and agent.timeout >= self.step_timeout:
+                raise ValueError(
+                    f"agent {agent.name}: timeout ({agent.timeout:g} s) must be below "
+                    f"step_timeout ({self.step_timeout:g} s): a step still running at "
+                    "step_timeout is retried, and its model call paid again"
+                )
         total = sum(len(c.encode(errors="surrogatepass")) for c in self.files.values())
         if total > MAX_WORKSPACE_BYTES:  # as a `workspace` directory is, in workspace_files
             raise ValueError(f"files: {total} bytes in all; at most {MAX_WORKSPACE_BYTES}")
@@ -155,5 +166,20 @@ class Limits(Record):
     verify: str | None = None
     verify_timeout: float = 300.0
     max_supersteps: int = 50
-    step_timeout: float = 300.0
+    step_timeout: float = 900.0
     checkpoints: CheckpointPolicy = CheckpointPolicy()
+
+
+def read_policy(store: CheckpointStore, task: str) -> CheckpointPolicy:
+    """The task's checkpoint policy, from the limits `Tasks.submit` stores.
+
+    A task started without a coordinator (`agents.task.start_task`, as embedders and the
+    benchmarks do), or whose submit died before its limits were stored, has none: nothing
+    asked it for `sync` (under `sync` the limits are stored before the submit acknowledges
+    anything), so it gets the default policy. A limits document that is there but damaged
+    raises `CorruptCheckpoint`.
+    """
+    try:
+        return store.read_doc(task, LIMITS_DOC, Limits).checkpoints
+    except RecordNotFound:
+        return CheckpointPolicy()

@@ -13,21 +13,21 @@ import time
 from pathlib import Path
 
 import redis
-import structlog
 
+from agents.logs import get_logger
 from agents.task import start_task
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, CheckpointPolicy, Limits, TaskSpec
+from coordinator.spec import LIMITS_DOC, Limits, TaskSpec, read_policy
 from coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from storage import keys
 from storage.archive import archive_gc
-from storage.errors import InvalidSpec, RecordNotFound, TaskNotFound
+from storage.errors import InvalidSpec, TaskNotFound
 from storage.ids import new_id
 from storage.store import CheckpointStore
 
-log = structlog.get_logger(__name__)
+log = get_logger(__name__)
 CANCELLED_REASON = "cancelled by a person"
 
 
@@ -108,7 +108,7 @@ class Tasks:
             abort_in_flight(self.runs, self.store, task)
         latest = self.store.hot.latest_gc(task)
         if latest is not None:
-            policy = self._policy(task)
+            policy = read_policy(self.store, task)
             archive(self.store, ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
         self.runs.write(task, {"status": TaskState.CANCELLED, "reason": CANCELLED_REASON})
         self.redis.srem(keys.ACTIVE_TASKS, task)
@@ -126,10 +126,3 @@ class Tasks:
         if current != only_from:
             raise InvalidSpec(f"task {task} is {current or 'unknown'}, not {only_from.value}")
         self.runs.write(task, {"status": state})
-
-    def _policy(self, task: str) -> CheckpointPolicy:
-        """The task's checkpoint policy; the default one for a task started without limits."""
-        try:
-            return self.store.read_doc(task, LIMITS_DOC, Limits).checkpoints
-        except RecordNotFound:
-            return CheckpointPolicy()

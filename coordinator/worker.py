@@ -5,7 +5,7 @@ own process (`SimpleWorker`, ~3.4 ms a job here against ~13 ms for a forking wor
 isolation comes from one worker per process, restarted by its supervisor when it dies,
 and from the fencing that makes a dead or stalled worker's writes harmless.
 
-Stock RQ runs it too, its jobs reading their configuration from `CAIRN_*` as here:
+Stock RQ runs it too, its jobs reading their settings from `CAIRN_*` once, as here:
 
     rq worker -w coordinator.worker.CairnWorker -j coordinator.worker.CairnJob \
         -S rq.serializers.JSONSerializer -u "$CAIRN_REDIS_URL" cairn-control cairn-steps
@@ -17,7 +17,6 @@ Stock RQ runs it too, its jobs reading their configuration from `CAIRN_*` as her
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -30,9 +29,11 @@ from rq.serializers import JSONSerializer
 from rq.utils import now
 
 from agents.logs import configure_logging
-from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE, serve_worker_metrics
+from coordinator.environment import environment
+from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
+from coordinator.settings import load_settings, process_settings, use_settings
 from storage.backends.redis import connect
-from storage.errors import RefusedJob
+from storage.errors import InvalidSpec, RefusedJob
 
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
 
@@ -57,13 +58,15 @@ class CairnWorker(SimpleWorker):
     failure detection reads a step's own heartbeat instead), and a state it already
     holds is not written again.
 
-    Started by stock RQ (`rq worker -w coordinator.worker.CairnWorker`), it configures
-    Cairn's logging (`CAIRN_LOG_FORMAT`, `CAIRN_LOG_LEVEL`) unless the process has already.
+    Started by stock RQ (`rq worker -w coordinator.worker.CairnWorker`), it reads the
+    process's settings and configures Cairn's logging from them (`CAIRN_LOG_FORMAT`,
+    `CAIRN_LOG_LEVEL`) unless the process has already.
     """
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - RQ's own
         if not structlog.is_configured():
-            configure_logging()
+            settings = process_settings()
+            configure_logging(settings.log_format, settings.log_level)
         super().__init__(*args, **kwargs)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
@@ -114,17 +117,24 @@ def main(argv: list[str] | None = None) -> int:
     """`python -m coordinator.worker [REDIS_URL] [--burst]`: run one worker.
 
     The URL comes from `CAIRN_REDIS_URL` unless given (on the command line, any user of
-    the machine can read it).
+    the machine can read it); the other settings from `CAIRN_*`, read here once for the
+    process and its jobs.
     """
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", nargs="?", help="default: CAIRN_REDIS_URL")
     parser.add_argument("--burst", action="store_true")
     args = parser.parse_args(argv)
-    url = args.url or os.environ.get("CAIRN_REDIS_URL")
-    if not url:
-        parser.error("no Redis: give REDIS_URL or set CAIRN_REDIS_URL")
-    configure_logging()  # CAIRN_LOG_FORMAT, CAIRN_LOG_LEVEL
-    serve_worker_metrics()  # CAIRN_METRICS_PORT + 1 + the worker's cache slot, if set
+    try:
+        settings = load_settings(redis_url=args.url)
+        url, _origin = settings.redis()
+    except InvalidSpec as exc:
+        parser.error(str(exc))
+    use_settings(settings)
+    configure_logging(settings.log_format, settings.log_level)
+    try:  # its tools, MCP servers and metrics (port + 1 + its cache slot) before any job
+        environment()
+    except InvalidSpec as exc:  # a bad tool module or MCP file: its one line, no usage
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     run_worker(url, burst=args.burst)
     return 0
 

@@ -8,7 +8,6 @@ CAIRN_REDIS_URL a private redis-server is started (and stopped) under .cairn/.
 
 from __future__ import annotations
 
-import os
 import sys
 import tempfile
 import time
@@ -16,6 +15,7 @@ from pathlib import Path
 
 import redis
 
+from coordinator.settings import load_settings
 from storage.archive import archive_gc, trim_hot
 from storage.backends.disk import DiskArchive
 from storage.backends.memory import MemoryHotStore
@@ -77,7 +77,8 @@ def recover(store: CheckpointStore, task: str) -> None:
 
 def main() -> int:
     """Run the walkthrough; return the process exit code."""
-    url = os.environ.get("CAIRN_REDIS_URL")
+    settings = load_settings()  # CAIRN_REDIS_URL, CAIRN_SIGNING_KEY
+    url = settings.redis_url
     server = None
     archive = Path(tempfile.mkdtemp(prefix="cairn-archive-"))
     task = f"walkthrough-{int(time.time())}"
@@ -88,7 +89,8 @@ def main() -> int:
             print(f"started a private redis-server at {url} (AOF on)")
         client = connect(url)
         client.ping()
-        store = CheckpointStore(RedisHotStore(client), DiskArchive(archive), Codec.from_env())
+        codec = Codec(signing_key=settings.key())
+        store = CheckpointStore(RedisHotStore(client), DiskArchive(archive), codec)
         run(store, task)
         print(f"\nRedis loses task {task}; reading GC {SUPERSTEPS} from {archive}:")
         client.delete(*client.scan_iter(match=f"cairn:{{{task}}}:*"))

@@ -4,12 +4,13 @@ The stored form of every record and blob is an envelope:
 
     b"CRN1" | flags (1 byte) | digest (32 bytes) | crc32 of body (4 bytes) | body
 
-`digest` is SHA-256 of the canonical bytes, or HMAC-SHA256 with `CAIRN_SIGNING_KEY`
-(flag bit 1). `body` is the canonical bytes, zstd-compressed (flag bit 0) when larger than
-`compress_above`. Opening checks the CRC of the stored body (so even a changed byte that
-would decompress to the same content, such as an unused bit of a zstd frame header, is
-refused), decompresses with a size cap, recomputes the digest and compares it in constant
-time: any changed byte is refused, never half-used.
+`digest` is SHA-256 of the canonical bytes, or HMAC-SHA256 with the codec's signing key
+(the `CAIRN_SIGNING_KEY` setting; flag bit 1). `body` is the canonical bytes,
+zstd-compressed (flag bit 0) when larger than `compress_above`. Opening checks the CRC of
+the stored body (so even a changed byte that would decompress to the same content, such
+as an unused bit of a zstd frame header, is refused), decompresses with a size cap,
+recomputes the digest and compares it in constant time: any changed byte is refused,
+never half-used.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ from __future__ import annotations
 import hashlib
 import hmac
 import json
-import os
 import threading
 import zlib
 from dataclasses import dataclass
@@ -102,12 +102,6 @@ class Codec:
         self._key = signing_key or None
         self._compress_above = compress_above
         self._zstd = _Zstd()
-
-    @classmethod
-    def from_env(cls) -> Codec:
-        """Build a codec that signs with `CAIRN_SIGNING_KEY` when it is set and not empty."""
-        key = os.environ.get("CAIRN_SIGNING_KEY", "")
-        return cls(signing_key=key.encode() if key else None)
 
     @property
     def signs(self) -> bool:

@@ -17,7 +17,9 @@ CairnError
 │   └── ArchiveConflict  the archive holds another record under that name
 ├── ModelError           a model call failed (retryable or not)
 ├── ToolError            a tool call cannot be done; the model reads why
-│   └── PatchError       a patch is malformed or does not apply
+│   ├── PatchError       a patch is malformed or does not apply
+│   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
+├── MissingTool          an agent names a tool its worker does not have
 ├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 └── RedisServerError     a private redis-server cannot be found or started
 """
@@ -135,6 +137,22 @@ class ToolError(CairnError):
 
 class PatchError(ToolError):
     """Raised when a patch is malformed or does not apply; nothing was changed."""
+
+
+class ToolUnreachable(ToolError):
+    """Raised when a tool's server cannot be reached: the connection failed, not the request.
+
+    A new connection may do better, so a step that meets it before the model is asked is
+    retried (elsewhere, or later) rather than failed.
+    """
+
+
+class MissingTool(CairnError):
+    """Raised when an agent names a tool its worker does not have.
+
+    The step fails fatally, with no retry: another attempt on the same worker would find
+    the tool missing again. The message names the tool and the worker (`host:pid`).
+    """
 
 
 class RefusedJob(CairnError):

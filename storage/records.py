@@ -69,6 +69,18 @@ class EpochFloor(Record):
     epoch: int
 
 
+class Effects(str, Enum):
+    """What a tool call may change, which decides whether a tool-level LC precedes it.
+
+    `none` reads only; `workspace` writes the step's tree or outbox, which a retry
+    discards and redoes; `external` reaches anything else (a command, an API).
+    """
+
+    NONE = "none"
+    WORKSPACE = "workspace"
+    EXTERNAL = "external"
+
+
 class GCStatus(str, Enum):
     """The two-phase-commit state of a global checkpoint."""
 
@@ -100,12 +112,17 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    """Tokens a model call used."""
+    """Tokens a model call used.
+
+    `prompt_tokens` counts the whole prompt, `cached_tokens` the part of it the provider
+    read from its prompt cache (billed at a discount), `completion_tokens` the answer.
+    """
 
     model_config = STRICT
 
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
 
 class TraceRecord(Record):
@@ -116,8 +133,9 @@ class TraceRecord(Record):
     tool: str | None = None
     arguments: dict[str, JsonValue] = Field(default_factory=dict)
     result: JsonValue = None
-    side_effect: bool = False
-    # Handed to a side-effecting tool: the same on every retry and replay of this call.
+    side_effect: bool = False  # the call's effects are external
+    effects: Effects | None = None  # a tool call's; None for the model's turn
+    # Recorded for an external call: the same on every retry and replay of this call.
     idempotency_key: str | None = None
     error: str | None = None
     started_at: datetime

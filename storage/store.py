@@ -121,7 +121,7 @@ class CheckpointStore:
             raise ValueError("full_every must be at least 1")
         self.hot = hot
         self.cold = cold
-        self.codec = codec or Codec.from_env()
+        self.codec = codec or Codec()
         self.full_every = full_every
 
     # local checkpoints -------------------------------------------------------------------

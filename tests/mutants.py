@@ -50,26 +50,26 @@ class Mutant:
 
 CONFORMANCE = "tests/test_conformance.py::"
 RESTORE = "tests/test_restore.py::"
-STEP_RULE = 'level == "side_effects" and (tool.side_effect or self.dirty)'
+STEP_RULE = 'level == "side_effects" and (external or self.dirty)'
 TOOL_LC_TESTS = ("tests/test_tool_checkpoints.py", "tests/test_step.py")
 
 MUTANTS: tuple[Mutant, ...] = (
     # Tool-level checkpoints inside a step.
     Mutant(
-        "tool-lc-only-after-a-side-effect",
+        "tool-lc-only-after-an-external-call",
         "agents/step.py",
         STEP_RULE,
         'level == "side_effects" and (self.dirty)',
         TOOL_LC_TESTS,
-        "an LC before the first side-effecting tool: a kill there pays the model turn twice",
+        "an LC before the first external call: a kill there pays the model turn twice",
     ),
     Mutant(
-        "tool-lc-not-after-a-side-effect",
+        "tool-lc-not-after-an-external-call",
         "agents/step.py",
         STEP_RULE,
-        'level == "side_effects" and (tool.side_effect)',
+        'level == "side_effects" and (external)',
         TOOL_LC_TESTS,
-        "an LC before a tool that follows a side effect: a finished command runs again",
+        "an LC before a tool that follows an external call: a finished command runs again",
     ),
     Mutant(
         "step-starts-for-any-attempt",
@@ -166,8 +166,8 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "commit-ignores-the-epoch",
         "storage/backends/lua/commit_gc.lua",
-        "if epoch ~= ARGV[2] then\n  return refuse('stale epoch",
-        "if false then\n  return refuse('stale epoch",
+        "if epoch ~= ARGV[2] then\n  return fence('stale epoch",
+        "if false then\n  return fence('stale epoch",
         ("tests/test_conformance.py::test_refused_commit_writes_nothing",),
         "a GC of an epoch a restore left behind is not committed",
     ),

@@ -87,7 +87,7 @@ def test_policy_triggers_load_from_yaml() -> None:
         ({"name": "../x"}, "invalid agent name"),
         ({"name": "a", "model": "gpt"}, "scripted"),
         ({"name": "a", "model": "openai:"}, "scripted"),
-        ({"name": "a", "tools": ["rm_rf"]}, "unknown tools"),
+        ({"name": "a", "tools": ["rm -rf /"]}, "is not a tool name"),
         ({"name": "a", "tools": ["read_file"], "approve": ["run_command"]}, "does not have"),
         ({"name": "a", "colour": "red"}, "colour"),
     ],
@@ -119,6 +119,9 @@ def test_context_summary_tells_what_was_done_and_where_to_go_on() -> None:
         TraceRecord(step=3, superstep=3, tool="apply_patch", arguments={"patch": "..."},
                     result="applied to a.py, b/c.py", side_effect=True,
                     started_at=T0, finished_at=T0, duration_ms=1),
+        TraceRecord(step=3, superstep=3, tool="edit_file", arguments={"path": "d.py"},
+                    result="replaced the text at line 3 of d.py",
+                    started_at=T0, finished_at=T0, duration_ms=1),
     ]  # fmt: skip
     state = AgentState(task="t", agent="coder", epoch=2, superstep=3, trace=trace,
                        messages=[Message(role=Role.ASSISTANT, content="Tests next.")])  # fmt: skip
@@ -129,7 +132,7 @@ def test_context_summary_tells_what_was_done_and_where_to_go_on() -> None:
     assert "the reviewer's step failed 3 times" in text
     assert "step 1: write_file(calc.py) → wrote 10 bytes to calc.py" in text
     assert "step 2: run_command(pytest) failed: command timed out" in text
-    assert "Files you changed: a.py, b/c.py, calc.py" in text
+    assert "Files you changed: a.py, b/c.py, calc.py, d.py" in text
     assert "Tests next." in text
     assert "do not repeat" in text
 

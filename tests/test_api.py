@@ -11,12 +11,15 @@ import inspect
 import os
 import pkgutil
 import re
+import subprocess
+import sys
 import types
 import typing
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import redis
 
 import cairn
 import cairn.errors
@@ -177,11 +180,17 @@ def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
     assert issubclass(Timeout, TimeoutError)
 
 
-def test_the_langgraph_saver_is_the_storage_one_when_installed() -> None:
-    """`cairn.langgraph.CairnSaver` is the saver of `storage.langgraph` (an optional extra)."""
+def test_the_langgraph_saver_is_the_storage_one_signing_with_the_settings_key(
+    monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis
+) -> None:
+    """`cairn.langgraph.CairnSaver` is `storage.langgraph`'s, signing with CAIRN_SIGNING_KEY."""
     pytest.importorskip("langgraph.checkpoint.base")
     saver = importlib.import_module("cairn.langgraph").CairnSaver
-    assert saver is importlib.import_module("storage.langgraph").CairnSaver
+    assert issubclass(saver, importlib.import_module("storage.langgraph").CairnSaver)
+    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret")
+    assert saver(redis_client).codec.signs
+    monkeypatch.delenv("CAIRN_SIGNING_KEY")
+    assert not saver(redis_client).codec.signs
 
 
 # a task, through the API -----------------------------------------------------------------
@@ -282,3 +291,44 @@ def test_a_client_configured_by_the_environment(
     with Client() as configured:
         assert TaskState.SUCCEEDED == configured.task(finished[0].id).status().state
         assert configured.has_coordinator()
+
+
+SESSION = """
+import logging, sys
+url, archive, spec, mode = sys.argv[1:]
+if mode == "logging":  # the program asks for its libraries' logs, as it would for httpx's
+    logging.basicConfig(level=logging.INFO, format="%(name)s: %(message)s")
+from cairn import Client
+with Client(redis_url=url, archive_dir=archive) as client:
+    task = client.submit(spec)
+    task.restore(to=0)
+    task.cancel()
+"""
+
+
+def test_the_client_in_a_python_session_prints_no_logs(stack: Stack) -> None:
+    """A library stays quiet: `Client` logs nothing until the program configures logging.
+
+    Asked for (`logging.basicConfig`), its events come through `logging`, by module.
+    """
+
+    def session(mode: str) -> subprocess.CompletedProcess[str]:
+        spec = stack.spec(f"quiet-{mode}", slow=5.0)  # still running when it is cancelled
+        argv = [stack.url, str(stack.tmp / "archive"), str(spec), mode]
+        done = subprocess.run(
+            [sys.executable, "-c", SESSION, *argv],
+            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        assert 0 == done.returncode, done.stderr
+        return done
+
+    quiet = session("plain")
+    assert ("", "") == (quiet.stdout, quiet.stderr)
+    told = session("logging")
+    assert "" == told.stdout
+    assert "coordinator.tasks: task submitted task=" in told.stderr
+    assert "coordinator.restore: task restored task=" in told.stderr

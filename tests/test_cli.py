@@ -23,7 +23,7 @@ import redis
 
 from cairn import Client
 from cairn import __version__ as cairn_version
-from cairn.settings import display_url, load_settings
+from coordinator.settings import display_url, load_settings
 from storage.errors import InvalidSpec
 from storage.redis_server import RedisServer, free_port
 from tests.cli_harness import (

@@ -205,14 +205,6 @@ def test_signed_records_need_the_key() -> None:
         Codec(signing_key=b"secret").decode(Codec().encode(record).data, WorkspaceManifest, "r")
 
 
-def test_signing_key_comes_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    """CAIRN_SIGNING_KEY turns signing on; unset or empty leaves plain SHA-256."""
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret")
-    assert Codec.from_env().signs
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "")
-    assert not Codec.from_env().signs
-
-
 def test_blobs_verify_against_their_address_even_when_signing() -> None:
     """Blobs are sealed with plain SHA-256 (their address) and open under any key."""
     codec = Codec(signing_key=b"secret")

@@ -1,6 +1,7 @@
 """The specs under examples/ load, and the scripted team runs to success on real workers.
 
-The OpenAI-model spec is only loaded: running it needs a network and a key.
+The specs on real models (OpenAI, Anthropic) are only loaded: running them needs a
+network and a key.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ EXAMPLES = ROOT / "examples"
 SPECS = sorted(p for p in EXAMPLES.iterdir() if p.suffix in {".yaml", ".yml", ".json"})
 
 
-def test_there_are_the_two_example_specs() -> None:
-    """The scripted team and the same team on an OpenAI-compatible model."""
-    assert {"team.yaml", "team-openai.yaml"} <= {p.name for p in SPECS}
+def test_there_are_the_three_example_specs() -> None:
+    """The scripted team and the same team on an OpenAI-compatible model and on Claude."""
+    assert {"team.yaml", "team-openai.yaml", "team-anthropic.yaml"} <= {p.name for p in SPECS}
 
 
 @pytest.mark.parametrize("path", SPECS, ids=[p.name for p in SPECS])
@@ -32,10 +33,11 @@ def test_every_example_spec_loads(path: Path) -> None:
     assert spec.verify
 
 
-def test_the_openai_team_is_the_scripted_team_on_a_real_model() -> None:
+@pytest.mark.parametrize(("name", "provider"), [("openai", "openai:"), ("anthropic", "anthropic:")])
+def test_the_real_model_teams_are_the_scripted_team(name: str, provider: str) -> None:
     """Same task, files, verify and agents; a model and a prompt instead of scripts."""
     scripted = load_spec(EXAMPLES / "team.yaml")
-    real = load_spec(EXAMPLES / "team-openai.yaml")
+    real = load_spec(EXAMPLES / f"team-{name}.yaml")
     assert (scripted.goal, scripted.files, scripted.verify) == (
         real.goal,
         real.files,
@@ -43,7 +45,7 @@ def test_the_openai_team_is_the_scripted_team_on_a_real_model() -> None:
     )
     assert [a.name for a in scripted.agents] == [a.name for a in real.agents]
     for agent in real.agents:
-        assert agent.model.startswith("openai:")
+        assert agent.model.startswith(provider)
         assert not agent.script
         assert len(agent.system) > 100  # enough for a real model to know its part
 

@@ -14,7 +14,7 @@ from pydantic import JsonValue
 
 import coordinator.spec
 from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS
-from agents.models.openai import MAX_RESPONSE_BYTES
+from agents.models.http import MAX_RESPONSE_BYTES
 from agents.spec import MAX_PROMPT_CHARS, StepPolicy, parse_model
 from agents.tools import MAX_MESSAGE, MAX_WRITE, ToolContext
 from agents.workspace import Workspace

@@ -1,9 +1,14 @@
-"""OpenAIModel against a scripted chat-completions server on 127.0.0.1."""
+"""OpenAIModel against a scripted chat-completions server on 127.0.0.1.
+
+The server (`ScriptedServer`, an http.server in a thread on a free port) answers every POST
+with the next response of its script, whatever the path, so the Anthropic tests use it too.
+"""
 
 from __future__ import annotations
 
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
@@ -16,7 +21,9 @@ import pytest
 from pydantic import JsonValue
 
 from agents.models.base import ModelRequest, ToolSchema
-from agents.models.openai import API_KEY_VARIABLES, OpenAIModel
+from agents.models.openai import OpenAIModel
+from agents.models.registry import build_model, default_key_variables
+from agents.spec import AgentSpec
 from storage.errors import ModelError
 from storage.records import Message, Role, ToolCall, Usage
 
@@ -25,12 +32,16 @@ FAKE_KEY = "sk-test-secret-0123456789"
 
 @dataclass
 class Scripted:
-    """One response the server will give: status, body, headers, and a delay first."""
+    """One response the server will give: status, body, headers, and a delay first.
+
+    With `trickle`, the body goes out one byte at a time, `trickle` seconds apart.
+    """
 
     status: int = 200
     body: bytes = b"{}"
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
+    trickle: float = 0.0
 
 
 @dataclass
@@ -57,8 +68,13 @@ class ScriptedServer(ThreadingHTTPServer):
 
     @property
     def base_url(self) -> str:
-        """The `base_url` a model should be given."""
-        return f"http://127.0.0.1:{self.server_address[1]}/v1"
+        """The `base_url` an OpenAI-compatible model should be given."""
+        return f"{self.root_url}/v1"
+
+    @property
+    def root_url(self) -> str:
+        """The server's root URL (Anthropic's `base_url` has no /v1)."""
+        return f"http://127.0.0.1:{self.server_address[1]}"
 
     def next_response(self, received: Received) -> Scripted:
         """Record `received` and return the next scripted response (a 599 once out)."""
@@ -85,7 +101,13 @@ class ScriptedHandler(BaseHTTPRequestHandler):
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(response.body)))
             self.end_headers()
-            self.wfile.write(response.body)
+            if not response.trickle:
+                self.wfile.write(response.body)
+            for index in range(len(response.body) if response.trickle else 0):
+                self.wfile.write(response.body[index : index + 1])
+                self.wfile.flush()
+                if server.stopping.wait(response.trickle):
+                    break
         except OSError:
             pass  # the client gave up (a timeout test); nobody is left to answer
 
@@ -101,7 +123,7 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
 
 def serve_scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
     """Run a `ScriptedServer` until resumed (a fixture's body: tests of other files share it)."""
-    for variable in API_KEY_VARIABLES:
+    for variable in (*default_key_variables("openai"), *default_key_variables("anthropic")):
         monkeypatch.delenv(variable, raising=False)
     # A proxy configured in the environment must not see the requests to 127.0.0.1.
     monkeypatch.setenv("no_proxy", "*")
@@ -221,9 +243,22 @@ def test_tool_calls_round_trip(server: ScriptedServer) -> None:
 
 
 def test_usage_parsed(server: ScriptedServer) -> None:
-    """Prompt and completion tokens come back as Usage; a reply without usage has zeros."""
-    server.script = [reply("a", usage={"prompt_tokens": 12, "completion_tokens": 3}), reply("b")]
+    """Prompt, completion and cached tokens come back as Usage; no usage gives zeros."""
+    server.script = [
+        reply(
+            "a",
+            usage={
+                "prompt_tokens": 1200,
+                "completion_tokens": 3,
+                "prompt_tokens_details": {"cached_tokens": 1024},
+            },
+        ),
+        reply("b", usage={"prompt_tokens": 12, "completion_tokens": 3}),
+        reply("c"),
+    ]
     model = model_for(server, [])
+    expected = Usage(prompt_tokens=1200, completion_tokens=3, cached_tokens=1024)
+    assert expected == model.complete(ask()).usage
     assert Usage(prompt_tokens=12, completion_tokens=3) == model.complete(ask()).usage
     assert Usage() == model.complete(ask()).usage
 
@@ -288,15 +323,57 @@ def test_other_4xx_is_fatal(server: ScriptedServer) -> None:
     assert not caught.value.retryable
 
 
-def test_timeout_is_retryable(server: ScriptedServer) -> None:
-    """A server slower than the timeout is retried, then raises a retryable ModelError."""
+def test_a_reply_past_timeout_is_retryable(server: ScriptedServer) -> None:
+    """A server silent past `timeout` gives a retryable ModelError at the deadline.
+
+    `timeout` bounds the whole call, retries included: no retry is started past it.
+    """
     server.script = [Scripted(delay=10.0), Scripted(delay=10.0)]
     sleeps: list[float] = []
+    started = time.monotonic()
     with pytest.raises(ModelError) as caught:
-        model_for(server, sleeps, timeout=0.2, max_retries=1).complete(ask())
+        model_for(server, sleeps, timeout=0.5, max_retries=3).complete(ask())
+    assert time.monotonic() - started < 2.0
     assert caught.value.retryable
-    assert "timed out" in str(caught.value)
-    assert 2 == len(server.received)
+    assert "model call failed after 1 attempts: timed out after 0.5 s" == str(caught.value)
+    assert 1 == len(server.received)
+
+
+def test_a_slow_reply_inside_timeout_succeeds(server: ScriptedServer) -> None:
+    """A server silent for 1.5 s, then answering, is waited for under a 3 s timeout.
+
+    Nothing cuts the call before `timeout`: no per-read socket timeout shorter than the
+    call, which a long generation (no byte sent until it is done) would outlast and pay for
+    again on the retry.
+    """
+    server.script = [Scripted(200, reply("took a while").body, delay=1.5)]
+    started = time.monotonic()
+    answer = model_for(server, [], timeout=3.0, max_retries=0).complete(ask())
+    assert "took a while" == answer.content
+    assert time.monotonic() - started >= 1.5
+
+
+def test_a_trickled_reply_is_cut_at_timeout(server: ScriptedServer) -> None:
+    """A body sent a byte every 50 ms, each read quick, is still cut at the call's deadline."""
+    server.script = [Scripted(200, reply("x" * 200).body, trickle=0.05)]
+    started = time.monotonic()
+    with pytest.raises(ModelError) as caught:
+        model_for(server, [], timeout=1.0, max_retries=0).complete(ask())
+    assert time.monotonic() - started < 2.0
+    assert caught.value.retryable
+    assert "timed out after 1 s" in str(caught.value)
+
+
+def test_no_retry_is_started_past_timeout(server: ScriptedServer) -> None:
+    """A 429 asking for a wait that ends past the deadline fails at once, retryable."""
+    server.script = [failure(429, "slow down", {"Retry-After": "20"}), reply("late")]
+    sleeps: list[float] = []
+    with pytest.raises(ModelError) as caught:
+        model_for(server, sleeps, timeout=5.0).complete(ask())
+    assert caught.value.retryable
+    assert "HTTP 429: slow down" in str(caught.value)
+    assert [] == sleeps
+    assert 1 == len(server.received)
 
 
 @pytest.mark.usefixtures("server")  # for its environment: no proxy, no key
@@ -361,10 +438,95 @@ def test_no_key_no_authorization_header(server: ScriptedServer) -> None:
     assert "Authorization" not in server.received[0].headers
 
 
-def test_key_from_environment(server: ScriptedServer, monkeypatch: pytest.MonkeyPatch) -> None:
-    """CAIRN_OPENAI_API_KEY is preferred to OPENAI_API_KEY when no key is given."""
-    monkeypatch.setenv("OPENAI_API_KEY", "sk-generic")
-    monkeypatch.setenv("CAIRN_OPENAI_API_KEY", "sk-cairn")
+def test_key_from_the_environment_given(server: ScriptedServer) -> None:
+    """Without api_key_env, CAIRN_OPENAI_API_KEY is preferred to OPENAI_API_KEY."""
+    spec = AgentSpec(name="a", model="openai:gpt-test", base_url=server.base_url)
+    environ = {"OPENAI_API_KEY": "sk-generic", "CAIRN_OPENAI_API_KEY": "sk-cairn"}
+    server.script = [reply("ok"), reply("ok")]
+    build_model(spec, environ).complete(ask())
+    build_model(spec, {"OPENAI_API_KEY": "sk-generic"}).complete(ask())
+    sent = [r.headers["Authorization"] for r in server.received]
+    assert ["Bearer sk-cairn", "Bearer sk-generic"] == sent
+
+
+def test_the_process_environment_is_not_read(
+    server: ScriptedServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A key in os.environ but not in the environment given is not sent."""
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-process")
+    spec = AgentSpec(name="a", model="openai:gpt-test", base_url=server.base_url)
     server.script = [reply("ok")]
-    model_for(server, []).complete(ask())
-    assert "Bearer sk-cairn" == server.received[0].headers["Authorization"]
+    build_model(spec, {}).complete(ask())
+    assert "Authorization" not in server.received[0].headers
+
+
+def test_params_and_headers_reach_the_server(server: ScriptedServer) -> None:
+    """An agent's params go into the body, its headers onto the request, beside the key."""
+    spec = AgentSpec(
+        name="a",
+        model="openai:gpt-test",
+        base_url=server.base_url,
+        params={"temperature": 0.2, "max_tokens": 50, "seed": 7, "tool_choice": "auto"},
+        headers={"X-Team": "blue", "OpenAI-Organization": "org-1"},
+    )
+    server.script = [reply("ok")]
+    build_model(spec, {"OPENAI_API_KEY": FAKE_KEY}).complete(ask())
+    got = server.received[0]
+    assert {
+        "temperature": 0.2,
+        "max_tokens": 50,
+        "seed": 7,
+        "tool_choice": "auto",
+        "model": "gpt-test",
+        "messages": [{"role": "user", "content": "hi"}],
+    } == got.body
+    assert "blue" == got.headers["X-Team"]
+    assert "org-1" == got.headers["OpenAI-Organization"]
+    assert f"Bearer {FAKE_KEY}" == got.headers["Authorization"]
+
+
+def test_several_tool_calls_in_one_turn(server: ScriptedServer) -> None:
+    """Two calls of one turn come back in order; their results go out one message each."""
+    calls: list[dict[str, JsonValue]] = [
+        {"id": "c1", "type": "function", "function": {"name": "read", "arguments": '{"p": "a"}'}},
+        {"id": "c2", "type": "function", "function": {"name": "read", "arguments": '{"p": "b"}'}},
+    ]
+    server.script = [reply("reading both", calls)]
+    model = model_for(server, [])
+    answer = model.complete(ask())
+    assert [
+        ToolCall(id="c1", name="read", args={"p": "a"}),
+        ToolCall(id="c2", name="read", args={"p": "b"}),
+    ] == answer.tool_calls
+    assert "reading both" == answer.content
+    history = [
+        Message(role=Role.USER, content="hi"),
+        Message(role=Role.ASSISTANT, content=answer.content, tool_calls=answer.tool_calls),
+        Message(role=Role.TOOL, content="A", tool_call_id="c1", name="read"),
+        Message(role=Role.TOOL, content="B", tool_call_id="c2", name="read"),
+    ]
+    server.script = [reply("done")]
+    model.complete(ModelRequest(messages=history, tools=[]))
+    sent = server.received[1].body["messages"]
+    assert ["c1", "c2"] == [call["id"] for call in sent[1]["tool_calls"]]
+    assert [("tool", "c1", "A"), ("tool", "c2", "B")] == [
+        (m["role"], m["tool_call_id"], m["content"]) for m in sent[2:]
+    ]
+
+
+def test_a_proxy_from_the_environment_given(server: ScriptedServer) -> None:
+    """http_proxy in the environment given carries the request (absolute-form); no_proxy not."""
+    server.script = [reply("via proxy"), reply("direct")]
+    proxied = OpenAIModel(
+        "m", "http://models.invalid/v1", environ={"http_proxy": server.root_url}, max_retries=0
+    )
+    assert "via proxy" == proxied.complete(ask()).content
+    assert "http://models.invalid/v1/chat/completions" == server.received[0].path
+    direct = OpenAIModel(
+        "m",
+        server.base_url,
+        environ={"HTTP_PROXY": "http://127.0.0.1:9", "NO_PROXY": "localhost,127.0.0.1"},
+        max_retries=0,
+    )
+    assert "direct" == direct.complete(ask()).content
+    assert "/v1/chat/completions" == server.received[1].path

@@ -144,9 +144,7 @@ def test_mismatching_context_names_file_hunk_and_line() -> None:
         ("--- a/f\n+++ b/f\n", "malformed patch: f has a file header but no '@@' hunk"),
         ("@@ -1 +1 @@\n-x\n+y\n", "has no '--- old' / '+++ new' header"),
         ("--- a/f\n+++ b/f\n@@ -1,x +1 @@\n-x\n", "malformed hunk 1 of f: header '@@ -1,x"),
-        ("--- a/f\n+++ b/f\n@@ -1,2 +1,2 @@\n-x\n+y\n", "declares 2 old and 2 new lines but the"),
-        ("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-x\n+y\n+z\n", "declares 1 old and 1 new lines but the"),
-        ("--- a/f\n+++ b/f\n@@ -1 +1 @@\n-x\n?y\n", "body has 1 and 0"),
+        ("--- a/f\n+++ b/f\n@@ -1 +1 @@\n?y\n", "malformed hunk 1 of f: it has no lines"),
         ("--- /dev/null\n+++ /dev/null\n@@ -0,0 +1 @@\n+x\n", "both '---' and '+++' are /dev/null"),
         (
             "--- a/f\n+++ b/f\n@@ -5 +5 @@\n-x\n+y\n@@ -3 +3 @@\n-x\n+y\n",
@@ -156,10 +154,40 @@ def test_mismatching_context_names_file_hunk_and_line() -> None:
     ],
 )
 def test_malformed_patch_is_refused(diff: str, message: str) -> None:
-    """Bad headers, wrong hunk counts and misplaced hunks are refused while parsing."""
+    """Bad headers, empty hunks and misplaced hunks are refused while parsing."""
     with pytest.raises(PatchError, match=re.escape(message)) as raised:
         parse_patch(diff)
     assert "\n" not in str(raised.value)
+
+
+@pytest.mark.parametrize(
+    ("original", "diff", "expected"),
+    [
+        ("x\n", "@@ -1 +1 @@\n-x\n+y\n+z\n", "y\nz\n"),
+        ("x\nw\n", "@@ -1,2 +1,2 @@\n-x\n+y\n", "y\nw\n"),
+        ("a\nx\nb\n", "@@ -2,9 +2,1 @@\n a\n-x\n+X\n+Y\n b\n", "a\nX\nY\nb\n"),
+        ("x\n", "@@ -1,5 +1,5 @@\n-x\n+y\n\n\nThat is the fix.\n", "y\n"),
+        ("x\n", "@@ -1,0 +1,0 @@\n-x\n+y\n-- \n2.43.0\n", "y\n"),
+    ],
+    ids=["too-few", "too-many", "far-off", "blank-lines-then-words", "mail-signature"],
+)
+def test_a_hunk_whose_header_miscounts_its_lines_applies_as_its_body_says(
+    original: str, diff: str, expected: str
+) -> None:
+    """The counts are read from the body; empty lines and words after it are not part of it."""
+    assert expected == apply_one(original, "--- a/f\n+++ b/f\n" + diff)
+
+
+def test_a_miscounted_hunk_ends_at_the_next_file() -> None:
+    """A hunk that claims more lines than it has stops at the next file's header."""
+    diff = (
+        "--- a/one\n+++ b/one\n@@ -1,4 +1,4 @@\n-1\n+one\n"
+        "--- a/two\n+++ b/two\n@@ -1 +1 @@\n-2\n+two\n+2b\n"
+        "@@ -3 +4 @@\n-4\n+four\n"
+    )
+    one, two = parse_patch(diff)
+    assert "one\n" == apply_file_patch("1\n", one)
+    assert "two\n2b\n3\nfour\n" == apply_file_patch("2\n3\n4\n", two)
 
 
 @pytest.mark.parametrize(

@@ -91,3 +91,22 @@ def test_a_missing_spec_or_workspace_is_a_clear_error(tmp_path: Path) -> None:
     )
     with pytest.raises(InvalidSpec, match="not a directory"):
         load_spec(tmp_path / "spec.yaml").workspace_files(tmp_path)
+
+
+def test_an_agents_model_timeout_must_be_below_the_step_timeout(tmp_path: Path) -> None:
+    """A model call allowed to outlast its step would be retried, and paid for, twice."""
+    spec = {
+        "name": "t",
+        "goal": "g",
+        "step_timeout": 120,
+        "agents": [{"name": "slow", "model": "openai:gpt-4o-mini", "timeout": 600}],
+    }
+    path = tmp_path / "spec.json"
+    path.write_text(json.dumps(spec))
+    with pytest.raises(InvalidSpec, match=r"agent slow: timeout \(600 s\) must be below"):
+        load_spec(path)
+    path.write_text(json.dumps({**spec, "step_timeout": 900}))
+    assert 900.0 == load_spec(path).step_timeout
+    scripted = {**spec, "agents": [{"name": "s", "model": "scripted", "script": []}]}
+    path.write_text(json.dumps(scripted))
+    assert 120.0 == load_spec(path).step_timeout  # a script calls nothing that could take long

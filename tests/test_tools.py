@@ -7,10 +7,11 @@ from pathlib import Path
 
 import pytest
 
-from agents.spec import StepPolicy
+from agents.spec import TOOL_NAMES, StepPolicy
 from agents.tools import TOOLS, ToolContext
 from agents.workspace import Workspace
 from storage.errors import ToolError
+from storage.records import Effects
 
 
 @pytest.fixture
@@ -142,11 +143,19 @@ def test_send_message_goes_to_the_outbox(ctx: ToolContext) -> None:
             call(ctx, "send_message", to=bad, content="x")
 
 
-def test_tools_declare_their_side_effects() -> None:
-    """Exactly the tools that change the world say so."""
-    assert {"write_file", "apply_patch", "run_command", "send_message"} == {
-        name for name, tool in TOOLS.items() if tool.side_effect
-    }
+def test_tools_declare_their_effects() -> None:
+    """Readers have none; the step's tree and outbox are the workspace; a command is external."""
+    assert {
+        "list_files": Effects.NONE,
+        "read_file": Effects.NONE,
+        "write_file": Effects.WORKSPACE,
+        "edit_file": Effects.WORKSPACE,
+        "apply_patch": Effects.WORKSPACE,
+        "run_command": Effects.EXTERNAL,
+        "send_message": Effects.WORKSPACE,
+        "finish": Effects.NONE,
+    } == {name: tool.effects for name, tool in TOOLS.items()}
+    assert list(TOOL_NAMES) == list(TOOLS)  # a spec's default tools are the built-ins
 
 
 def test_missing_arguments_are_errors_for_the_model(ctx: ToolContext) -> None:

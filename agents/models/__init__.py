@@ -1,1 +1,1 @@
-"""Models an agent can think with: the protocol, the scripted model and OpenAI-compatible."""
+"""Models an agent can think with: the protocol, the providers (scripted, openai, anthropic)."""

@@ -1,12 +1,15 @@
 """The `Model` protocol: messages and tool schemas in; text, tool calls and usage out.
 
 A model either answers with a `ModelReply` or raises `storage.errors.ModelError`, whose
-`retryable` flag tells the coordinator whether a retry of the step may help.
+`retryable` flag tells the coordinator whether a retry of the step may help. A provider
+(`ModelProvider`) builds a model from a `ModelConfig`: the part of `model:` after the
+colon and the agent's options. docs/models.md is the guide for writing one.
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -55,10 +58,50 @@ class ModelReply:
 
 
 class Model(Protocol):
-    """Anything that takes a model turn."""
+    """Anything that takes a model turn.
+
+    `complete` is called from a worker thread, once per step, synchronously; it must
+    return within the agent's `timeout` or raise. It raises nothing but `ModelError`:
+    `retryable=True` for what another attempt may fix (a timeout, a rate limit, a reply
+    too large or malformed), `retryable=False` for what it will not (bad credentials, a
+    refused request). Its message is one line with no secret in it: it is stored and shown.
+    `ModelReply.usage` carries the call's tokens; `check_reply` bounds a reply's size.
+    """
 
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer one turn, or raise `ModelError` (retryable or fatal)."""
+
+
+@dataclass(frozen=True, slots=True)
+class ModelConfig:
+    """What a provider is given to build an agent's model.
+
+    `name` is the part of `model:` after `<provider>:`; `api_key` is the value of the
+    agent's `api_key_env` (or the provider's default variable) in the worker's
+    environment, None when unset. `params` go into the request body as they are;
+    `headers` into every request. `environ` is the worker's environment, for a provider
+    that needs more than a key (a region, a proxy).
+    """
+
+    provider: str
+    name: str
+    base_url: str | None = None
+    api_key: str | None = None
+    timeout: float = 600.0
+    params: Mapping[str, JsonValue] = field(default_factory=dict)
+    headers: Mapping[str, str] = field(default_factory=dict)
+    environ: Mapping[str, str] = field(default_factory=dict)
+
+
+class ModelProvider(Protocol):
+    """What a `cairn.models` entry point names: a callable from a config to a model.
+
+    It may raise `ValueError` for a config it cannot serve (the step fails fatally with
+    the message); it should not do network I/O, which belongs in `Model.complete`.
+    """
+
+    def __call__(self, config: ModelConfig) -> Model:
+        """Build the model `config` describes."""
 
 
 def check_reply(reply: ModelReply) -> ModelReply:

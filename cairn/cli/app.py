@@ -20,7 +20,7 @@ from cairn.cli.commands import Handler, Session
 from cairn.cli.exits import Exit
 from cairn.cli.parse import GLOBAL_OPTIONS, UsageError, build_parser
 from cairn.cli.render import say
-from cairn.settings import Settings, load_settings
+from coordinator.settings import Settings, load_settings
 from storage.errors import (
     CairnError,
     InvalidName,

@@ -17,14 +17,16 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
+from agents.mcp.config import load_mcp_config
+from agents.toolkit import load_tools
 from cairn.cli import render
 from cairn.cli.demo import run_demo
 from cairn.cli.exits import Exit
 from cairn.cli.processes import run_coordinator, run_up, run_workers
 from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client, Task
-from cairn.settings import Settings
 from coordinator.runs import TaskState
+from coordinator.settings import Settings
 from coordinator.spec import load_spec
 from coordinator.views import TaskStatus
 from storage.errors import InvalidSpec
@@ -231,8 +233,22 @@ def archive(args: argparse.Namespace, session: Session) -> int:
 
 
 def worker(args: argparse.Namespace, session: Session) -> int:
-    """Run worker processes in the foreground."""
-    return run_workers(session.client, args.count, session.console)
+    """Run worker processes in the foreground, with the tools and MCP servers asked for.
+
+    Both are checked here first, so a bad module or file is one line, not workers that
+    die as they start.
+    """
+    settings = session.settings
+    extra: dict[str, object] = {}
+    if args.tools:
+        extra["tools"] = (*settings.tools, *args.tools)
+    if args.mcp_config:
+        extra["mcp_config"] = Path(args.mcp_config)
+    settings = settings.model_copy(update=extra)
+    load_tools(settings.tools)
+    if settings.mcp_config is not None:
+        load_mcp_config(settings.mcp_config, settings.environ)
+    return run_workers(session.client, args.count, session.console, settings)
 
 
 def coordinator(args: argparse.Namespace, session: Session) -> int:
@@ -247,8 +263,8 @@ def demo(args: argparse.Namespace, session: Session) -> int:
         settings.state_dir / "demo",
         say=print,
         model=args.model,
-        url=settings.redis_url,
         base_url=args.base_url,
+        settings=settings,
     )
 
 

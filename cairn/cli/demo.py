@@ -27,13 +27,12 @@ from typing import cast
 from agents.logs import configure_logging
 from coordinator.coordinator import Coordinator, StepRun
 from coordinator.runs import TaskState
+from coordinator.settings import Settings, load_settings, open_store
 from coordinator.spec import TaskSpec, load_spec
 from coordinator.tasks import Tasks
 from coordinator.views import TaskStatus
 from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
+from storage.backends.redis import connect
 from storage.errors import CairnError
 from storage.records import GCStatus, GlobalCheckpoint
 from storage.redis_server import RedisServer
@@ -64,19 +63,20 @@ class Workers:
     """The demo's worker processes (`python -m coordinator.worker`), each its own cache.
 
     Each learns its Redis from `CAIRN_REDIS_URL`: a URL on its command line would show.
+    Its other settings are the demo's, with the archive in the demo's state directory.
     """
 
     url: str
     state: Path
+    settings: Settings = field(default_factory=load_settings)
     processes: list[subprocess.Popen[bytes]] = field(default_factory=list)
 
     def start(self) -> subprocess.Popen[bytes]:
         """Start one more worker."""
         n = len(self.processes)
+        archived = self.settings.model_copy(update={"archive_dir": self.state / "archive"})
         env = {
-            **os.environ,
-            "CAIRN_REDIS_URL": self.url,
-            "CAIRN_ARCHIVE_DIR": str(self.state / "archive"),
+            **archived.child_env(self.url),
             "CAIRN_CACHE_DIR": str(self.state / f"worker-{n}"),
             "CAIRN_LOG_FORMAT": "json",
         }
@@ -219,24 +219,27 @@ def run_demo(
     state: Path,
     say: Say = print,
     model: str | None = None,
-    url: str | None = None,
     base_url: str | None = None,
+    settings: Settings | None = None,
 ) -> int:
-    """Run the demo on Redis `url` (None: a private one) with its state under `state`.
+    """Run the demo with its state under `state`, on the settings' Redis, else a private one.
 
     The state holds the archive, the workers' caches and the logs (and the private
-    Redis's AOF). Return the exit code: 0 when the task succeeded.
+    Redis's AOF); `settings` default to the process's `CAIRN_*`. Return the exit code: 0
+    when the task succeeded.
     """
+    settings = settings or load_settings()
+    archive = state / "archive"
+    settings = settings.model_copy(update={"archive_dir": archive})
     state.mkdir(parents=True, exist_ok=True)
     with contextlib.ExitStack() as stack:
         logs = stack.enter_context((state / "coordinator.log").open("a"))
         configure_logging("json", "info", stream=logs)  # the story is printed; details there
-        url = stack.enter_context(redis_url(url, state, say))
+        url = stack.enter_context(redis_url(settings.redis_url, state, say))
         client = connect(url)
         stack.callback(client.close)
-        archive = state / "archive"
-        store = CheckpointStore(RedisHotStore(client), DiskArchive(archive), Codec.from_env())
-        workers = Workers(url, state)
+        store = open_store(settings, client)
+        workers = Workers(url, state, settings)
         stack.callback(workers.stop)
         for _ in range(2):
             workers.start()
@@ -265,9 +268,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default=None, help="openai:<name> instead of the scripts")
     parser.add_argument("--base-url", default=None, help="an OpenAI-compatible endpoint")
     args = parser.parse_args(argv)
-    url = os.environ.get("CAIRN_REDIS_URL")
     try:
-        return run_demo(args.state, model=args.model, url=url, base_url=args.base_url)
+        settings = load_settings()  # CAIRN_*: a CAIRN_REDIS_URL runs the demo on that Redis
+        return run_demo(args.state, model=args.model, base_url=args.base_url, settings=settings)
     except CairnError as exc:
         print(f"cairn demo: {exc}", file=sys.stderr)
         return 1

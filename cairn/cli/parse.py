@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from cairn.cli import commands
 from cairn.cli.exits import EPILOG
-from cairn.settings import LOG_FORMATS, LOG_LEVELS
+from coordinator.settings import LOG_FORMATS, LOG_LEVELS
 
 DESCRIPTION = "Crash-safe checkpoints for teams of LLM agents."
 GLOBAL_OPTIONS = (
@@ -148,8 +148,7 @@ def build_parser() -> Parser:
         ("cancel", "end the task now"),
     ):
         command(name, commands.lifecycle, doc).add_argument("task")
-    cmd = command("worker", commands.worker, "run worker processes", json=False)
-    cmd.add_argument("--count", type=_positive, default=1, help="how many (default 1)")
+    _worker_options(command("worker", commands.worker, "run worker processes", json=False))
     cmd = command("coordinator", commands.coordinator, "run a coordinator", json=False)
     cmd.add_argument("--name", default=f"{socket.gethostname()}-{os.getpid()}")
     cmd.add_argument("--lease-ms", type=_positive, default=5_000, help=argparse.SUPPRESS)
@@ -161,6 +160,21 @@ def build_parser() -> Parser:
     cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
     return parser
+
+
+def _worker_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--count", type=_positive, default=1, help="how many (default 1)")
+    cmd.add_argument(
+        "--tools",
+        action="append",
+        metavar="MODULE",
+        help="a module of Python tools to load (repeatable; CAIRN_TOOLS, comma-separated)",
+    )
+    cmd.add_argument(
+        "--mcp-config",
+        metavar="FILE",
+        help="MCP servers, an mcpServers JSON file (CAIRN_MCP_CONFIG)",
+    )
 
 
 def _positive(text: str) -> int:

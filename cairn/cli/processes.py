@@ -22,18 +22,18 @@ from pathlib import Path
 from types import FrameType
 from typing import IO
 
-import structlog
 from rich.console import Console
 
+from agents.logs import get_logger
 from cairn.client import Client
 from cairn.connection import ping
-from cairn.settings import Settings, display_url
 from coordinator import metrics
 from coordinator.coordinator import Coordinator
+from coordinator.settings import Settings, display_url
 from storage.errors import InvalidSpec, Unavailable
 from storage.redis_server import RedisServer
 
-log = structlog.get_logger("cairn.cli")
+log = get_logger("cairn.cli")
 YOUNG = 5.0  # seconds: a child dying sooner than this is restarted after a backoff
 MAX_BACKOFF = 10.0
 STOP_GRACE = 10.0  # seconds between SIGTERM and SIGKILL at shutdown
@@ -161,10 +161,13 @@ def worker_children(settings: Settings, url: str, count: int, logs: Path | None)
     ]
 
 
-def run_workers(client: Client, count: int, console: Console) -> int:
+def run_workers(
+    client: Client, count: int, console: Console, settings: Settings | None = None
+) -> int:
     """`cairn worker --count N`: run N workers in the foreground until stopped."""
     stop = stop_on_signals()
-    supervisor = Supervisor(worker_children(client.settings, client.url, count, None))
+    children = worker_children(settings or client.settings, client.url, count, None)
+    supervisor = Supervisor(children)
     supervisor.start()
     console.print(f"{count} worker(s) on {display_url(client.url)}; Ctrl-C stops them")
     try:

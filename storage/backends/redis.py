@@ -7,7 +7,6 @@ is idempotent, because redis-py 8 retries a command whose reply it lost (10 trie
 from __future__ import annotations
 
 import importlib.util
-import os
 import time
 from collections.abc import Callable, Iterable
 from importlib import resources
@@ -143,12 +142,13 @@ def _pack_members(members: dict[str, LCRef]) -> str:
 class RedisHotStore:
     """A `HotStore` on one Redis (or a cluster: each script touches one slot)."""
 
-    def __init__(self, client: redis.Redis, *, audit: bool | None = None) -> None:
+    def __init__(self, client: redis.Redis, *, audit: bool = False) -> None:
         self.redis = client
-        # With auditing (default: CAIRN_AUDIT=1), the scripts append every epoch raise,
-        # fence and accepted LC write to the task's `audit` stream, in the order Redis ran
-        # them: the history the chaos suite's checker replays. Off, it costs nothing.
-        self.audit = os.environ.get("CAIRN_AUDIT") == "1" if audit is None else audit
+        # With auditing (the `audit` setting, CAIRN_AUDIT=1), the scripts append every
+        # epoch raise, fence and accepted LC write to the task's `audit` stream, in the
+        # order Redis ran them: the history the chaos suite's checker replays. Off, it
+        # costs nothing.
+        self.audit = audit
         self._audit_flag = "1" if self.audit else "0"
         self._write_lc = script(client, "write_lc")
         self._read_chain = script(client, "read_chain")

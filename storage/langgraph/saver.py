@@ -67,7 +67,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         self.strict = strict
         self.hot_keep = hot_keep
         self.redis = client
-        self.codec = codec or Codec.from_env()
+        self.codec = codec or Codec()
         self.cold = DiskArchive(archive) if archive is not None else None
         self.max_pieces = max_pieces
         self._put = script(client, "lg_put")

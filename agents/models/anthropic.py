@@ -1,0 +1,196 @@
+"""`anthropic:` — Claude through Anthropic's native Messages API, with tool use.
+
+Cairn's history is chat-completions shaped; this module maps it to the Messages API and
+back: leading system messages become `system`; an assistant turn's tool calls become
+`tool_use` blocks and the tool results after it one user turn of `tool_result` blocks
+(several calls in one turn go out and come back together); turns of one role in a row
+are merged, since the API wants user and assistant to alternate. The transport is
+`agents.models.http.Endpoint`, not the `anthropic` SDK, for the reasons in openai.py and
+one more: the SDK refuses a non-streaming request whose `max_tokens` could take over ten
+minutes unless the caller sets its own timeout (docs/models.md weighs it in full).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import orjson
+from pydantic import JsonValue
+
+from agents.models.base import ModelConfig, ModelReply, ModelRequest, ToolSchema, check_reply
+from agents.models.http import DEFAULT_TIMEOUT, Endpoint
+from storage.errors import ModelError
+from storage.ids import new_id
+from storage.records import Message, Role, ToolCall, Usage
+
+DEFAULT_BASE_URL = "https://api.anthropic.com"
+API_VERSION = "2023-06-01"
+DEFAULT_MAX_TOKENS = 8192  # the API requires max_tokens; `params` may set another
+
+
+class AnthropicModel:
+    """A `Model` that asks Anthropic's Messages API (or a server speaking it) for each turn.
+
+    Requests go to `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`;
+    `params` (max_tokens, temperature, top_p, tool_choice, ...) go into every body.
+    `timeout` bounds the whole call, retries included; `Endpoint` says how it retries.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        base_url: str = DEFAULT_BASE_URL,
+        api_key: str | None = None,
+        timeout: float = DEFAULT_TIMEOUT,
+        max_retries: int = 4,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        sleep: Callable[[float], None] = time.sleep,
+        *,
+        params: Mapping[str, JsonValue] | None = None,
+        headers: Mapping[str, str] | None = None,
+        environ: Mapping[str, str] | None = None,
+    ) -> None:
+        self.model = model
+        self.params = dict(params or {})
+        sent = {"anthropic-version": API_VERSION, **(headers or {})}
+        if api_key:
+            sent["x-api-key"] = api_key
+        self.endpoint = Endpoint(
+            base_url.rstrip("/") + "/v1/messages",
+            sent,
+            secret=api_key,
+            timeout=timeout,
+            max_retries=max_retries,
+            backoff=backoff,
+            max_backoff=max_backoff,
+            environ=environ,
+            sleep=sleep,
+        )
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
+        system, messages = _wire_history(request.messages)
+        body: dict[str, JsonValue] = {
+            "max_tokens": DEFAULT_MAX_TOKENS,
+            **self.params,
+            "model": self.model,
+            "messages": messages,
+        }
+        if system:
+            body["system"] = system
+        if request.tools:
+            body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        return _parse_reply(self.endpoint.post(orjson.dumps(body)))
+
+
+def build_anthropic(config: ModelConfig) -> AnthropicModel:
+    """The `anthropic:` provider: an `AnthropicModel` for `config`."""
+    return AnthropicModel(
+        config.name,
+        base_url=config.base_url or DEFAULT_BASE_URL,
+        api_key=config.api_key,
+        timeout=config.timeout,
+        params=config.params,
+        headers=config.headers,
+        environ=config.environ,
+    )
+
+
+def _wire_history(history: list[Message]) -> tuple[str, list[JsonValue]]:
+    """The system prompt and the alternating user/assistant turns for `history`."""
+    start = 0
+    while start < len(history) and history[start].role is Role.SYSTEM:
+        start += 1
+    system = "\n\n".join(m.content for m in history[:start] if m.content)
+    turns: list[tuple[str, list[JsonValue]]] = []
+    for message in history[start:]:
+        role, blocks = _wire_blocks(message)
+        if not blocks:
+            continue  # an empty turn: the API refuses empty content
+        if turns and turns[-1][0] == role:
+            turns[-1][1].extend(blocks)
+        else:
+            turns.append((role, blocks))
+    wire: list[JsonValue] = [
+        # In a user turn, tool results come before anything else, or the API refuses it.
+        {"role": role, "content": sorted(blocks, key=_is_not_tool_result)}
+        for role, blocks in turns
+    ]
+    return system, wire
+
+
+def _is_not_tool_result(block: JsonValue) -> bool:
+    return not (isinstance(block, dict) and block.get("type") == "tool_result")
+
+
+def _wire_blocks(message: Message) -> tuple[str, list[JsonValue]]:
+    """The role and content blocks of one message of Cairn's history."""
+    text = message.content or ""
+    if message.role is Role.TOOL:
+        result: dict[str, JsonValue] = {
+            "type": "tool_result",
+            "tool_use_id": message.tool_call_id or "",
+        }
+        if text:
+            result["content"] = text
+        return "user", [result]
+    blocks: list[JsonValue] = [{"type": "text", "text": text}] if text.strip() else []
+    if message.role is Role.ASSISTANT:
+        blocks.extend(
+            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}
+            for call in message.tool_calls
+        )
+        return "assistant", blocks
+    if message.role is Role.SYSTEM and blocks:
+        # A system message after the conversation began: the API has no such turn.
+        blocks = [{"type": "text", "text": f"(system) {text}"}]
+    return "user", blocks
+
+
+def _wire_tool(tool: ToolSchema) -> dict[str, JsonValue]:
+    """`tool` in the Messages API's shape."""
+    return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
+
+
+def _parse_reply(body: bytes) -> ModelReply:
+    """The reply in a 2xx body; raise a retryable `ModelError` when it has none."""
+    try:
+        data = orjson.loads(body)
+        texts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in data["content"]:
+            if block["type"] == "text":
+                texts.append(block["text"])
+            elif block["type"] == "tool_use":
+                calls.append(_parse_tool_use(block))
+        tokens = _parse_usage(data.get("usage") or {})
+    except (ValueError, LookupError, TypeError, AttributeError) as error:
+        # orjson.JSONDecodeError and pydantic's ValidationError are ValueErrors.
+        snippet = " ".join(body[:200].decode(errors="replace").split())
+        raise ModelError(f"malformed response ({error!r}): {snippet}", retryable=True) from error
+    if not all(isinstance(text, str) for text in texts):
+        raise ModelError("malformed response: a text block holds no string", retryable=True)
+    content = "".join(texts) if texts else None
+    return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
+
+
+def _parse_tool_use(block: Mapping[str, Any]) -> ToolCall:
+    """One `tool_use` block; input that is no JSON object comes back as `{"_raw": text}`."""
+    args = block.get("input")
+    if not isinstance(args, dict):
+        args = {"_raw": orjson.dumps(args).decode()}
+    return ToolCall(id=block.get("id") or f"toolu_{new_id()}", name=block["name"], args=args)
+
+
+def _parse_usage(usage: Mapping[str, Any]) -> Usage:
+    """Tokens of one call; the prompt counts what was read from and written to the cache."""
+    cached = usage.get("cache_read_input_tokens") or 0
+    written = usage.get("cache_creation_input_tokens") or 0
+    return Usage(
+        prompt_tokens=(usage.get("input_tokens") or 0) + cached + written,
+        completion_tokens=usage.get("output_tokens") or 0,
+        cached_tokens=cached,
+    )

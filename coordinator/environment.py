@@ -1,0 +1,73 @@
+"""A worker process's environment: what its job functions need, built once per process.
+
+RQ job functions get names and numbers only (JSON), so a job finds the rest here: the
+process's settings (`process_settings`: those the worker's entry point read, else read on
+first use), a Redis client, the metered checkpoint store, the process's cache slot, the
+model factory with the process's credentials, its tools (built-ins, installed entry
+points, `CAIRN_TOOLS` modules) and its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept
+across steps and closed at exit). Building it serves the worker's metrics, if a port is
+configured; a worker builds it before its first job, so a bad tool module or MCP file
+stops the worker with its reason instead of failing every step.
+"""
+
+from __future__ import annotations
+
+import atexit
+from dataclasses import dataclass
+from functools import cache, partial
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import redis
+
+from agents.mcp.config import load_mcp_config
+from agents.step import ModelFactory, build_model
+from agents.toolkit import ToolRegistry, load_tools
+from coordinator import metrics
+from coordinator.settings import Settings, open_store, process_settings
+from coordinator.slots import slot_number, worker_slot
+from storage.backends.redis import connect
+from storage.store import CheckpointStore
+
+if TYPE_CHECKING:
+    from agents.mcp.manager import McpManager
+
+
+@dataclass(frozen=True, slots=True)
+class Environment:
+    """What a worker process needs to run steps and stage restores."""
+
+    settings: Settings
+    redis: redis.Redis
+    store: CheckpointStore
+    cache: Path
+    models: ModelFactory
+    tools: ToolRegistry
+    mcp: McpManager | None
+
+
+@cache
+def environment() -> Environment:
+    """Return the process's environment, built on first use (and its metrics served)."""
+    settings = process_settings()
+    url, _origin = settings.redis()
+    client = connect(url)
+    store = open_store(settings, client, metered=True)
+    serve_worker_metrics(settings)
+    models = partial(build_model, environ=settings.environ)
+    tools = load_tools(settings.tools)
+    mcp = None
+    if settings.mcp_config is not None:
+        from agents.mcp.manager import McpManager  # noqa: PLC0415 - the SDK loads only where used
+
+        mcp = McpManager(load_mcp_config(settings.mcp_config, settings.environ))
+        atexit.register(mcp.close)  # a stdio server's process ends with the worker
+    slot = worker_slot(settings.cache)
+    return Environment(settings, client, store, slot, models, tools, mcp)
+
+
+def serve_worker_metrics(settings: Settings) -> None:
+    """Serve this worker's metrics on the metrics port + 1 + its slot, if a port is set."""
+    if settings.metrics_port is not None:
+        slot = slot_number(worker_slot(settings.cache))
+        metrics.serve(metrics.worker_port(settings.metrics_port, slot), "worker")

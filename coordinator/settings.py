@@ -1,0 +1,243 @@
+"""Cairn's configuration: `CAIRN_*` environment variables, overridden by arguments or flags.
+
+| setting | variable | default |
+| --- | --- | --- |
+| redis_url | `CAIRN_REDIS_URL` | the URL a running `cairn up` wrote in the state directory |
+| state_dir | `CAIRN_STATE_DIR` | `.cairn` |
+| archive_dir | `CAIRN_ARCHIVE_DIR` | `<state_dir>/archive` |
+| cache_dir | `CAIRN_CACHE_DIR` | `<state_dir>/cache` |
+| signing_key | `CAIRN_SIGNING_KEY` | none (records are hashed, not signed) |
+| log_format | `CAIRN_LOG_FORMAT` | `console` in a terminal, else `json` |
+| log_level | `CAIRN_LOG_LEVEL` | `warning` for one-shot commands, `info` for processes |
+| metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint; see `coordinator.metrics`) |
+| audit | `CAIRN_AUDIT` | off (`1` turns the audit stream on) |
+| tools | `CAIRN_TOOLS` | none: modules of Python tools a worker loads (comma-separated) |
+| mcp_config | `CAIRN_MCP_CONFIG` | none: a worker's MCP servers (an `mcpServers` JSON file) |
+
+This is the one module that reads the process environment. Every process reads its
+settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
+`python -m coordinator.worker`, a `CairnWorker` under stock `rq worker`, whose job
+functions take `process_settings()`), and hands explicit values down: a store from
+`open_store`, a codec's key, a log format and level. A new setting is one annotated field
+of `Settings`, read from `CAIRN_<FIELD>`.
+
+`Settings.environ` is the process environment as it was when the settings were read, for
+what names its variables elsewhere (a model's API key: `CAIRN_OPENAI_API_KEY`, else
+`OPENAI_API_KEY`). The signing key has no flag on purpose: a flag would show it in every
+process listing. Worker and coordinator processes the CLI starts get the resolved values
+as `CAIRN_*` variables (the Redis URL among them, never on their command line).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from types import MappingProxyType
+from typing import Annotated, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import redis
+from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from coordinator.metrics import MeteredHotStore, MeteredStore
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore
+from storage.chain import DEFAULT_FULL_EVERY
+from storage.codec import Codec
+from storage.errors import InvalidSpec
+from storage.store import CheckpointStore
+
+URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs
+SCHEMES = ("redis", "rediss", "unix")
+LOG_FORMATS = ("console", "json")
+LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+
+
+class Settings(BaseSettings):
+    """Cairn's settings as every process resolves them (see the module's table)."""
+
+    model_config = SettingsConfigDict(env_prefix="CAIRN_", extra="ignore", env_ignore_empty=True)
+
+    redis_url: str | None = None
+    state_dir: Path = Path(".cairn")
+    archive_dir: Path | None = None
+    cache_dir: Path | None = None
+    signing_key: SecretStr | None = None
+    log_format: Literal["console", "json"] | None = None
+    log_level: str | None = None
+    metrics_port: int | None = Field(default=None, ge=1, le=65_535)
+    audit: bool = False
+    tools: Annotated[tuple[str, ...], NoDecode] = ()
+    mcp_config: Path | None = None
+    _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
+
+    @field_validator("redis_url")
+    @classmethod
+    def _known_scheme(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in SCHEMES:
+            raise ValueError(f"must start with one of {', '.join(s + '://' for s in SCHEMES)}")
+        if parts.scheme != "unix" and not parts.hostname:
+            raise ValueError("names no host")
+        if parts.scheme == "unix" and not parts.path:
+            raise ValueError("names no socket path")
+        return value
+
+    @field_validator("tools", mode="before")
+    @classmethod
+    def _module_list(cls, value: object) -> object:
+        if isinstance(value, str):  # CAIRN_TOOLS=a.tools,b.tools (or a JSON list)
+            text = value.strip()
+            parts = json.loads(text) if text.startswith("[") else text.split(",")
+            return tuple(str(p).strip() for p in parts if str(p).strip())
+        return value
+
+    @field_validator("log_level")
+    @classmethod
+    def _known_level(cls, value: str | None) -> str | None:
+        if value is not None and value.lower() not in LOG_LEVELS:
+            raise ValueError(f"must be one of {', '.join(LOG_LEVELS)}")
+        return None if value is None else value.lower()
+
+    @property
+    def archive(self) -> Path:
+        """The archive directory."""
+        return self.archive_dir or self.state_dir / "archive"
+
+    @property
+    def cache(self) -> Path:
+        """Where workers (and the coordinator's verify) keep workspace copies."""
+        return self.cache_dir or self.state_dir / "cache"
+
+    @property
+    def url_file(self) -> Path:
+        """Where a running `cairn up` says which Redis it started."""
+        return self.state_dir / URL_FILE
+
+    @property
+    def environ(self) -> Mapping[str, str]:
+        """The process environment when these settings were read (read-only)."""
+        return MappingProxyType(self._environ)
+
+    def key(self) -> bytes | None:
+        """The signing key as the codec takes it."""
+        secret = self.signing_key.get_secret_value() if self.signing_key else ""
+        return secret.encode() or None
+
+    def redis(self) -> tuple[str, str]:
+        """Return the Redis URL to use and where it came from.
+
+        Raises `InvalidSpec` when none is configured and no `cairn up` is running here.
+        """
+        if self.redis_url:
+            return self.redis_url, "CAIRN_REDIS_URL"
+        try:
+            written = self.url_file.read_text().strip()
+        except OSError:
+            written = ""
+        if written:
+            return written, f"{self.url_file}, written by `cairn up`"
+        raise InvalidSpec(
+            "no Redis configured: set CAIRN_REDIS_URL (or --redis-url), or run `cairn up`"
+        )
+
+    def child_env(self, url: str) -> dict[str, str]:
+        """The environment of a worker or coordinator process the CLI starts.
+
+        Every setting, as resolved here (flags included), as its `CAIRN_*` variable: the
+        Redis at `url`, directories as absolute paths.
+        """
+        env = dict(self._environ)
+        resolved: dict[str, object] = {
+            **{name: getattr(self, name) for name in type(self).model_fields},
+            "redis_url": url,
+            "state_dir": self.state_dir.resolve(),
+            "archive_dir": self.archive.resolve(),
+            "cache_dir": self.cache.resolve(),
+        }
+        for name, value in resolved.items():
+            if value is not None:
+                env[f"CAIRN_{name.upper()}"] = _as_variable(value)
+        return env
+
+
+def _as_variable(value: object) -> str:
+    """A setting's value as its environment variable spells it."""
+    if isinstance(value, SecretStr):
+        return value.get_secret_value()
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    if isinstance(value, tuple):
+        return ",".join(value)
+    if isinstance(value, list | dict):
+        return json.dumps(value)  # pydantic-settings reads complex values as JSON
+    return str(value)
+
+
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings from the environment, with `overrides` (flags) taking precedence.
+
+    Raises `InvalidSpec` naming the variable and the reason for a value that is not valid.
+    """
+    given = {name: value for name, value in overrides.items() if value is not None}
+    try:
+        return Settings(**given)  # type: ignore[arg-type]  # flags are checked here, by pydantic
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = str(first["loc"][0]) if first["loc"] else "settings"
+        source = f"--{field.replace('_', '-')}" if field in given else f"CAIRN_{field.upper()}"
+        raise InvalidSpec(f"invalid setting {source}: {first['msg']}") from None
+
+
+def open_store(
+    settings: Settings,
+    client: redis.Redis,
+    *,
+    metered: bool = False,
+    full_every: int = DEFAULT_FULL_EVERY,
+) -> CheckpointStore:
+    """The checkpoint store over `client` with the configured archive, signing key and audit.
+
+    Every process builds its store here. `metered` observes each LC write's time and size
+    in the process's metrics (workers serve them).
+    """
+    hot, store = (MeteredHotStore, MeteredStore) if metered else (RedisHotStore, CheckpointStore)
+    return store(
+        hot(client, audit=settings.audit),
+        DiskArchive(settings.archive),
+        Codec(signing_key=settings.key()),
+        full_every,
+    )
+
+
+_process: list[Settings] = []  # this process's settings, once read or given
+
+
+def use_settings(settings: Settings) -> None:
+    """Make `settings` this process's, for the job functions that run in it."""
+    _process[:] = [settings]
+
+
+def process_settings() -> Settings:
+    """Return the process's settings: those its entry point gave, else read now, once.
+
+    RQ job functions take their settings here: a job carries names and numbers only.
+    """
+    if not _process:
+        _process.append(load_settings())
+    return _process[0]
+
+
+def display_url(url: str) -> str:
+    """`url` with its password masked, for messages and logs."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))

@@ -1,0 +1,30 @@
+"""The workers' side of a coordinated restore: stage one agent's state of a GC, with a vote.
+
+`coordinator.restore.Restorer` asks for it (one control job per agent, or inline), then
+commits the restore once every agent voted. Staging writes a new LC under the restore's
+epoch and changes nothing live: the restore's commit is what swaps the staged states in.
+"""
+
+from __future__ import annotations
+
+from agents.barrier import pending_calls
+from agents.summary import context_summary
+from storage.records import LCRef, Level
+from storage.store import CheckpointStore
+
+
+def stage(
+    store: CheckpointStore, task: str, agent: str, target: int, epoch: int, reason: str
+) -> LCRef:
+    """Stage `agent`'s state of GC `target` as a new LC of `epoch`, with its vote.
+
+    Raises `CorruptCheckpoint` or `RecordNotFound` when its chain cannot be read whole.
+    """
+    gc = store.read_gc(task, target)
+    ref = gc.members[agent]
+    state = store.read_state(task, agent, ref.id, ref.checksum)
+    if not pending_calls(state.messages):  # a summary may not split a call from its result
+        state.messages.append(context_summary(state, reason, target))
+    state.epoch, state.attempt, state.superstep = epoch, 1, gc.superstep
+    state.changes, state.outbox = {}, []
+    return store.write_lc(state, Level.STEP, vote=True)
