@@ -13,6 +13,7 @@ import asyncio
 import importlib
 import os
 import shutil
+import signal
 import socket
 import sys
 import tomllib
@@ -439,3 +440,33 @@ def test_a_worker_runs_an_installed_packages_tools(
     assert ["HI!", '{"x":2}'] == results[:2]
     assert results[2].startswith("error: invalid arguments for tally: times: Input should be")
     assert AgentStatus.FINISHED == state.status
+
+
+def test_a_worker_killed_after_a_packages_external_tool_does_not_call_it_again(
+    cluster: Cluster, tool_package: Path, tmp_path: Path
+) -> None:
+    """SIGKILL after the package's external `stamp`, before the step's LC.
+
+    The retry, on the other worker, resumes from the tool-level LC taken before the next
+    tool: `stamp` is called once, and the ledger (keyed by idempotency key) holds it once.
+    """
+    ledger = tmp_path / "ledger"
+    cluster.env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(tool_package)])
+    cluster.env["CAIRN_TEST_LEDGER"] = str(ledger)
+    workers = [cluster.start_worker(), cluster.start_worker()]
+    spec = TaskSpec.model_validate({
+        "name": "stamp", "goal": "Stamp once.", "files": {"README.md": "hi\n"},
+        "agents": [{"name": "clerk", "tools": ["stamp", "read_file", "finish"], "script": [
+            {"say": "Stamping.", "tools": [{"name": "stamp", "args": {"label": "paid"}},
+                                           {"name": "read_file", "args": {"path": "README.md"}}],
+             "crash": {"attempts": [1], "after_tools": 1}},  # dies as the read starts
+            {"tools": [{"name": "finish", "args": {"summary": "stamped"}}]},
+        ]}],
+    })  # fmt: skip
+    task = cluster.tasks.submit(spec)
+    assert "succeeded" == cluster.drive(task, timeout=90)["status"]
+    died = [w for w in workers if w.poll() == -signal.SIGKILL]
+    assert 1 == len(died)  # attempt 1's worker, killed after `stamp`
+    key = idempotency_key(task, "clerk", 1, 0, "stamp", {"label": "paid"})
+    assert [f"{key}\tpaid"] == ledger.with_suffix(".calls").read_text().splitlines()
+    assert [f"{key}\tpaid"] == ledger.read_text().splitlines()
