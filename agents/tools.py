@@ -251,6 +251,9 @@ def run_command(ctx: ToolContext, args: Args) -> str:
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
     env["HOME"] = str(ctx.workspace.tree)
     env["CAIRN_IDEMPOTENCY_KEY"] = ctx.idempotency_key  # one call, across retries: docs/design.md
+    # No __pycache__ in the workspace: it would be checkpointed as the agent's change, and a
+    # module rewritten to the same size within a second would run from its stale bytecode.
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
     proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job
         ["/bin/sh", "-c", command],
         cwd=ctx.workspace.tree,

@@ -162,3 +162,11 @@ def test_missing_arguments_are_errors_for_the_model(ctx: ToolContext) -> None:
     """A call without a required argument is a ToolError, not a crash."""
     with pytest.raises(ToolError, match="'content' must be a string"):
         call(ctx, "write_file", path="x")
+
+
+def test_python_run_by_a_command_leaves_no_bytecode_in_the_workspace(ctx: ToolContext) -> None:
+    """No __pycache__ to checkpoint as a change, nor stale bytecode for a rewritten module."""
+    call(ctx, "write_file", path="mod.py", content="X = 1\n")
+    out = call(ctx, "run_command", command="python3 -c 'import mod; print(mod.X)'")
+    assert "exit code 0\n1\n" == out
+    assert [] == list(ctx.workspace.tree.rglob("__pycache__"))
