@@ -5,8 +5,8 @@ A part is a module `bench.<name>` whose `run()` prints its tables and returns it
   --quick  every part at small sizes and few repetitions (CI: `make bench QUICK=1`): it
            shows that each part runs to its end, not whether a target is met
   --json   print each target as one JSON line on stdout, {"part", "target", "limit",
-           "measured", "met"} (met: true, false, or null when there is no limit); the
-           tables go to stderr
+           "measured", "unit", "met"} (unit: "x" for a ratio, "ms" for a difference; met:
+           true, false, or null when there is no limit); the tables go to stderr
 
 A missed target never fails the run; a part that crashes does: the other parts still
 run, and the exit status is 1.

@@ -12,7 +12,7 @@ import contextlib
 import statistics
 import threading
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from functools import partial
 from pathlib import Path
@@ -30,9 +30,10 @@ from agents.models.scripted import ScriptedModel
 from agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
 from agents.step import run_step
 from agents.task import start_task
-from agents.toolkit import ToolRegistry, builtin_tools
-from agents.tools import TOOLS, Args, ToolContext
+from agents.toolkit import ToolRegistry, builtin_tools, tool
+from agents.tools import TOOLS, Args, Tool, ToolContext
 from agents.workspace import Workspace
+from bench import mcp_call
 from bench.report import (
     Samples,
     Target,
@@ -168,9 +169,18 @@ class Team:
     tools: ToolRegistry = field(default_factory=builtin_tools)
 
     @classmethod
-    def start(cls, store: CheckpointStore, root: Path, task: str, model: Model, text: Text) -> Team:
-        """Start `task` (GC 0) with one agent whose turns `model` plays."""
-        record = TaskRecord(task=task, goal=GOAL, agents=[AgentSpec(name=AGENT, system=SYSTEM)])
+    def start(
+        cls,
+        store: CheckpointStore,
+        root: Path,
+        task: str,
+        model: Model,
+        text: Text,
+        tools: Sequence[str] = TOOL_NAMES,
+    ) -> Team:
+        """Start `task` (GC 0) with one agent whose turns `model` plays, offered `tools`."""
+        agent = AgentSpec(name=AGENT, system=SYSTEM, tools=list(tools))
+        record = TaskRecord(task=task, goal=GOAL, agents=[agent])
         return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
     def begin(self) -> None:
@@ -433,9 +443,110 @@ def on_off(env: Env) -> None:
     env.targets.append(Target(name, total["on"] / total["off"], None).report())
 
 
+# 3. a Python tool vs a built-in one -------------------------------------------------------
+TOOL_STEPS = pick(200, 12)  # timed steps of each variant, taking turns
+TOOL_FILL = pick(10, 3)  # untimed supersteps of each variant first (history and warm-up)
+PY_TOOL = "note"  # the `@tool(effects="none")` function's name
+TOOL_STEP_LIMIT = 1.1
+
+
+def python_tool(text: str) -> Tool:
+    """A `@tool(effects="none")` as trivial as read_file: it returns `text`, a file's size."""
+
+    @tool(name=PY_TOOL, effects="none")
+    def note(path: str) -> str:
+        """Return the note filed under a path.
+
+        Args:
+            path: where the note is filed
+
+        """
+        return text
+
+    return note
+
+
+def tool_turns(text: Text, name: str, n: int) -> list[Turn]:
+    """`n` turns, each saying a little and calling tool `name` on the same small file.
+
+    The same file each time: the worker's copy of it is then up to date, as a file an
+    agent reads again is (a first read fetches the file's blob from the store).
+    """
+    args: Args = {"path": "src/module_0.py"}
+    return [Turn(say=text.words(SAY_CHARS), tools=[ToolRequest(name=name, args=args)])] * n
+
+
+def tool_steps(env: Env) -> None:
+    """Measurement 3: a step calling a Python tool vs one calling read_file, taking turns.
+
+    Two tasks of one agent each, alike but for the tool their turns call: a `@tool(effects=
+    "none")` function returning a string as long as the files (validating its argument
+    with pydantic, as every Python tool does) or the built-in read_file on a small file
+    (FILE_CHARS). Both offer the same tools, so their model requests are the same size,
+    and their histories grow alike, so full LCs land on the same steps.
+    """
+    phases = Phases()
+    note = python_tool(env.text.words(FILE_CHARS))
+    runs = {PY_TOOL: note, "read_file": TOOLS["read_file"]}
+    registry = ToolRegistry(
+        [
+            *(t for t in TOOLS.values() if t.name not in runs),
+            *(replace(t, run=cast(ToolRun, phases.wrap(name, t.run))) for name, t in runs.items()),
+        ]
+    )
+    n = TOOL_FILL + TOOL_STEPS + 5
+    offered = [*TOOL_NAMES, PY_TOOL]
+    teams = {}
+    for name in runs:
+        model = ScriptedModel(tool_turns(env.text, name, n))
+        teams[name] = Team.start(env.store, env.root, f"tool-{name}", model, env.text, offered)
+        teams[name].tools = registry
+    for _ in range(TOOL_FILL):
+        for team in teams.values():
+            team.superstep()
+    steps = {name: Samples() for name in teams}
+    own = {name: Samples() for name in teams}
+    for i in range(TOOL_STEPS):
+        order = list(teams) if i % 2 == 0 else list(reversed(teams))  # neither always first
+        for name in order:
+            team = teams[name]
+            team.begin()
+            phases.reset()
+            vote, took = clock(team.step)
+            assert phases.calls[name] == 1, f"the {name} step did not call {name}"
+            steps[name].add(took)
+            own[name].add(phases.ns[name])
+            team.barrier(vote)
+    base = steps["read_file"].p50
+    names = {
+        PY_TOOL: f'run_step calling @tool(effects="none") {PY_TOOL}',
+        "read_file": "run_step calling read_file",
+    }
+    table(
+        f"3. A Python tool vs a built-in: {TOOL_STEPS} steps each, taking turns, zero-latency "
+        f"model, after {TOOL_FILL} untimed supersteps each; each tool returns {FILE_CHARS} chars",
+        ["operation", "p50", "p99", "mean", "tool's own p50", "p50 vs read_file"],
+        [
+            [
+                names[name],
+                *(duration(v) for v in (s.p50, s.p99, s.mean, own[name].p50)),
+                ratio(s.p50, base),
+            ]
+            for name, s in steps.items()
+        ],
+    )
+    print(
+        f"(the tool's own time is its `run`: for {PY_TOOL}, validating the arguments with "
+        "pydantic, the call and the result as text; for read_file, resolving the path in "
+        "the workspace and reading the file. The rest of the step is the same for both)"
+    )
+    name = 'step calling a @tool(effects="none") p50 / step calling read_file p50'
+    env.targets.append(Target(name, steps[PY_TOOL].p50 / base, TOOL_STEP_LIMIT).report())
+
+
 # the part ------------------------------------------------------------------------------
 def run() -> list[Target]:
-    """Run both agents measurements on a private Redis; return the targets."""
+    """Run the agents measurements (MCP's without Redis); return the targets."""
     with contextlib.ExitStack() as stack:
         root, server, client, store = private_store(stack, quiet=True)
         env = Env(root, client, store, Text(seed=2027))
@@ -448,4 +559,6 @@ def run() -> list[Target]:
         )
         step_overhead(env)
         on_off(env)
+        tool_steps(env)
+        env.targets += [target.report() for target in mcp_call.run()]
         return env.targets

@@ -414,7 +414,7 @@ def p50_p99(samples: Samples) -> str:
 
 
 def targets(results: Results, names: Sequence[str]) -> list[Target]:
-    """The issue's targets, and the same ratios against the other savers as information."""
+    """The targets, and the same ratios against the other savers as information."""
     small, big = results[HISTORIES[0]]["CairnSaver"], results[BIG]
     cairn_big, sqlite_big = big["CairnSaver"], big[BASELINE]
     found = [

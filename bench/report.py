@@ -156,11 +156,16 @@ def table(title: str, headers: Sequence[str], rows: Sequence[Sequence[str]]) -> 
 
 @dataclass(frozen=True, slots=True)
 class Target:
-    """A ratio measured in this run against the most it may be (None: reported only)."""
+    """A measurement of this run against the most it may be (None: reported only).
+
+    Most are ratios against a baseline of the same run (`unit` "x"); a few are a
+    difference from one, in milliseconds (`unit` "ms").
+    """
 
     name: str
     measured: float
     limit: float | None
+    unit: str = "x"
 
     @property
     def met(self) -> bool | None:
@@ -174,11 +179,21 @@ class Target:
             return "info"
         return "met" if self.met else "NOT met"
 
-    def line(self) -> str:
-        """One sentence: the target, the measured ratio and the verdict."""
+    def show(self, value: float) -> str:
+        """`value` in the target's unit: "1.23x" or "1.23 ms"."""
+        return f"{value:.2f}x" if self.unit == "x" else f"{value:.2f} {self.unit}"
+
+    def bound(self) -> str:
+        """The limit as "<= 2x" or "<= 2 ms"; "-" when there is none."""
         if self.limit is None:
-            return f"{self.name}: {self.measured:.2f}x (no target; reported only)"
-        return f"target: {self.name} <= {self.limit:g}x: {self.measured:.2f}x, {self.verdict}"
+            return "-"
+        return f"<= {self.limit:g}x" if self.unit == "x" else f"<= {self.limit:g} {self.unit}"
+
+    def line(self) -> str:
+        """One sentence: the target, the measured value and the verdict."""
+        if self.limit is None:
+            return f"{self.name}: {self.show(self.measured)} (no target; reported only)"
+        return f"target: {self.name} {self.bound()}: {self.show(self.measured)}, {self.verdict}"
 
     def record(self, part: str) -> dict[str, object]:
         """The target as `python -m bench --json` prints it, one JSON object a line."""
@@ -187,6 +202,7 @@ class Target:
             "target": self.name,
             "limit": self.limit,
             "measured": self.measured,
+            "unit": self.unit,
             "met": self.met,
         }
 
@@ -197,11 +213,8 @@ class Target:
 
 
 def summary(targets: Sequence[Target]) -> None:
-    """Print every target of the run with its measured ratio and verdict."""
-    rows = [
-        [t.name, "-" if t.limit is None else f"<= {t.limit:g}x", f"{t.measured:.2f}x", t.verdict]
-        for t in targets
-    ]
+    """Print every target of the run with its measured value and verdict."""
+    rows = [[t.name, t.bound(), t.show(t.measured), t.verdict] for t in targets]
     table("Summary", ["target", "limit", "measured", "verdict"], rows)
 
 

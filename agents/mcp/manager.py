@@ -264,7 +264,8 @@ class McpManager:
             async with self._lock(server):
                 session = await self._session(server)
             try:
-                with anyio.fail_after(spec.timeout):
+                # asyncio's own deadline: half the cost of an anyio cancel scope a call
+                async with asyncio.timeout(spec.timeout):
                     return await session.client.call_tool(tool, args, meta=meta)
             except BaseException as exc:
                 failure = _failure(exc, session, f"MCP tool {server}/{tool}", spec.timeout)
