@@ -16,6 +16,7 @@ from __future__ import annotations
 import fcntl
 import os
 import sys
+import time
 from pathlib import Path
 
 from mcp.server.mcpserver import Context, MCPServer
@@ -49,6 +50,13 @@ def record(note: str, ctx: Context) -> str:
             return f"already recorded {note} (pid {os.getpid()})"
         ledger.write(f"{key}\t{note}\n")
     return f"recorded {note} (pid {os.getpid()})"
+
+
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def pause(seconds: float) -> str:
+    """Answer after `seconds` (a server too slow for its caller's deadline)."""
+    time.sleep(seconds)
+    return f"paused {seconds:g} s"
 
 
 def _append(path: str | None, line: str) -> None:

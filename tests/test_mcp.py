@@ -266,3 +266,18 @@ def test_results_render_bounded() -> None:
 def test_meta_key_name() -> None:
     """The key travels as `_meta["cairn/idempotency_key"]` (docs/mcp.md)."""
     assert "cairn/idempotency_key" == META_KEY
+
+
+def test_a_call_past_its_deadline_is_a_tool_error_and_the_next_call_works(
+    tmp_path: Path, record_file: Path
+) -> None:
+    """A server slower than the call's timeout: the model reads why; a new session follows."""
+    config = tmp_path / "mcp.json"
+    server = {"command": sys.executable, "args": [str(SERVER)], "timeout": 0.5,
+              "env": {"MCP_RECORD_FILE": str(record_file)}}  # fmt: skip
+    config.write_text(json.dumps({"mcpServers": {"slow": server}}))
+    with McpManager(load_mcp_config(config), connect_timeout=10) as manager:
+        manager.list_tools("slow")
+        with pytest.raises(ToolError, match=r"timed out after 0.5 s"):
+            manager.call_tool("slow", "pause", {"seconds": 1.2}, "key-1")
+        assert "paused 0 s" == manager.call_tool("slow", "pause", {"seconds": 0}, "key-2")
