@@ -114,7 +114,7 @@ def _gone(pid: int) -> bool:
 def test_listing_names_schemas_and_effects(stdio: McpManager) -> None:
     """Tools are listed with model-facing names; readOnlyHint makes `none`, else `external`."""
     listed = {info.name: info for info in stdio.list_tools("notes")}
-    assert ["notes__lookup", "notes__record"] == sorted(listed)
+    assert ["notes__lookup", "notes__pause", "notes__record"] == sorted(listed)
     lookup, record = listed["notes__lookup"], listed["notes__record"]
     assert (Effects.NONE, Effects.EXTERNAL) == (lookup.effects, record.effects)
     assert {"readOnlyHint": True} == lookup.annotations
@@ -134,7 +134,9 @@ def test_stdio_call_round_trip_sends_key_in_meta(stdio: McpManager, record_file:
 
 def test_http_call_round_trip_sends_key_in_meta(http: McpManager, record_file: Path) -> None:
     """The same server over streamable HTTP: listing, a call, and the key in `_meta`."""
-    assert ["remote__lookup", "remote__record"] == sorted(i.name for i in http.list_tools("remote"))
+    assert ["remote__lookup", "remote__pause", "remote__record"] == sorted(
+        i.name for i in http.list_tools("remote")
+    )
     assert "recorded over http" in http.call_tool("remote", "record", {"note": "over http"}, KEY)
     assert [KEY] == _recorded(record_file)
 
@@ -163,7 +165,9 @@ def test_agent_tools_expand_mcp_names(stdio: McpManager, tmp_path: Path, record_
     registry = builtin_tools()
     tools = agent_tools(["read_file", "mcp:notes/record"], registry, stdio)
     assert ["read_file", "notes__record"] == list(tools)
-    assert ["notes__lookup", "notes__record"] == sorted(agent_tools(["mcp:notes"], registry, stdio))
+    assert ["notes__lookup", "notes__pause", "notes__record"] == sorted(
+        agent_tools(["mcp:notes"], registry, stdio)
+    )
     workspace = Workspace(tmp_path / "cache", "t", "coder")
     ctx = ToolContext(workspace, "coder", ["coder"], 3, StepPolicy(output_limit=300))
     ctx.idempotency_key = KEY
