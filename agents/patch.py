@@ -186,10 +186,18 @@ def _parse_hunk(lines: list[str], i: int, where: str) -> tuple[Hunk, int]:
     i += 1
     while i < len(lines):
         line = lines[i] or " "  # an empty context line whose space was stripped
+        # A body line the header's counts still expect is body, whatever it looks like (a
+        # removed "- " line reads "-- ", as a mail signature does).
+        expected = line[0] in _BODY_OPS and (
+            old_seen + (line[0] != "+") <= declared[0]
+            and new_seen + (line[0] != "-") <= declared[1]
+        )
         if line.startswith("\\") and body:
             old_missing |= body[-1][0] != "+"
             new_missing |= body[-1][0] != "-"
-        elif _ends_hunk(lines, i, (old_seen, new_seen) == declared):
+        elif (expected and _starts_file(lines, i)) or (
+            not expected and _ends_hunk(lines, i, (old_seen, new_seen) == declared)
+        ):
             break
         else:
             body.append(line)
@@ -223,8 +231,16 @@ def _ends_hunk(lines: list[str], i: int, counted: bool) -> bool:
 
 
 def _starts_file(lines: list[str], i: int) -> bool:
-    """True when `lines[i]` is a `--- old` line followed by its `+++ new` line."""
-    return lines[i].startswith("--- ") and i + 1 < len(lines) and lines[i + 1].startswith("+++ ")
+    """True when `lines[i]` is a `--- old` line followed by its `+++ new` line and a hunk.
+
+    The `@@` after them tells a file header from a removed `-- ` line and an added `++ `.
+    """
+    return (
+        lines[i].startswith("--- ")
+        and i + 2 < len(lines)
+        and lines[i + 1].startswith("+++ ")
+        and lines[i + 2].startswith("@@")
+    )
 
 
 def _is_signature(lines: list[str], i: int) -> bool:

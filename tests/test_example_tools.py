@@ -88,7 +88,7 @@ def calls(rows: list[TraceRecord], tool: str) -> list[TraceRecord]:
 def run(cluster: Cluster, spec: TaskSpec) -> str:
     """Submit the team, drive it to its end; it must succeed with temps.py fixed."""
     task = cluster.tasks.submit(spec, base=TEAM.parent)
-    status = cluster.drive(task, timeout=60)
+    status = cluster.drive(task, timeout=100)
     errors = [(row.tool, row.error) for row in trace(cluster, task) if row.error]
     assert "succeeded" == status["status"], (status, errors)
     gc = cluster.store.latest_gc(task)
@@ -180,7 +180,7 @@ def test_a_replay_after_a_restore_hands_the_same_keys_and_applies_nothing_twice(
     ]
     with Client(cluster.server.url, tmp_path / "archive") as client:
         assert gc2.number == client.task(task).restore(to=gc2.number).restored_to
-    status = cluster.drive(task, timeout=60)
+    status = cluster.drive(task, timeout=100)
     assert "succeeded" == status["status"], status
 
     again = check_applied_once(cluster, task, outside)

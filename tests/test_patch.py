@@ -261,3 +261,20 @@ def test_difflib_round_trip(
     new = "\n".join(target) + ("\n" if ends[1] and target else "")
     assume(old != new)
     assert new == apply_one(old, unified_diff(old, new))
+
+
+@pytest.mark.parametrize(
+    ("original", "target"),
+    [
+        (["- "], []),
+        (["keep", "-- x"], ["keep", "++ y"]),
+        (["--- a", "b"], ["+++ c", "b"]),
+    ],
+    ids=["removed-line-reads-as-a-signature", "lines-read-as-a-file-header", "at-the-top"],
+)
+def test_body_lines_that_look_like_headers_or_signatures_are_body(
+    original: list[str], target: list[str]
+) -> None:
+    """Lines the header's counts still expect are body, even where they read as `-- ` or `---`."""
+    old, new = "".join(f"{x}\n" for x in original), "".join(f"{x}\n" for x in target)
+    assert new == apply_one(old, unified_diff(old, new))
