@@ -30,7 +30,7 @@ from typing import TextIO
 from bench.report import QUICK_ENV, Target, now_ns, quick, summary
 
 # in the order `python -m bench` runs them
-PARTS = ("storage", "agents", "coordinator", "langgraph")
+PARTS = ("storage", "agents", "coordinator", "langgraph", "peer")
 
 
 def cpu_model() -> str:
