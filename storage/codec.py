@@ -194,21 +194,43 @@ class Codec:
     def decode(
         self, data: bytes, model: type[R], name: str, *, expect_digest: str | None = None
     ) -> R:
-        """Open and parse a sealed record; its `checksum` and `size` are set from the envelope."""
+        """Open and parse a sealed record; its `checksum` and `size` are set from the envelope.
+
+        A record of a newer schema than this reader knows is refused.
+        """
         payload = self.open(data, name, expect_digest=expect_digest)
-        try:
-            record = model.model_validate_json(payload)
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "record"
-            raise CorruptCheckpoint(name, f"unparsable: {where}: {first['msg']}") from None
-        if record.schema_version > SCHEMA_VERSION:
-            raise CorruptCheckpoint(
-                name, f"schema version {record.schema_version} is newer than {SCHEMA_VERSION}"
-            )
+        record = _validate(model, payload, name)
+        _check_version(record.schema_version, name)
         record.checksum = data[5:DIGEST_END].hex()
         record.size = len(data)
         return record
+
+
+def _validate(model: type[R], payload: bytes, name: str) -> R:
+    """Parse verified canonical JSON into `model`, or raise `CorruptCheckpoint`."""
+    try:
+        return model.model_validate_json(payload)
+    except ValidationError as exc:
+        # A record of a newer schema fails on its new fields: say so rather than which.
+        _check_version(_peek_version(payload), name)
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"]) or "record"
+        raise CorruptCheckpoint(name, f"unparsable: {where}: {first['msg']}") from None
+
+
+def _peek_version(payload: bytes) -> object:
+    """The `schema_version` a payload claims, unvalidated; None if it names none."""
+    try:
+        found = orjson.loads(payload)
+    except orjson.JSONDecodeError:
+        return None
+    return found.get("schema_version") if isinstance(found, dict) else None
+
+
+def _check_version(version: object, name: str) -> None:
+    """Raise `CorruptCheckpoint` for a schema version newer than this reader knows."""
+    if isinstance(version, int) and version > SCHEMA_VERSION:
+        raise CorruptCheckpoint(name, f"schema version {version} is newer than {SCHEMA_VERSION}")
 
 
 def _describe(record: Record) -> str:
