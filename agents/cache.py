@@ -2,12 +2,14 @@
 
 Only what cannot go stale is kept: states under the id and checksum of the LC they were
 written as (LCs never change), manifests under their content address, and one workspace
-directory per task (its index is checked against the files on every sync). Everything is
-bounded; a miss just reads from the store.
+directory per task and cache root (its index is checked against the files on every sync).
+Everything is bounded; a miss just reads from the store. Steps running at once in one
+process share it (each in a cache root, a lane, of its own), so every table is locked.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import OrderedDict
 from dataclasses import replace
 from pathlib import Path
@@ -19,7 +21,7 @@ from storage.codec import DIGEST_END
 from storage.records import LCRef, Record
 from storage.store import CheckpointStore
 
-STEPS_TREE = "steps"  # the workspace directory steps run in (one per task and worker)
+STEPS_TREE = "steps"  # the workspace directory steps run in (one per task and lane)
 K = TypeVar("K")
 R = TypeVar("R", bound=Record)
 V = TypeVar("V")
@@ -29,18 +31,21 @@ class _LRU(Generic[K, V]):
     def __init__(self, size: int) -> None:
         self._size = size
         self._items: OrderedDict[K, V] = OrderedDict()
+        self._guard = threading.Lock()
 
     def get(self, key: K) -> V | None:
-        value = self._items.get(key)
-        if value is not None:
-            self._items.move_to_end(key)
-        return value
+        with self._guard:
+            value = self._items.get(key)
+            if value is not None:
+                self._items.move_to_end(key)
+            return value
 
     def put(self, key: K, value: V) -> None:
-        self._items[key] = value
-        self._items.move_to_end(key)
-        while len(self._items) > self._size:
-            self._items.popitem(last=False)
+        with self._guard:
+            self._items[key] = value
+            self._items.move_to_end(key)
+            while len(self._items) > self._size:
+                self._items.popitem(last=False)
 
 
 def _copy(state: AgentState) -> AgentState:
@@ -106,13 +111,13 @@ class WorkerCache:
         return found
 
     def workspace(self, root: Path, task: str) -> Workspace:
-        """Return the one workspace directory this worker runs every step of `task` in.
+        """Return the workspace directory the steps of `task` run in under `root`.
 
-        One per task, not per agent: steps run one at a time in a worker process, and each
-        starts with a sync to its own view, so the next agent pays only for what changed.
+        One per task and root (a lane: one step at a time), not per agent: each step starts
+        with a sync to its own view, so the next agent pays only for what changed.
         """
         key = (Path(root), task)
-        workspace = self._workspaces.get(key)
+        workspace = self._workspaces.get(key)  # a lane is one step's at a time: no race here
         if workspace is None:
             workspace = Workspace(root, task, STEPS_TREE)
             self._workspaces.put(key, workspace)

@@ -60,7 +60,8 @@ def main(argv: list[str] | None = None) -> int:
         kinds = ", ".join(f.kind for f in plan.faults)
         verdict = "ok" if not result.violations else f"{len(result.violations)} VIOLATIONS"
         skipped = f"; not injected: {'; '.join(result.skipped)}" if result.skipped else ""
-        print(f"seed {seed}: {verdict} in {result.seconds:.1f} s ({plan.durability}; {kinds})"
+        shape = f"{plan.durability}; {plan.workers}x{plan.concurrency} workers"
+        print(f"seed {seed}: {verdict} in {result.seconds:.1f} s ({shape}; {kinds})"
               + skipped, flush=True)  # fmt: skip
         if not result.violations and not args.keep:
             shutil.rmtree(run.dir, ignore_errors=True)

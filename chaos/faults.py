@@ -37,20 +37,23 @@ class Fault:
 
 @dataclass(frozen=True, slots=True)
 class Plan:
-    """A run's schedule: durability, team size in workers, and the faults."""
+    """A run's schedule: durability, worker processes and the steps each runs at once, faults."""
 
     seed: int
     durability: str
     workers: int
     faults: list[Fault] = field(default_factory=list)
+    concurrency: int = 1
 
 
 def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
     """The schedule of `seed`: 2 to 5 faults within `horizon` seconds of the submission.
 
-    `flushall` only under `durability: sync` (under async a GC not yet archived may be
-    lost with Redis, as documented); `full_archive` only when a small filesystem can be
-    mounted (root).
+    Half the seeds run their workers at concurrency 2 or 4 (several steps in one process,
+    so one kill or pause hits them all), drawn last so the rest of a schedule is the one
+    the seed always drew. `flushall` only under `durability: sync` (under async a GC not
+    yet archived may be lost with Redis, as documented); `full_archive` only when a small
+    filesystem can be mounted (root).
     """
     rng = random.Random(seed)
     durability = rng.choice(("sync", "async"))
@@ -70,4 +73,6 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
             "slow_redis": rng.uniform(0.005, 0.03),  # seconds per request
         }.get(kind, rng.random())
         faults.append(Fault(kind, at, round(value, 4)))
-    return Plan(seed, durability, rng.randint(2, 4), sorted(faults, key=lambda f: f.at))
+    workers = rng.randint(2, 4)
+    concurrency = rng.choice((1, 1, 2, 4))
+    return Plan(seed, durability, workers, sorted(faults, key=lambda f: f.at), concurrency)

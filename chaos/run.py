@@ -153,7 +153,9 @@ class ChaosRun:
     def _start_worker(self) -> subprocess.Popen[bytes]:
         self._spawned += 1
         name = f"worker-{self._spawned}"
-        return self._spawn(["coordinator.worker", self._env(name)["CAIRN_REDIS_URL"]], name)
+        url = self._env(name)["CAIRN_REDIS_URL"]
+        concurrency = ["--concurrency", str(self.plan.concurrency)]
+        return self._spawn(["coordinator.worker", url, *concurrency], name)
 
     def _cairn(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run a `cairn` command as a person would, its log lines kept with the others."""

@@ -2,20 +2,21 @@
 
 RQ job functions get names and numbers only (JSON), so a job finds the rest here: the
 process's settings (`process_settings`: those the worker's entry point read, else read on
-first use), a Redis client, the metered checkpoint store, the process's cache slot, the
-model factory with the process's credentials, its tools (built-ins, installed entry
-points, `CAIRN_TOOLS` modules) and its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept
-across steps and closed at exit). Building it serves the worker's metrics, if a port is
-configured; a worker builds it before its first job, so a bad tool module or MCP file
-stops the worker with its reason instead of failing every step.
+first use), a Redis client, the metered checkpoint store, the lanes of the process's cache
+slot (a workspace tree for each step running at once), the model factory with the
+process's credentials, its tools (built-ins, installed entry points, `CAIRN_TOOLS`
+modules) and its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept across steps and closed at
+exit). Building it serves the worker's metrics, if a port is configured; a worker builds
+it before its first job, so a bad tool module or MCP file stops the worker with its reason
+instead of failing every step.
 """
 
 from __future__ import annotations
 
 import atexit
+import threading
 from dataclasses import dataclass
 from functools import cache, partial
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import redis
@@ -25,7 +26,7 @@ from agents.step import ModelFactory, build_model
 from agents.toolkit import ToolRegistry, load_tools
 from coordinator import metrics
 from coordinator.settings import Settings, open_store, process_settings
-from coordinator.slots import slot_number, worker_slot
+from coordinator.slots import Lanes, slot_number, worker_slot
 from storage.backends.redis import connect
 from storage.store import CheckpointStore
 
@@ -40,15 +41,23 @@ class Environment:
     settings: Settings
     redis: redis.Redis
     store: CheckpointStore
-    cache: Path
+    lanes: Lanes
     models: ModelFactory
     tools: ToolRegistry
     mcp: McpManager | None
 
 
-@cache
+_BUILDING = threading.Lock()
+
+
 def environment() -> Environment:
     """Return the process's environment, built on first use (and its metrics served)."""
+    with _BUILDING:  # the first steps of a concurrent worker may ask at once
+        return _environment()
+
+
+@cache
+def _environment() -> Environment:
     settings = process_settings()
     url, _origin = settings.redis()
     client = connect(url)
@@ -62,8 +71,8 @@ def environment() -> Environment:
 
         mcp = McpManager(load_mcp_config(settings.mcp_config, settings.environ))
         atexit.register(mcp.close)  # a stdio server's process ends with the worker
-    slot = worker_slot(settings.cache)
-    return Environment(settings, client, store, slot, models, tools, mcp)
+    lanes = Lanes(worker_slot(settings.cache))
+    return Environment(settings, client, store, lanes, models, tools, mcp)
 
 
 def serve_worker_metrics(settings: Settings) -> None:

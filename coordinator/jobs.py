@@ -59,18 +59,19 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
     env = environment()
     where = (env.redis, task, agent, superstep, epoch, attempt)
     try:
-        result = run_step(
-            task,
-            agent,
-            superstep,
-            epoch,
-            attempt,
-            store=env.store,
-            cache=env.cache,
-            models=env.models,
-            tools=env.tools,
-            mcp=env.mcp,
-        )
+        with env.lanes.lease() as lane:  # a tree of its own while other steps run beside it
+            result = run_step(
+                task,
+                agent,
+                superstep,
+                epoch,
+                attempt,
+                store=env.store,
+                cache=lane,
+                models=env.models,
+                tools=env.tools,
+                mcp=env.mcp,
+            )
     except FencedWrite as exc:
         record_outcome(*where, "fenced", str(exc))
         log.info("attempt fenced", task=task, agent=agent, reason=str(exc))

@@ -13,6 +13,7 @@
 | audit | `CAIRN_AUDIT` | off (`1` turns the audit stream on) |
 | tools | `CAIRN_TOOLS` | none: modules of Python tools a worker loads (comma-separated) |
 | mcp_config | `CAIRN_MCP_CONFIG` | none: a worker's MCP servers (an `mcpServers` JSON file) |
+| worker_concurrency | `CAIRN_WORKER_CONCURRENCY` | 1: steps one worker process runs at once |
 
 This is the one module that reads the process environment. Every process reads its
 settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
@@ -72,6 +73,7 @@ class Settings(BaseSettings):
     audit: bool = False
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     mcp_config: Path | None = None
+    worker_concurrency: int = Field(default=1, ge=1, le=256)
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
 
     @field_validator("redis_url")

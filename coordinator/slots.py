@@ -4,6 +4,10 @@ Worker processes may share one cache directory (`CAIRN_CACHE_DIR`); each takes t
 free `slot-N` under it, held by an flock the kernel drops when the process dies, so two
 never work in one tree and a restarted worker inherits a dead one's warm files. A
 worker's metrics port follows its slot number (`coordinator.metrics.worker_port`).
+
+Inside its slot a process gives each step it runs a lane, `slot-N/lane-K`, of its own
+for the step's duration (`Lanes`): steps running at once in one process never share a
+tree, and the slot's flock covers every lane, so no other process works in them either.
 """
 
 from __future__ import annotations
@@ -11,6 +15,9 @@ from __future__ import annotations
 import fcntl
 import itertools
 import os
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from functools import cache
 from pathlib import Path
 
@@ -34,12 +41,51 @@ def claim_slot(root: Path) -> Path:
     raise AssertionError("unreachable")
 
 
-@cache
+_CLAIMING = threading.Lock()
+
+
 def worker_slot(root: Path) -> Path:
     """Return the process's slot under the cache directory `root`, claimed on first use."""
+    with _CLAIMING:  # steps of one process start on several threads at once
+        return _worker_slot(root)
+
+
+@cache
+def _worker_slot(root: Path) -> Path:
     return claim_slot(root)
 
 
 def slot_number(slot: Path) -> int:
     """N of a `slot-N` directory."""
     return int(slot.name.removeprefix("slot-"))
+
+
+class Lanes:
+    """The lanes of a slot: `lane-K` directories handed to one step at a time.
+
+    `lease` gives the lowest free lane (so one step at a time always runs in `lane-0`,
+    warm) and makes a new one only when every lane is in use.
+    """
+
+    def __init__(self, slot: Path) -> None:
+        self.slot = slot
+        self._guard = threading.Lock()
+        self._free: list[int] = []
+        self._made = 0
+
+    @contextmanager
+    def lease(self) -> Iterator[Path]:
+        """Hold a lane no other step of this process holds, for the `with` block."""
+        with self._guard:
+            if self._free:
+                self._free.sort()
+                n = self._free.pop(0)
+            else:
+                n, self._made = self._made, self._made + 1
+        lane = self.slot / f"lane-{n}"
+        lane.mkdir(exist_ok=True)
+        try:
+            yield lane
+        finally:
+            with self._guard:
+                self._free.append(n)

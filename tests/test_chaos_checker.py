@@ -245,7 +245,10 @@ def test_the_ledger_applies_a_key_once_and_refuses_a_call_without_one(tmp_path: 
 
 
 def test_a_seed_draws_one_schedule() -> None:
-    """The same seed gives the same plan; FLUSHALL only under sync; a full disk only as root."""
+    """The same seed gives the same plan; FLUSHALL only under sync; a full disk only as root.
+
+    Part of the seeds run their workers several steps at a time.
+    """
     assert draw(7, 8.0, True) == draw(7, 8.0, True)
     plans = [draw(seed, 8.0, False) for seed in range(200)]
     kinds = {f.kind for p in plans for f in p.faults}
@@ -253,6 +256,7 @@ def test_a_seed_draws_one_schedule() -> None:
     assert all(p.durability == "sync" for p in plans for f in p.faults if f.kind == "flushall")
     assert {"kill_worker", "flushall", "manual_restore"} <= kinds
     assert all(0.5 <= f.at <= 8.0 for p in plans for f in p.faults)
+    assert {1, 2, 4} == {p.concurrency for p in plans}
 
 
 def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path) -> None:

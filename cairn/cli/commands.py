@@ -244,6 +244,8 @@ def worker(args: argparse.Namespace, session: Session) -> int:
         extra["tools"] = (*settings.tools, *args.tools)
     if args.mcp_config:
         extra["mcp_config"] = Path(args.mcp_config)
+    if args.concurrency:
+        extra["worker_concurrency"] = args.concurrency
     settings = settings.model_copy(update=extra)
     load_tools(settings.tools)
     if settings.mcp_config is not None:
@@ -270,4 +272,7 @@ def demo(args: argparse.Namespace, session: Session) -> int:
 
 def up(args: argparse.Namespace, session: Session) -> int:
     """Run Redis (a private one unless configured), a coordinator and workers here."""
-    return run_up(session.settings, args.workers, session.console)
+    settings = session.settings
+    if args.concurrency:
+        settings = settings.model_copy(update={"worker_concurrency": args.concurrency})
+    return run_up(settings, args.workers, session.console)

@@ -159,11 +159,13 @@ def build_parser() -> Parser:
     cmd.add_argument("--base-url", help="with --model: an OpenAI-compatible endpoint")
     cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
+    _concurrency_option(cmd)
     return parser
 
 
 def _worker_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--count", type=_positive, default=1, help="how many (default 1)")
+    _concurrency_option(cmd)
     cmd.add_argument(
         "--tools",
         action="append",
@@ -174,6 +176,15 @@ def _worker_options(cmd: argparse.ArgumentParser) -> None:
         "--mcp-config",
         metavar="FILE",
         help="MCP servers, an mcpServers JSON file (CAIRN_MCP_CONFIG)",
+    )
+
+
+def _concurrency_option(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--concurrency",
+        type=_positive,
+        metavar="N",
+        help="steps each worker process runs at once (CAIRN_WORKER_CONCURRENCY, default 1)",
     )
 
 

@@ -169,7 +169,9 @@ def run_workers(
     children = worker_children(settings or client.settings, client.url, count, None)
     supervisor = Supervisor(children)
     supervisor.start()
-    console.print(f"{count} worker(s) on {display_url(client.url)}; Ctrl-C stops them")
+    each = (settings or client.settings).worker_concurrency
+    steps = f", {each} step(s) at once each" if each > 1 else ""
+    console.print(f"{count} worker(s){steps} on {display_url(client.url)}; Ctrl-C stops them")
     try:
         supervisor.watch(stop)
     finally:
@@ -226,7 +228,8 @@ def run_up(settings: Settings, workers: int, console: Console) -> int:
         where = "private redis-server, AOF in " + str(state / "redis") if server else "configured"
         console.print(f"Cairn is up. Redis: [bold]{display_url(url)}[/] ({where})")
         console.print(
-            f"a coordinator and {workers} worker(s); logs in {logs}; archive in {settings.archive}"
+            f"a coordinator and {workers} worker(s) ({settings.worker_concurrency} step(s) at"
+            f" once each); logs in {logs}; archive in {settings.archive}"
         )
         console.print("Ctrl-C stops everything.")
         supervisor.watch(stop)
