@@ -5,8 +5,9 @@ A part is a module `bench.<name>` whose `run()` prints its tables and returns it
   --quick  every part at small sizes and few repetitions (CI: `make bench QUICK=1`): it
            shows that each part runs to its end, not whether a target is met
   --json   print each target as one JSON line on stdout, {"part", "target", "limit",
-           "measured", "unit", "met"} (unit: "x" for a ratio, "ms" for a difference; met:
-           true, false, or null when there is no limit); the tables go to stderr
+           "measured", "unit", "met"} (unit: "x" for a ratio, "ms" for a difference, else
+           the measure's own, such as "MiB"; met: true, false, or null when there is no
+           limit); the tables go to stderr
 
 A missed target never fails the run; a part that crashes does: the other parts still
 run, and the exit status is 1.
@@ -30,7 +31,7 @@ from typing import TextIO
 from bench.report import QUICK_ENV, Target, now_ns, quick, summary
 
 # in the order `python -m bench` runs them
-PARTS = ("storage", "agents", "coordinator", "langgraph", "peer")
+PARTS = ("storage", "agents", "coordinator", "langgraph", "peer", "scale")
 
 
 def cpu_model() -> str:

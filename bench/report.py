@@ -159,7 +159,8 @@ class Target:
     """A measurement of this run against the most it may be (None: reported only).
 
     Most are ratios against a baseline of the same run (`unit` "x"); a few are a
-    difference from one, in milliseconds (`unit` "ms").
+    difference from one, in milliseconds (`unit` "ms"), or a measure in its own unit
+    ("MiB", "steps/s", ...; the scale part's).
     """
 
     name: str
