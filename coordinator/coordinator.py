@@ -34,7 +34,7 @@ from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
 from coordinator.restore import Restorer
-from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
+from coordinator.runs import TERMINAL, Look, RunState, TaskState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.verify import verify
 from storage import keys
@@ -206,41 +206,55 @@ class Coordinator:
             self.lease.release()
 
     def tick(self) -> None:
-        """Advance every active task by what is due now."""
-        for raw in cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS)):
-            task = raw.decode()
+        """Advance every active task by what is due now.
+
+        One look (two round trips) reads every active task; each is then advanced from it.
+        """
+        active = sorted(
+            t.decode() for t in cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS))
+        )
+        for task, seen in self.runs.look(active).items():
             try:
-                self.advance(task)
+                if isinstance(seen, Exception):
+                    raise seen
+                self.advance(task, seen)
             except (CairnError, redis.RedisError) as exc:
                 log.warning("task not advanced", task=task, error=str(exc))
 
-    def advance(self, task: str) -> None:
+    def advance(self, task: str, seen: Look | None = None) -> None:
         """Do what is due for one task: start a superstep, watch one, or finish.
 
-        Raises `FencedWrite` when a coordinator with a newer lease owns the task.
+        `seen` is the task as `RunState.look` found it this tick (claimed); without it the
+        task is looked at now. Raises `FencedWrite` when a coordinator with a newer lease
+        owns the task.
         """
-        self.runs.claim(task)
-        run = self._run(task)
-        status = run.get("status", "")
+        if seen is None:
+            found = self.runs.look([task])[task]
+            if isinstance(found, Exception):
+                raise found
+            seen = found
+        status = seen.run.get("status", "")
         if status in TERMINAL or not status:
             self.redis.srem(keys.ACTIVE_TASKS, task)
             self._forget(task)  # ended by a person (`Tasks.cancel`), not by this loop
             return
-        superstep = int(run.get("superstep", "0"))
-        if superstep:
-            self._watch(task, superstep, run)
+        if int(seen.run.get("superstep", "0")):
+            self._watch(task, seen)
         elif status == TaskState.RUNNING:
             self._begin(task)
 
     # one superstep ------------------------------------------------------------------------
-    def _begin(self, task: str) -> None:
+    def _begin(self, task: str, committed: GlobalCheckpoint | None = None) -> None:
+        """Start the superstep after the latest GC (`committed`, when the caller holds it)."""
         record = self._record(task)
         limits = self._limits(task)
-        latest = self.store.hot.latest_gc(task)
+        latest = self.store.hot.latest_gc(task) if committed is None else committed.number
         if self.archived.behind(task, latest):  # the next number would be an archived one
             restore_from_archive(self.restorer, task, latest)
             return
-        gc = None if latest is None else self.store.read_gc(task, latest)
+        gc = committed
+        if gc is None and latest is not None:
+            gc = self.store.read_gc(task, latest)
         if gc is None:
             self._finish(task, TaskState.UNRECOVERABLE, "no committed checkpoint is left")
             return
@@ -296,9 +310,9 @@ class Coordinator:
         pipe.execute()
         self.runs.write(task, steps=steps)
 
-    def _watch(self, task: str, superstep: int, run: dict[str, str]) -> None:
-        number = int(run["number"])
-        latest = self.store.hot.latest_gc(task)
+    def _watch(self, task: str, seen: Look) -> None:
+        run, latest = seen.run, seen.latest
+        superstep, number = int(run["superstep"]), int(run["number"])
         if self.archived.behind(task, latest):  # `number` may be an archived GC's
             restore_from_archive(self.restorer, task, latest)
             return
@@ -306,13 +320,9 @@ class Coordinator:
             # Committed already, by a coordinator that died before saying so: move on.
             self._after_commit(task, self.store.read_gc(task, number))
             return
-        epoch = int(run["epoch"])
-        votes = self.store.hot.get_votes(task, epoch, superstep)
+        epoch, votes = int(run["epoch"]), seen.votes
         self._ingest(task, epoch, superstep, votes)
-        steps = {
-            k.decode(): StepRun.load(v)
-            for k, v in cast(dict[bytes, bytes], self.redis.hgetall(keys.steps(task))).items()
-        }
+        steps = {agent: StepRun.load(raw) for agent, raw in seen.steps.items()}
         if steps and steps.keys() <= votes.keys():
             self._commit(task, superstep, run, {a: votes[a] for a in steps})
             return
@@ -434,9 +444,16 @@ class Coordinator:
         self._after_commit(task, committed)
 
     def _after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
-        """Close the superstep whose GC is committed: forget its steps, archive per policy."""
+        """Close the superstep whose GC is committed and start the next one at once.
+
+        Forget its steps, archive per policy, and, if the task is still running (a person
+        may have paused or cancelled it meanwhile), begin the next superstep from
+        `committed` rather than a tick later.
+        """
         self.runs.write(task, {"superstep": 0}, clear_steps=True)
         self._archive(task, committed)
+        if self.redis.hget(keys.run(task), "status") == TaskState.RUNNING.value.encode():
+            self._begin(task, committed)
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
         """Archive per policy: inline under `durability: sync`, else on the archiver's thread.
@@ -523,9 +540,6 @@ class Coordinator:
             log.warning("rollback failed", task=task, error=str(exc))
 
     # run state ----------------------------------------------------------------------------
-    def _run(self, task: str) -> dict[str, str]:
-        return self.runs.read(task)
-
     def _record(self, task: str) -> TaskRecord:
         return self._doc(task, SPEC_DOC, TaskRecord)
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import cast
 
@@ -22,9 +23,10 @@ import redis
 
 from agents.logs import get_logger
 from storage import keys
-from storage.backends.redis import script, translating
+from storage.backends.redis import parse_ref, script, translated, translating
 from storage.base import HotStore
 from storage.errors import CairnError
+from storage.records import LCRef
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -58,6 +60,20 @@ def _text(value: object) -> str:
     return str(value.value) if isinstance(value, Enum) else str(value)
 
 
+@dataclass(frozen=True, slots=True)
+class Look:
+    """A task as the coordinator's look at it found it: what `advance` decides from.
+
+    `run` is the run state, `latest` the number of the latest committed GC, `steps` the
+    steps in flight (raw JSON by agent) and `votes` those of the superstep in flight.
+    """
+
+    run: dict[str, str]
+    latest: int | None
+    steps: dict[str, bytes]
+    votes: dict[str, LCRef]
+
+
 class RunState:
     """Reads and fenced writes of run states; `token()` says whose writes these are."""
 
@@ -71,16 +87,7 @@ class RunState:
         self.hot = hot
         self.token = token
         self._write = script(client, "run_write")
-
-    def claim(self, task: str) -> None:
-        """Own the task with this coordinator's token, or raise `FencedWrite` (a newer owns it).
-
-        Without a token (a person, or a coordinator driven by hand in a test) nothing is
-        claimed, and writes are not fenced.
-        """
-        token = self.token()
-        if token is not None:
-            self.hot.claim(task, token)
+        self._claim = script(client, "claim")  # see `look`
 
     def write(
         self,
@@ -109,6 +116,56 @@ class RunState:
     def read(self, task: str) -> dict[str, str]:
         """Return the task's run state (empty for an unknown task)."""
         return read_run(self.redis, task)
+
+    def look(self, tasks: Sequence[str]) -> dict[str, Look | Exception]:
+        """Claim each task and read its `Look`, all tasks in two round trips.
+
+        Claiming owns a task with this coordinator's token: once another coordinator claimed
+        it with a newer token, this one's claim and writes are refused. Without a token (a
+        person, or a coordinator driven by hand in a test) nothing is claimed. One round
+        trip claims the tasks and reads their run states, latest GCs and steps, a second
+        reads the votes of the supersteps in flight. A task whose claim or read failed maps
+        to its error (`FencedWrite` for a refused claim); the others are unaffected.
+        """
+        token = self.token()
+        pipe = self.redis.pipeline(transaction=False)
+        for task in tasks:
+            if token is not None:
+                self._claim(keys=[keys.owner(task)], args=[token], client=pipe)
+            pipe.hgetall(keys.run(task))
+            pipe.get(keys.latest(task))
+            pipe.hgetall(keys.steps(task))
+        replies = pipe.execute(raise_on_error=False)
+        width = len(replies) // len(tasks) if tasks else 0
+        looks: dict[str, Look | Exception] = {}
+        for n, task in enumerate(tasks):
+            group = replies[n * width : (n + 1) * width]
+            failed = next((r for r in group if isinstance(r, Exception)), None)
+            if failed is not None:
+                looks[task] = (
+                    translated(failed) if isinstance(failed, redis.ResponseError) else failed
+                )
+                continue
+            raw_run, latest, steps = group[-3:]
+            run = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw_run).items()}
+            looks[task] = Look(
+                run,
+                None if latest is None else int(latest),
+                {k.decode(): v for k, v in cast(dict[bytes, bytes], steps).items()},
+                {},
+            )
+        watched = [
+            (task, seen) for task, seen in looks.items()
+            if isinstance(seen, Look) and int(seen.run.get("superstep", "0"))
+        ]  # fmt: skip
+        pipe = self.redis.pipeline(transaction=False)
+        for task, seen in watched:
+            pipe.hgetall(keys.votes(task, int(seen.run["epoch"]), int(seen.run["superstep"])))
+        for (task, seen), raw in zip(watched, pipe.execute(), strict=True):
+            votes = cast(dict[bytes, bytes], raw)
+            refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
+            looks[task] = replace(seen, votes=refs)
+        return looks
 
 
 def read_run(client: redis.Redis, task: str) -> dict[str, str]:

@@ -23,15 +23,23 @@ from tests.cluster import Cluster, outcome, team_spec
 
 
 def run_until(cluster: Cluster, task: str, superstep: int) -> GlobalCheckpoint:
-    """Tick until the task has committed `superstep`; return that GC."""
+    """Tick until the task has committed `superstep` and not begun the next; return that GC.
+
+    The coordinator begins the next superstep in the tick that commits one, so the task is
+    paused once `superstep` is in flight and resumed after it committed: the task stands
+    still between supersteps until the caller's next tick.
+    """
     deadline = time.monotonic() + 30
+    paused = False
     while True:
+        in_flight = int(cluster.client.hget(keys.run(task), "superstep") or 0)
+        if not paused and in_flight >= superstep:
+            cluster.tasks.pause(task)
+            paused = True
         gc = cluster.store.latest_gc(task)
-        if (
-            gc is not None
-            and gc.superstep >= superstep
-            and not int(cluster.client.hget(keys.run(task), "superstep") or 0)
-        ):
+        if gc is not None and gc.superstep >= superstep and not in_flight:
+            if paused:
+                cluster.tasks.resume(task)
             return gc
         assert time.monotonic() < deadline, "the task did not get there"
         cluster.coordinator.tick()

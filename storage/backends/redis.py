@@ -104,12 +104,20 @@ def translating(call: Callable[[], object]) -> object:
     try:
         return call()
     except redis.ResponseError as exc:
-        message = str(exc)
-        if message.startswith("FENCED "):
-            raise FencedWrite(message.removeprefix("FENCED ")) from None
-        if message.startswith("REFUSED "):
-            raise CommitRefused(message.removeprefix("REFUSED ")) from None
-        raise
+        error = translated(exc)
+        if error is exc:
+            raise
+        raise error from None
+
+
+def translated(exc: redis.ResponseError) -> Exception:
+    """The Cairn error a script's FENCED or REFUSED reply stands for; else `exc` itself."""
+    message = str(exc)
+    if message.startswith("FENCED "):
+        return FencedWrite(message.removeprefix("FENCED "))
+    if message.startswith("REFUSED "):
+        return CommitRefused(message.removeprefix("REFUSED "))
+    return exc
 
 
 def _token(owner: int | None) -> str:
@@ -117,7 +125,7 @@ def _token(owner: int | None) -> str:
     return "" if owner is None else str(owner)
 
 
-def _ref(value: bytes | None) -> LCRef | None:
+def parse_ref(value: bytes | None) -> LCRef | None:
     """Parse an "lc_id checksum" pair as stored for votes and progress."""
     if value is None:
         return None
@@ -269,7 +277,7 @@ class RedisHotStore:
 
     def get_votes(self, task: str, epoch: int, superstep: int) -> dict[str, LCRef]:
         raw = cast(dict[bytes, bytes], self.redis.hgetall(keys.votes(task, epoch, superstep)))
-        return {agent.decode(): cast(LCRef, _ref(value)) for agent, value in raw.items()}
+        return {agent.decode(): cast(LCRef, parse_ref(value)) for agent, value in raw.items()}
 
     def step_start(
         self, task: str, agent: str, epoch: int, superstep: int, token: str, ttl_ms: int
@@ -293,13 +301,13 @@ class RedisHotStore:
             epoch=int(epoch_ or 0),
             latest=None if latest is None else int(latest),
             gc=gc,
-            progress=_ref(progress),
+            progress=parse_ref(progress),
             spec=spec,
             current=None if current is None else current.decode(),
         )
 
     def get_progress(self, task: str, epoch: int, superstep: int, agent: str) -> LCRef | None:
-        return _ref(
+        return parse_ref(
             cast(bytes | None, self.redis.hget(keys.progress(task, epoch, superstep), agent))
         )
 
