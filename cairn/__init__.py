@@ -20,6 +20,7 @@ from agents.toolkit import tool
 from agents.tools import ToolContext
 from cairn import errors
 from cairn.client import Client, Task
+from coordinator.diff import Diff
 from coordinator.runs import TaskState
 from coordinator.settings import Settings
 from coordinator.spec import TaskSpec
@@ -29,6 +30,7 @@ from coordinator.views import (
     CheckpointInfo,
     Decision,
     Export,
+    Lineage,
     RestoreResult,
     TaskStatus,
 )
@@ -48,8 +50,10 @@ __all__ = [
     "CheckpointInfo",
     "Client",
     "Decision",
+    "Diff",
     "Export",
     "GCStatus",
+    "Lineage",
     "RestoreResult",
     "Settings",
     "Task",

@@ -21,6 +21,7 @@ import redis
 from agents.spec import parse_model
 from cairn.connection import client_for, ping
 from coordinator import views
+from coordinator.diff import Diff, diff
 from coordinator.restore import Restorer
 from coordinator.settings import Settings, display_url, load_settings, open_store
 from coordinator.spec import TaskSpec, load_spec
@@ -112,14 +113,7 @@ class Client:
         `workspace` directory is relative to `base` (default: the file's directory, else
         the current one). Raises `InvalidSpec` naming what is wrong.
         """
-        where = Path() if base is None else Path(base)
-        if isinstance(spec, TaskSpec):
-            parsed = spec
-        elif isinstance(spec, Mapping):
-            parsed = parse_model(TaskSpec, dict(spec), "task spec")
-        else:
-            parsed = load_spec(spec)
-            where = Path(spec).parent if base is None else where
+        parsed, where = _parse(spec, base)
         return Task(self, self.control.submit(parsed, where))
 
     @_redis_errors
@@ -137,6 +131,16 @@ class Client:
     def has_coordinator(self) -> bool:
         """True while a coordinator holds the leader lease (tasks submitted now will run)."""
         return bool(self.redis.exists(keys.LEASE))
+
+
+def _parse(spec: SpecSource, base: str | os.PathLike[str] | None) -> tuple[TaskSpec, Path]:
+    """A spec source as a `TaskSpec`, with the directory its `workspace` is relative to."""
+    where = Path() if base is None else Path(base)
+    if isinstance(spec, TaskSpec):
+        return spec, where
+    if isinstance(spec, Mapping):
+        return parse_model(TaskSpec, dict(spec), "task spec"), where
+    return load_spec(spec), Path(spec).parent if base is None else where
 
 
 class Task:
@@ -213,6 +217,28 @@ class Task:
         restorer = Restorer(self.client.redis, self.client.store, workers=on_workers)
         done = restorer.restore(self.id, to)
         return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)
+
+    @_redis_errors
+    def fork(self, at: int | None = None, spec: SpecSource | None = None) -> Task:
+        """A new task starting from checkpoint `at` (default: the latest committed).
+
+        Its agents (histories, inboxes, statuses), workspace and superstep are those of the
+        checkpoint; this task is untouched. `spec` may change the team's configuration
+        (models, prompts, limits) but must name the same agents. Raises `InvalidSpec` for an
+        absent checkpoint or another team.
+        """
+        parsed = None if spec is None else _parse(spec, None)[0]
+        return Task(self.client, self.client.control.fork(self.id, at, parsed))
+
+    @_redis_errors
+    def diff(self, a: int | None, b: int | None, *, other: Task | None = None) -> Diff:
+        """What checkpoint `b` of `other` (default: this task) adds to checkpoint `a` of this.
+
+        Per agent the messages and tool calls added, and the files added, removed and
+        changed (unified diffs). None means the latest committed checkpoint.
+        """
+        theirs = self if other is None else other
+        return diff(self.client.store, self.id, a, theirs.id, b)
 
     @_redis_errors
     def workspace(self, checkpoint: int | None = None) -> dict[str, bytes]:

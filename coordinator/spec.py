@@ -101,6 +101,16 @@ class TaskSpec(Strict):
         """The record of task `task` that every step reads."""
         return TaskRecord(task=task, goal=self.goal, agents=self.agents, policy=self.policy())
 
+    def limits(self) -> Limits:
+        """The limits the coordinator enforces."""
+        return Limits(
+            verify=self.verify,
+            verify_timeout=self.verify_timeout,
+            max_supersteps=self.max_supersteps,
+            step_timeout=self.step_timeout,
+            checkpoints=self.checkpoints,
+        )
+
     def workspace_files(self, base: Path) -> dict[str, bytes]:
         """Return the initial workspace: inline files, or the directory's regular files."""
         if self.workspace is None:

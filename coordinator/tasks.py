@@ -18,8 +18,9 @@ from agents.logs import get_logger
 from agents.task import start_task
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
+from coordinator.fork import fork_task
 from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, Limits, TaskSpec, read_policy
+from coordinator.spec import LIMITS_DOC, TaskSpec, read_policy
 from coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from storage import keys
 from storage.archive import archive_gc
@@ -54,14 +55,7 @@ class Tasks:
         files = spec.workspace_files(base)
         start_task(self.store, spec.record(task), files)
         metrics.GC_COMMITS.inc()  # GC 0
-        limits = Limits(
-            verify=spec.verify,
-            verify_timeout=spec.verify_timeout,
-            max_supersteps=spec.max_supersteps,
-            step_timeout=spec.step_timeout,
-            checkpoints=spec.checkpoints,
-        )
-        self.store.put_doc(task, LIMITS_DOC, limits)
+        self.store.put_doc(task, LIMITS_DOC, spec.limits())
         if spec.checkpoints.durability == "sync":
             # Its GC 0 is acknowledged by the task id we return: under `sync`, only once
             # on disk (a full or read-only archive fails the submit, with the reason).
@@ -73,6 +67,17 @@ class Tasks:
         self.redis.sadd(keys.ACTIVE_TASKS, task)
         log.info("task submitted", task=task, agents=len(spec.agents))
         return task
+
+    def fork(self, source: str, at: int | None = None, spec: TaskSpec | None = None) -> str:
+        """Start a new task from GC `at` of `source` (default: its latest); return its id.
+
+        See `coordinator.fork`. Raises `TaskNotFound` for an unknown source, `InvalidSpec`
+        for an absent checkpoint or a spec naming other agents.
+        """
+        self.require(source)
+        new = task_id(spec.name if spec is not None else source.rsplit("-", 1)[0])
+        fork_task(self.store, self.runs, source, new, at, spec)
+        return new
 
     def require(self, task: str) -> None:
         """Raise `TaskNotFound` (or `InvalidName`) unless `task` is a task Cairn knows."""

@@ -51,6 +51,13 @@ class AgentStatus(View):
     step: int | None  # None when its checkpoint cannot be read (see `TaskStatus.error`)
 
 
+class Lineage(View):
+    """Where a forked task started: the source task and its global checkpoint."""
+
+    task_id: str
+    checkpoint: int
+
+
 class TaskStatus(View):
     """A task's status: its state, where it is, its agents, and why it ended."""
 
@@ -64,6 +71,7 @@ class TaskStatus(View):
     reason: str | None = None
     verify_output: str | None = None
     error: str | None = None  # why the agents' steps are unknown, when they are
+    forked_from: Lineage | None = None
 
     @property
     def ended(self) -> bool:
@@ -175,6 +183,9 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         reason=run.get("reason"),
         verify_output=run.get("verify_output"),
         error=error,
+        forked_from=Lineage.model_validate_json(run["forked_from"])
+        if "forked_from" in run
+        else None,
     )
 
 

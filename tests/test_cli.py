@@ -571,3 +571,29 @@ def test_status_json_is_the_models_json(
     with Client(redis_url=stack.url, archive_dir=stack.env["CAIRN_ARCHIVE_DIR"]) as client:
         expected = client.task(finished[0]).status().model_dump(mode="json")
     assert expected == status_of(run, finished[0])
+
+
+def test_the_cli_forks_and_diffs(stack: Stack, run: Run) -> None:
+    """`fork --json` names the new task and its source; `diff --json` both ways; bad usage: 2."""
+    code, out, err = run("submit", str(stack.spec("forked")), "--wait", "--json")
+    assert 0 == code, err
+    task = json.loads(out)["task_id"]
+    code, out, err = run("fork", task, "--at", "1", "--json")
+    assert 0 == code, err
+    forked = json.loads(out)
+    assert {"task_id", "forked_from"} == forked.keys()
+    assert {"task_id": task, "checkpoint": 1} == forked["forked_from"]
+    code, out, err = run("status", forked["task_id"], "--json")
+    assert {"task_id": task, "checkpoint": 1} == json.loads(out)["forked_from"], err
+    code, out, err = run("diff", task, "1", "2", "--json")
+    assert 0 == code, err
+    assert {"added", "removed", "changed"} == json.loads(out)["files"].keys()
+    code, out, err = run("diff", f"{task}@1", f"{forked['task_id']}@0", "--json")
+    assert 0 == code, err
+    assert {"added": [], "removed": [], "changed": {}} == json.loads(out)["files"]
+    code, out, err = run("diff", task, "1", "2")
+    assert 0 == code, err
+    assert "greet.py" in out
+    for argv in (("diff", task, "1"), ("diff", task, "one", "2"), ("fork", task, "--at", "99")):
+        code, out, err = run(*argv)
+        assert (2, "", 1) == (code, out, len(err.strip().splitlines())), (argv, err)

@@ -195,6 +195,42 @@ def restore(args: argparse.Namespace, session: Session) -> int:
     return Exit.OK
 
 
+def fork(args: argparse.Namespace, session: Session) -> int:
+    """Start a new task from a checkpoint of another; the source is untouched."""
+    new = session.task(args.task).fork(args.at, args.spec)
+    lineage = new.status().forked_from
+    if args.json:
+        render.emit_json({"task_id": new.id, "forked_from": lineage})
+    else:
+        at = "?" if lineage is None else lineage.checkpoint
+        session.console.print(f"{new.id} forked from {args.task} at checkpoint {at}")
+    return Exit.OK
+
+
+def diff(args: argparse.Namespace, session: Session) -> int:
+    """Compare two checkpoints: of one task (TASK A B), or across tasks (TASK@A OTHER@B)."""
+    (task_a, a), (task_b, b) = diff_sides(args.sides)
+    found = session.task(task_a).diff(a, b, other=session.task(task_b))
+    return _show(args, session.console, found, render.show_diff)
+
+
+def diff_sides(sides: list[str]) -> tuple[tuple[str, int], tuple[str, int]]:
+    """`TASK A B` or `TASK@A OTHER@B` as ((task, checkpoint), (task, checkpoint))."""
+    match sides:
+        case [task, a, b] if "@" not in task:
+            return (task, _number(a)), (task, _number(b))
+        case [first, second] if first.count("@") == second.count("@") == 1:
+            (task_a, a), (task_b, b) = first.split("@"), second.split("@")
+            return (task_a, _number(a)), (task_b, _number(b))
+    raise InvalidSpec("diff takes TASK A B or TASK@A OTHER@B (A and B: checkpoint numbers)")
+
+
+def _number(text: str) -> int:
+    if not text.isdigit():
+        raise InvalidSpec(f"diff: {text!r} is not a checkpoint number")
+    return int(text)
+
+
 def decide(args: argparse.Namespace, session: Session) -> int:
     """Approve or reject an agent's tool call that waits for a person."""
     task = session.task(args.task)

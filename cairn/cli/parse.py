@@ -121,6 +121,10 @@ def build_parser() -> Parser:
         action="store_true",
         help="stage the agents on the workers (default: here, so no worker need be up)",
     )
+    _fork_and_diff(
+        command("fork", commands.fork, "start a new task from a checkpoint of another"),
+        command("diff", commands.diff, "compare two checkpoints: TASK A B, or TASK@A OTHER@B"),
+    )
     cmd = command("trace", commands.trace, "what the agents did, step by step")
     cmd.add_argument("task")
     cmd.add_argument("--agent", help="only this agent")
@@ -161,6 +165,15 @@ def build_parser() -> Parser:
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
     _concurrency_option(cmd)
     return parser
+
+
+def _fork_and_diff(fork: argparse.ArgumentParser, diff: argparse.ArgumentParser) -> None:
+    fork.add_argument("task")
+    fork.add_argument("--at", type=int, help="the checkpoint (default: the latest committed)")
+    fork.add_argument(
+        "--spec", type=Path, help="a spec of the same agents: other models, prompts, limits"
+    )
+    diff.add_argument("sides", nargs="+", metavar="TASK[@A] ...")
 
 
 def _worker_options(cmd: argparse.ArgumentParser) -> None:

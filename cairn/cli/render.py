@@ -107,8 +107,33 @@ def show_status(console: Console, status: JSON) -> None:
     console.print(table)
     if status.get("reason"):
         console.print(f"reason: {status['reason']}")
+    if status.get("forked_from"):
+        source = status["forked_from"]
+        console.print(f"forked from {source['task_id']} at checkpoint {source['checkpoint']}")
     if status.get("error"):
         console.print(f"[red]steps unknown: {status['error']}[/]")
+
+
+def show_diff(console: Console, found: JSON) -> None:
+    """Per agent the messages and tool calls added; the files added, removed and changed."""
+    found = plain(found)
+    a, b = found["a"], found["b"]
+    console.print(
+        f"[bold]{a['task_id']}[/] checkpoint {a['checkpoint']} → "
+        f"[bold]{b['task_id']}[/] checkpoint {b['checkpoint']}"
+    )
+    table = Table("agent", "messages added", "tool calls added")
+    for name, agent in found["agents"].items():
+        calls = ", ".join(str(c["tool"]) for c in agent["tool_calls_added"])
+        table.add_row(name, str(len(agent["messages_added"])), calls)
+    console.print(table)
+    files = found["files"]
+    for mark, paths in (("+", files["added"]), ("-", files["removed"])):
+        for path in paths:
+            console.print(f"{mark} {path}", markup=False, highlight=False)
+    for path, change in files["changed"].items():
+        console.print(f"~ {path}", markup=False, highlight=False)
+        console.print(change, end="", markup=False, highlight=False)
 
 
 def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:

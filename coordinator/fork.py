@@ -1,0 +1,130 @@
+"""Fork: a new task that starts from a committed global checkpoint of another.
+
+The new task's GC 0 holds what GC N of the source holds: every agent's history, status and
+step, the undelivered inbox and who received what, the workspace's files, and the
+superstep. Its agents go on from there as the source's would after a restore to N, except
+that a fork tells them nothing: a restore appends a note on what was undone, a fork
+undid nothing. The source is only read (from Redis, else the archive), never written.
+
+A fork may change the team's configuration (another model or system prompt for an agent,
+other limits) through a spec naming the same agents; a changed system prompt replaces the
+first message of that agent's history, which is where every history keeps it.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+from agents.logs import get_logger
+from agents.spec import TaskRecord
+from coordinator import metrics
+from coordinator.archiver import ArchiveJob, acknowledge, archive
+from coordinator.runs import RunState, TaskState
+from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
+from storage import keys
+from storage.chain import AgentState
+from storage.errors import InvalidSpec
+from storage.keys import SPEC_DOC
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, Message, Role, WorkspaceManifest
+from storage.store import CheckpointStore
+
+log = get_logger(__name__)
+
+
+def committed_gc(store: CheckpointStore, task: str, number: int | None) -> GlobalCheckpoint:
+    """GC `number` of `task` (default: the latest committed), hot or archived.
+
+    Raises `InvalidSpec` when the task has no committed checkpoint of that number.
+    """
+    if number is None:
+        latest = store.latest_gc(task)
+        if latest is None:
+            raise InvalidSpec(f"task {task} has no committed checkpoint")
+        return latest
+    committed = {g.number for g in store.list_gcs(task) if g.status is GCStatus.COMMITTED}
+    if number not in committed:
+        raise InvalidSpec(f"task {task} has no committed checkpoint {number}")
+    return store.read_gc(task, number)
+
+
+def fork_task(
+    store: CheckpointStore,
+    runs: RunState,
+    source: str,
+    new: str,
+    at: int | None = None,
+    spec: TaskSpec | None = None,
+) -> GlobalCheckpoint:
+    """Make task `new` from GC `at` of `source` (default: its latest); return its GC 0.
+
+    `spec`, when given, must name the source's agents (the same names): it sets the new
+    task's configuration and limits; otherwise they are the source's. The new task is
+    queued to run. Raises `InvalidSpec` for an absent checkpoint or a spec of another team.
+    """
+    gc = committed_gc(store, source, at)
+    record = store.read_doc(source, SPEC_DOC, TaskRecord).model_copy(update={"task": new})
+    limits = store.read_doc(source, LIMITS_DOC, Limits)
+    if spec is not None:
+        names = sorted(a.name for a in spec.agents)
+        if names != sorted(a.name for a in record.agents):
+            raise InvalidSpec(
+                f"a fork keeps its team: the spec names {', '.join(names)}, task {source} has "
+                + ", ".join(sorted(a.name for a in record.agents))
+            )
+        record, limits = spec.record(new), spec.limits()
+    epoch = store.hot.init_task(new)
+    store.put_doc(new, SPEC_DOC, record)
+    store.put_doc(new, LIMITS_DOC, limits)
+    manifest = store.read_manifest(source, gc.workspace)
+    contents = store.get_blobs(source, manifest.files.values())
+    copied = {path: store.put_blob(new, contents[sha]) for path, sha in manifest.files.items()}
+    workspace = store.put_manifest(new, WorkspaceManifest(files=copied))
+    members: dict[str, LCRef] = {}
+    for agent in record.agents:
+        ref = gc.members[agent.name]
+        state = store.read_state(source, agent.name, ref.id, ref.checksum)
+        _move(state, new, epoch, gc.superstep, workspace)
+        if agent.system and state.messages and state.messages[0].role is Role.SYSTEM:
+            state.messages[0] = Message(role=Role.SYSTEM, content=agent.system)
+        store.hot.begin_attempt(new, agent.name, gc.superstep, 1, epoch=epoch)
+        members[agent.name] = store.write_lc(state, vote=True)
+    start = gc.model_copy(
+        update={
+            "task": new,
+            "number": 0,
+            "epoch": epoch,
+            "status": GCStatus.PREPARING,
+            "members": members,
+            "workspace": workspace,
+            "committed_at": None,
+        }
+    )
+    store.prepare_gc(start)
+    committed = store.commit_gc(start)
+    metrics.GC_COMMITS.inc()
+    policy = limits.checkpoints
+    if policy.durability == "sync" and archive(
+        store, ArchiveJob(new, 0, policy.hot_keep, policy.cold_keep)
+    ):
+        acknowledge(runs, new, 0)
+    lineage = json.dumps({"task_id": source, "checkpoint": gc.number})
+    runs.write(
+        new,
+        {
+            "status": TaskState.RUNNING,
+            "superstep": 0,
+            "submitted_at": time.time(),
+            "forked_from": lineage,
+        },
+    )
+    runs.redis.sadd(keys.ACTIVE_TASKS, new)
+    log.info("task forked", task=new, source=source, checkpoint=gc.number)
+    return committed
+
+
+def _move(state: AgentState, task: str, epoch: int, superstep: int, workspace: str) -> None:
+    """Make a state read from the source the first state of `task`: a new, full chain."""
+    state.task, state.epoch, state.attempt, state.superstep = task, epoch, 1, superstep
+    state.workspace_before = state.workspace_after = workspace
+    state.changes, state.outbox, state.base = {}, [], None
