@@ -1,53 +1,59 @@
-"""What happened in a task, as a plain data model: steps, checkpoints, failures, restores.
+"""What happened in a task, as a plain data model: steps, checkpoints, retries, restores.
 
-`gather` reads the store (the trace records of the latest GC's agents, as `cairn trace`
-does; every GC with its epoch and where it lives, as `cairn checkpoints` does; the
-attempt of each member LC) into a `Timeline` of dataclasses, which the CLI draws as a
-self-contained HTML page (`cairn trace TASK --html FILE`).
+`gather` reads every committed global checkpoint of a task, hot or cold, and walks its
+agents' local-checkpoint chains back until they meet an LC already read, so each LC is
+read once. An LC holds what one step added to its agent's history, so the timeline has
+every step a checkpoint kept, also the ones a later restore undid, each with its messages,
+tool calls, usage and its place in time (its trace records' start and end).
+
+Next to the steps it keeps what comparing any two GCs takes, as `coordinator.diff` does:
+each GC's member LCs and workspace manifest, each LC's additions (`History`, indexes into
+shared pools of messages and trace records, so a message shared by many histories is held
+once) and the files' contents, within limits. The CLI draws it as a self-contained HTML
+page (`cairn trace TASK --html FILE`).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from datetime import datetime
 
 import redis
-from pydantic import ConfigDict
 
 from coordinator import views
+from coordinator.views import JSON
 from storage.errors import CairnError, TaskNotFound
-from storage.records import AgentStatus, GCStatus, Record
+from storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
 from storage.store import CheckpointStore
 
 RANKED = 5  # rows in each analytics table
-
-
-class _Attempt(Record):
-    """The fields of a member LC that say which attempt of which step it is."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    step: int = 0
-    superstep: int = 0
-    attempt: int = 1
-    epoch: int = 0
-    status: AgentStatus = AgentStatus.ACTIVE
+FILE_LIMIT = 256 * 1024  # bytes of one file version whose text the timeline carries
+FILES_LIMIT = 8 * 1024 * 1024  # bytes of all the file versions' text it carries
+READ_LIMIT = 64 * 1024 * 1024  # bytes of file versions read to find them
+BLOB_BATCH = 256  # file versions read in one round trip
+EPOCH = "1970-01-01T00:00:00+00:00"  # where a step without a start time sorts
 
 
 @dataclass
 class StepCell:
-    """One agent's step in one superstep: how long it took, how it went, its tool calls."""
+    """One step of one agent: where it sits in time, how it went, what it called."""
 
     agent: str
     superstep: int
     step: int
-    duration_ms: float = 0.0
+    duration_ms: float = 0.0  # from the model turn's start to the last tool call's end
     started_at: str | None = None
+    finished_at: str | None = None
     attempt: int = 1
     epoch: int | None = None
     agent_status: str | None = None
     tools: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    lc: str = ""  # the id of the LC the step wrote, which names the step on the page
+    usage: JSON | None = None  # the model turn's tokens, and its `cost_usd` when recorded
+    undone: bool = False  # a restore undid it: the latest checkpoint's history lacks it
 
     @property
     def status(self) -> str:
@@ -70,6 +76,33 @@ class CheckpointMark:
     created_at: str | None = None
     restore: bool = False  # its epoch rose: it restates an earlier superstep after a restore
     error: str | None = None
+    committed_at: str | None = None
+    members: dict[str, str] = field(default_factory=dict)  # agent → the id of its LC
+    files: dict[str, str] | None = None  # path → sha256; None: it cannot be compared
+
+    @property
+    def at(self) -> str | None:
+        """When it took effect: its commit, else (aborted, unread) its creation."""
+        return self.committed_at or self.created_at
+
+
+@dataclass
+class History:
+    """What one LC adds to its agent's history, as indexes into the timeline's pools."""
+
+    agent: str
+    parent: str | None  # the LC it extends; None: its additions are the whole history
+    messages: list[int] = field(default_factory=list)
+    trace: list[int] = field(default_factory=list)
+
+
+@dataclass
+class FileVersion:
+    """One file content a checkpoint names: its size, and its text when the timeline has it."""
+
+    size: int
+    binary: bool = False
+    text: str | None = None  # None: binary, or past FILE_LIMIT / FILES_LIMIT
 
 
 @dataclass
@@ -81,14 +114,20 @@ class Timeline:
     reason: str | None
     agents: list[str]
     supersteps: list[int]
-    cells: list[StepCell]
+    cells: list[StepCell]  # the steps the latest checkpoint's history holds
     checkpoints: list[CheckpointMark]
     slowest: list[StepCell]
     troubled: list[StepCell]
-    error: str | None = None  # why the steps are missing, when the trace cannot be read
+    error: str | None = None  # why some steps or checkpoints are missing, when some are
+    forked_from: str | None = None  # `task@checkpoint` it was forked from, if it was
+    steps: list[StepCell] = field(default_factory=list)  # every step, undone ones too
+    histories: dict[str, History] = field(default_factory=dict)  # LC id → its additions
+    messages: list[JSON] = field(default_factory=list)  # the pool `History.messages` indexes
+    records: list[JSON] = field(default_factory=list)  # the pool `History.trace` indexes
+    files: dict[str, FileVersion] = field(default_factory=dict)  # sha256 → one, if read
 
     def cell(self, agent: str, superstep: int) -> StepCell | None:
-        """The agent's step in that superstep, if it ran one the trace remembers."""
+        """The agent's step in that superstep of the latest checkpoint's history, if any."""
         for cell in self.cells:
             if (cell.agent, cell.superstep) == (agent, superstep):
                 return cell
@@ -102,42 +141,110 @@ class Timeline:
     @property
     def retries(self) -> int:
         """How many extra attempts the steps took."""
-        return sum(cell.attempt - 1 for cell in self.cells)
+        return sum(cell.attempt - 1 for cell in self.steps)
 
     @property
     def failures(self) -> int:
         """How many steps had an error, plus the aborted checkpoints."""
         aborted = sum(1 for mark in self.checkpoints if mark.status == GCStatus.ABORTED.value)
-        return sum(1 for cell in self.cells if cell.errors) + aborted
+        return sum(1 for cell in self.steps if cell.errors) + aborted
 
 
-def cells_from_trace(rows: list[dict[str, Any]]) -> dict[tuple[str, int], StepCell]:
-    """(agent, superstep) → its step, built from `views.trace` rows.
+class _Pool:
+    """JSON objects held once each, by their content; `add` returns an object's index."""
 
-    The step's record (no tool) gives its duration; without one, the tool calls' sum.
-    """
-    cells: dict[tuple[str, int], StepCell] = {}
-    stepped: set[tuple[str, int]] = set()
-    tool_ms: dict[tuple[str, int], float] = {}
-    for row in rows:
-        key = (str(row["agent"]), int(row["superstep"]))
-        cell = cells.get(key)
-        if cell is None:
-            cell = cells[key] = StepCell(agent=key[0], superstep=key[1], step=int(row["step"]))
-            cell.started_at = row.get("started_at")
-        duration = float(row.get("duration_ms") or 0.0)
-        if row.get("tool") is None:
-            stepped.add(key)
-            cell.duration_ms = max(cell.duration_ms, duration)
-        else:
-            cell.tools.append(str(row["tool"]))
-            tool_ms[key] = tool_ms.get(key, 0.0) + duration
-        if row.get("error"):
-            cell.errors.append(str(row["error"]))
-    for key, cell in cells.items():
-        if key not in stepped:
-            cell.duration_ms = tool_ms.get(key, 0.0)
-    return cells
+    def __init__(self) -> None:
+        self.items: list[JSON] = []
+        self._index: dict[str, int] = {}
+
+    def add(self, item: JSON) -> int:
+        key = json.dumps(item, sort_keys=True)
+        if key not in self._index:
+            self._index[key] = len(self.items)
+            self.items.append(item)
+        return self._index[key]
+
+
+class _Chains:
+    """The task's LC chains, each LC read once, as histories and steps."""
+
+    def __init__(self, store: CheckpointStore, task: str) -> None:
+        self.store, self.task = store, task
+        self.histories: dict[str, History] = {}
+        self.steps: list[StepCell] = []
+        self.messages, self.records = _Pool(), _Pool()
+
+    def read(self, members: dict[str, LCRef]) -> None:
+        """Read the members' LCs and their ancestors back to LCs already read (or a root)."""
+        new = {agent: ref for agent, ref in members.items() if ref.id not in self.histories}
+        for agent, head in self.store.read_lcs_fields(self.task, new, LocalCheckpoint).items():
+            lc = head
+            self._add(agent, lc)
+            while lc.parent_id is not None and lc.parent_id not in self.histories:
+                parent = LCRef(id=lc.parent_id, checksum=lc.parent_checksum or "")
+                lc = self.store.read_lc_fields(self.task, agent, parent, LocalCheckpoint)
+                self._add(agent, lc)
+
+    def _add(self, agent: str, lc: LocalCheckpoint) -> None:
+        # A full LC holds the whole history; what it adds starts where its parent ended.
+        messages = lc.messages[lc.message_base :] if lc.full else lc.messages
+        trace = lc.trace[lc.trace_base :] if lc.full else lc.trace
+        self.histories[lc.id] = History(
+            agent=agent,
+            parent=lc.parent_id,
+            messages=[
+                self.messages.add(m.model_dump(mode="json", exclude_defaults=True))
+                for m in messages
+            ],
+            trace=[
+                self.records.add(r.model_dump(mode="json", exclude={"schema_version"}))
+                for r in trace
+            ],
+        )
+        # No step wrote a chain's first LC (a fork's copies its source's trace), nor one
+        # that adds no trace record (a restore's note).
+        if lc.parent_id is not None and trace:
+            self.steps.append(step_cell(agent, lc, trace))
+
+    def lineage(self, heads: Iterable[str]) -> set[str]:
+        """The ids of the LCs `heads` grew from, themselves included."""
+        found: set[str] = set()
+        for head in heads:
+            lc: str | None = head
+            while lc is not None and lc not in found and lc in self.histories:
+                found.add(lc)
+                lc = self.histories[lc].parent
+        return found
+
+
+def step_cell(agent: str, lc: LocalCheckpoint, trace: list[TraceRecord]) -> StepCell:
+    """The step an LC wrote, from the trace records it added."""
+    started = min(record.started_at for record in trace)
+    finished = max(record.finished_at for record in trace)
+    turn = next((record for record in trace if record.tool is None), None)
+    return StepCell(
+        agent=agent,
+        superstep=lc.superstep,
+        step=lc.step,
+        duration_ms=(finished - started).total_seconds() * 1000,
+        started_at=started.isoformat(),
+        finished_at=finished.isoformat(),
+        attempt=lc.attempt,
+        epoch=lc.epoch,
+        agent_status=lc.status.value,
+        tools=[record.tool for record in trace if record.tool is not None],
+        errors=[record.error for record in trace if record.error],
+        lc=lc.id,
+        usage=None if turn is None else usage_of(turn.model_dump(mode="json")),
+    )
+
+
+def usage_of(record: JSON) -> JSON | None:
+    """A model turn's usage, with the record's `cost_usd` beside the tokens when it has one."""
+    usage: JSON = dict(record.get("usage") or {})
+    if record.get("cost_usd") is not None:
+        usage["cost_usd"] = record["cost_usd"]
+    return usage or None
 
 
 def marks(checkpoints: list[views.CheckpointInfo]) -> list[CheckpointMark]:
@@ -165,57 +272,130 @@ def marks(checkpoints: list[views.CheckpointInfo]) -> list[CheckpointMark]:
 def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
     """The task's timeline, read from the store; raises `TaskNotFound` for an unknown task."""
     views.require_task(client, store, task)
+    forked_from = None
     try:
         status = views.task_status(client, store, task)
         state, reason = status.state.value, status.reason
+        if status.forked_from is not None:
+            forked_from = f"{status.forked_from.task_id}@{status.forked_from.checkpoint}"
     except TaskNotFound:  # only its archive is left
         state, reason = "unknown", None
     checkpoints = marks(views.checkpoints(store, task))
-    error = None
+    problems: list[str] = []
     try:
         agents = views.team(store, task)
     except CairnError as exc:
-        agents, error = [], str(exc)
-    cells: dict[tuple[str, int], StepCell] = {}
+        agents = []
+        problems.append(str(exc))
+    chains = _Chains(store, task)
+    for mark in checkpoints:
+        if mark.status == GCStatus.COMMITTED.value and not mark.error:
+            try:
+                _read_checkpoint(store, task, mark, chains)
+            except CairnError as exc:
+                problems.append(f"checkpoint {mark.number}: {exc}")
+    steps = _distinct(chains.steps, chains.histories)
+    latest = next((mark for mark in reversed(checkpoints) if mark.files is not None), None)
+    if latest is not None:
+        kept = chains.lineage(latest.members.values())
+        for cell in steps:
+            cell.undone = cell.lc not in kept
+    for cell in steps:
+        if cell.agent not in agents:
+            agents.append(cell.agent)
+    steps.sort(key=lambda c: (_instant(c.started_at), _rank(agents, c.agent)))
+    cells = sorted(
+        (c for c in steps if not c.undone), key=lambda c: (c.superstep, _rank(agents, c.agent))
+    )
+    files: dict[str, FileVersion] = {}
     try:
-        cells = cells_from_trace(views.trace(store, task))
+        files = file_versions(store, task, checkpoints)
     except CairnError as exc:
-        error = str(exc)
-    for mark in checkpoints:  # which attempt of each step its GC kept, and in what epoch
-        if mark.status != GCStatus.COMMITTED.value or mark.error:
-            continue
-        try:
-            gc = store.read_gc(task, mark.number)
-            members = store.read_lcs_fields(task, gc.members, _Attempt)
-        except CairnError:
-            continue
-        for agent, lc in members.items():
-            cell = cells.get((agent, lc.superstep))
-            if cell is not None and lc.step == cell.step:
-                cell.attempt = max(cell.attempt, lc.attempt)
-                cell.epoch, cell.agent_status = lc.epoch, lc.status.value
-    for agent, _ in cells:
-        if agent not in agents:
-            agents.append(agent)
-    ordered = sorted(cells.values(), key=lambda c: (c.superstep, _rank(agents, c.agent)))
-    supersteps = sorted({c.superstep for c in ordered} | {m.superstep for m in checkpoints})
-    slowest = sorted(ordered, key=lambda c: -c.duration_ms)[:RANKED]
-    troubled = sorted(
-        (c for c in ordered if c.errors or c.attempt > 1),
-        key=lambda c: (-(len(c.errors) + c.attempt - 1), c.superstep),
-    )[:RANKED]
+        problems.append(f"files: {exc}")
     return Timeline(
         task=task,
         status=state,
         reason=reason or None,
         agents=agents,
-        supersteps=supersteps,
-        cells=ordered,
+        supersteps=sorted({c.superstep for c in cells} | {m.superstep for m in checkpoints}),
+        cells=cells,
         checkpoints=checkpoints,
-        slowest=slowest,
-        troubled=troubled,
-        error=error,
+        slowest=sorted(steps, key=lambda c: -c.duration_ms)[:RANKED],
+        troubled=sorted(
+            (c for c in steps if c.errors or c.attempt > 1),
+            key=lambda c: (-(len(c.errors) + c.attempt - 1), _instant(c.started_at)),
+        )[:RANKED],
+        error="; ".join(problems) or None,
+        forked_from=forked_from,
+        steps=steps,
+        histories=chains.histories,
+        messages=chains.messages.items,
+        records=chains.records.items,
+        files=files,
     )
+
+
+def _read_checkpoint(
+    store: CheckpointStore, task: str, mark: CheckpointMark, chains: _Chains
+) -> None:
+    """Fill in a committed GC's commit time, members and files, and read its chains."""
+    gc = store.read_gc(task, mark.number)
+    mark.committed_at = None if gc.committed_at is None else gc.committed_at.isoformat()
+    chains.read(gc.members)
+    manifest = store.read_manifest(task, gc.workspace)
+    mark.members = {agent: ref.id for agent, ref in gc.members.items()}
+    mark.files = dict(manifest.files)
+
+
+def _distinct(steps: list[StepCell], histories: dict[str, History]) -> list[StepCell]:
+    """One cell per step: a tool-level LC's part of a step gives way to the step's own LC."""
+    kept: dict[tuple[str, int | None, int, int, str | None], StepCell] = {}
+    for cell in steps:
+        key = (cell.agent, cell.epoch, cell.superstep, cell.step, cell.started_at)
+        held = kept.get(key)
+        if held is None or len(histories[cell.lc].trace) > len(histories[held.lc].trace):
+            kept[key] = cell
+    return list(kept.values())
+
+
+def file_versions(
+    store: CheckpointStore, task: str, checkpoints: list[CheckpointMark]
+) -> dict[str, FileVersion]:
+    """sha256 → the contents the GCs' files name, the newest GC's first, within the limits.
+
+    Reading stops once FILES_LIMIT of text is kept or READ_LIMIT read: the versions past
+    that are left out.
+    """
+    shas = list(
+        dict.fromkeys(
+            sha for m in reversed(checkpoints) for _, sha in sorted((m.files or {}).items())
+        )
+    )
+    versions: dict[str, FileVersion] = {}
+    kept = read = 0
+    for start in range(0, len(shas), BLOB_BATCH):
+        if kept >= FILES_LIMIT or read >= READ_LIMIT:
+            break
+        for sha, content in store.get_blobs(task, shas[start : start + BLOB_BATCH]).items():
+            text = _text(content)
+            versions[sha] = version = FileVersion(size=len(content), binary=text is None)
+            read += len(content)
+            if text is not None and len(content) <= min(FILE_LIMIT, FILES_LIMIT - kept):
+                version.text = text
+                kept += len(content)
+    return versions
+
+
+def _text(content: bytes) -> str | None:
+    """The content as text; None when binary (a NUL byte, or not UTF-8, as `cairn diff` says)."""
+    try:
+        return None if b"\0" in content else content.decode()
+    except UnicodeDecodeError:
+        return None
+
+
+def _instant(stamp: str | None) -> datetime:
+    return datetime.fromisoformat(stamp or EPOCH)
 
 
 def _rank(agents: list[str], agent: str) -> int:
