@@ -1,8 +1,9 @@
 """What happens at a barrier, as data: merge the steps' files, deliver their messages.
 
 `build_gc` reads the LCs voted in a superstep and returns the global checkpoint that
-commits them; it writes only the merged manifest (a content-addressed blob). Committing it
-is the coordinator's single atomic write.
+commits them; it writes at most the merged manifest (a content-addressed blob), and not
+even that when a step's LC write stored it already. Committing it is the coordinator's
+single atomic write.
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ from dataclasses import dataclass
 from pydantic import ConfigDict, Field
 
 from agents.approval import decision_for
-from agents.workspace import Conflict, merge
+from agents.cache import WORKER, WorkerCache
+from agents.workspace import Conflict, manifest_blob, merge
 from storage.ids import new_id
 from storage.records import (
     AgentStatus,
@@ -23,7 +25,6 @@ from storage.records import (
     Record,
     Role,
     ToolCall,
-    WorkspaceManifest,
 )
 from storage.store import CheckpointStore
 
@@ -40,6 +41,7 @@ class StepOutputs(Record):
     inbox_cursor: int = 0
     changes: dict[str, str | None] = Field(default_factory=dict)
     outbox: list[InboxMessage] = Field(default_factory=list)
+    workspace_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +63,7 @@ def build_gc(
     epoch: int,
     notices: list[InboxMessage] | None = None,
     outputs: dict[str, StepOutputs] | None = None,
+    warm: WorkerCache = WORKER,
 ) -> Barrier:
     """Return the GC after `previous` that takes in the voted LCs of `superstep`.
 
@@ -70,15 +73,21 @@ def build_gc(
     leave it. Agents that did not vote keep their LC from `previous`. `notices` are more
     messages to deliver (a failed verification's output, say). `outputs` holds what the
     caller already read from the voted LCs (see `read_outputs`); the rest are read here.
+    `warm` keeps manifests between barriers (this one's is the next one's base).
     """
     task = previous.task
     known = outputs or {}
     missing = {a: ref for a, ref in votes.items() if a not in known}
     fetched = read_outputs(store, task, missing) if missing else {}
     stored = {agent: known.get(agent) or fetched[agent] for agent in order if agent in votes}
-    base = store.read_manifest(task, previous.workspace).files
+    base = warm.manifest(store, task, previous.workspace)
     files, conflicts = merge(base, [(agent, lc.changes) for agent, lc in stored.items()])
-    workspace = store.put_manifest(task, WorkspaceManifest(files=files))
+    workspace, manifest = manifest_blob(files)
+    # A step's LC write stored its manifest with it: with one writer (or none) in the
+    # superstep, that (or the previous GC's) is the merged one, and is stored already.
+    if workspace not in {previous.workspace, *(lc.workspace_after for lc in stored.values())}:
+        store.put_blob(task, manifest)
+    warm.keep_manifest(task, workspace, files)
 
     read = {agent: lc.inbox_cursor for agent, lc in stored.items()}
     inbox = [m for m in previous.inbox if m.seq > read.get(m.recipient, -1)]

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from dataclasses import replace
 from pathlib import Path
 from typing import Generic, TypeVar
 
@@ -48,18 +47,6 @@ class _LRU(Generic[K, V]):
                 self._items.popitem(last=False)
 
 
-def _copy(state: AgentState) -> AgentState:
-    """A copy a step may change without touching the original (messages are immutable)."""
-    return replace(
-        state,
-        messages=list(state.messages),
-        trace=list(state.trace),
-        changes=dict(state.changes),
-        outbox=list(state.outbox),
-        base=None if state.base is None else replace(state.base),
-    )
-
-
 class WorkerCache:
     """A worker's warm state: agent states it wrote, manifests, workspace directories."""
 
@@ -74,11 +61,11 @@ class WorkerCache:
         found = self._states.get((task, agent))
         if found is None or found[0] != ref:
             return None
-        return _copy(found[1])
+        return found[1].copy()
 
     def keep_state(self, state: AgentState, ref: LCRef) -> None:
         """Remember `state` as written as step LC `ref`."""
-        self._states.put((state.task, state.agent), (ref, _copy(state)))
+        self._states.put((state.task, state.agent), (ref, state.copy()))
 
     def manifest(self, store: CheckpointStore, task: str, manifest_id: str) -> Files:
         """Return a manifest's files, read once per worker (a manifest never changes)."""

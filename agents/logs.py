@@ -10,10 +10,12 @@ them (as httpx's and redis-py's do).
 
 from __future__ import annotations
 
+import json
 import logging
 import sys
 from typing import Any, TextIO
 
+import orjson
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
@@ -32,6 +34,20 @@ def render_message(_logger: WrappedLogger, _method: str, event: EventDict) -> st
     """A structlog processor: the event as one line, `event key=value ...`."""
     text = str(event.pop("event", ""))
     return " ".join([text, *(f"{name}={value!r}" for name, value in event.items())])
+
+
+def _json_line(event: EventDict, **options: Any) -> str:  # noqa: ANN401 - json.dumps's options
+    """Return one event as JSON: orjson's, else the stdlib's (an integer beyond 64 bits).
+
+    orjson takes a third of the stdlib's time, and a step logs twice. `options` are the
+    stdlib's, among them the fallback for values JSON has no form for (`default`).
+    """
+    try:
+        return orjson.dumps(
+            event, default=options.get("default"), option=orjson.OPT_NON_STR_KEYS
+        ).decode()
+    except TypeError:
+        return json.dumps(event, **options)
 
 
 class CairnLogger:
@@ -81,7 +97,9 @@ def configure_logging(
     if numeric is None:
         raise ValueError(f"unknown log level {name!r}")
     renderer: structlog.typing.Processor = (
-        structlog.dev.ConsoleRenderer() if fmt == "console" else structlog.processors.JSONRenderer()
+        structlog.dev.ConsoleRenderer()
+        if fmt == "console"
+        else structlog.processors.JSONRenderer(serializer=_json_line)
     )
     structlog.configure(
         processors=[

@@ -22,6 +22,7 @@ from pydantic import (
     model_validator,
 )
 
+from agents.accounting import Price
 from agents.mcp.names import MCP_REF
 from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
 from storage.errors import InvalidSpec
@@ -238,6 +239,7 @@ class TaskRecord(Record):
     goal: str
     agents: list[AgentSpec] = Field(min_length=1)
     policy: StepPolicy = Field(default_factory=StepPolicy)
+    prices: dict[str, Price] = Field(default_factory=dict)  # model → its prices
 
     @field_validator("task")
     @classmethod

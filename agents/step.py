@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 from pydantic import JsonValue
 from structlog.contextvars import bound_contextvars
 
+from agents.accounting import cost
 from agents.approval import consume, decision_for
 from agents.barrier import pending_calls
 from agents.cache import WORKER, WorkerCache
@@ -34,7 +35,7 @@ from agents.models.base import Model, ModelReply, ModelRequest
 from agents.spec import AgentSpec, StepPolicy, TaskRecord
 from agents.toolkit import ToolRegistry, installed_tools
 from agents.tools import Tool, ToolContext, idempotency_key
-from agents.workspace import apply_changes, net_changes
+from agents.workspace import apply_changes, manifest_blob, net_changes
 from storage.errors import FencedWrite, ToolError
 from storage.keys import SPEC_DOC
 from storage.records import (
@@ -47,7 +48,7 @@ from storage.records import (
     Role,
     ToolCall,
     TraceRecord,
-    WorkspaceManifest,
+    Usage,
 )
 from storage.redact import redact, redact_json, redact_optional
 from storage.store import CheckpointStore
@@ -163,6 +164,7 @@ class _Step:
         self.approved_names = set(agent_tools(self.spec.approve, tools, mcp, f"agent {agent}"))
         self.task, self.agent = task, agent
         self.policy: StepPolicy = record.policy
+        self.prices = record.prices
         self.attempt = attempt
         progress = start.progress
         self.resumed = progress is not None
@@ -186,6 +188,7 @@ class _Step:
         self.decided: list[ToolCall] = []  # calls whose decision this step used
         self.dirty = False  # an external call ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
+        self.unstored: dict[str, bytes] = {}  # captured contents the next LC write stores
         self.ctx = ToolContext(
             workspace=self.workspace,
             agent=agent,
@@ -243,6 +246,12 @@ class _Step:
         reply = model.complete(
             ModelRequest(self.state.messages, tools, agent=self.agent, attempt=self.attempt)
         )
+        # Counted as soon as it is paid for, whatever becomes of the step (spend.lua).
+        price = self.prices.get(self.spec.model)
+        usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
+        self.store.hot.record_spend(self.task, self.agent, self.state.epoch,
+                                    self.state.superstep, self.attempt, usage)  # fmt: skip
+        self.state.usage = self.state.usage.plus(usage)
         self.state.messages.append(
             # Tool calls are kept as the model made them: a retry runs them from here.
             Message(
@@ -251,8 +260,8 @@ class _Step:
                 tool_calls=reply.tool_calls,
             )
         )
-        self._trace(None, {}, reply.content, None, None, started, clock, reply)
-        log.info("model answered", tool_calls=len(reply.tool_calls))
+        self._trace(None, {}, reply.content, None, None, started, clock, usage)
+        log.info("model answered", tool_calls=len(reply.tool_calls), tokens=usage.tokens)
         return reply
 
     def _call(self, call: ToolCall, index: int, place: int) -> bool:
@@ -337,11 +346,11 @@ class _Step:
         error: str | None,
         started: datetime | None,
         clock: float | None,
-        reply: ModelReply | None,
+        usage: Usage | None,
         key: str | None = None,
     ) -> None:
         now = datetime.now(UTC)
-        self.state.trace.append(
+        self.state.add_trace(
             TraceRecord.model_validate(
                 {
                     "step": self.state.step,
@@ -356,7 +365,7 @@ class _Step:
                     "started_at": started or now,
                     "finished_at": now,
                     "duration_ms": 0.0 if clock is None else (time.perf_counter() - clock) * 1000,
-                    "usage": reply.usage if reply is not None else None,
+                    "usage": usage,
                 }
             )
         )
@@ -365,14 +374,15 @@ class _Step:
         """Fold what the tools changed on disk into the state's change set."""
         if not self.touched:
             return  # no tool ran since the last sync or capture: the tree is as recorded
-        self.workspace.capture(self.store)
+        self.workspace.capture(self.store, self.unstored)
         self.touched = False
         self.state.changes = net_changes(self.base_files, self.workspace.files())
 
     def _checkpoint_tools(self) -> None:
         self._capture()
         self.dirty = False
-        ref = self.store.write_lc(self.state, Level.TOOL)
+        ref = self.store.write_lc(self.state, Level.TOOL, blobs=self.unstored.values())
+        self.unstored.clear()
         log.debug("tool-level checkpoint", lc=ref.id)
 
     def _finish(self, reply: ModelReply | None, ran: int) -> StepResult:
@@ -380,9 +390,11 @@ class _Step:
         state.status = _status(state.messages)
         self._capture()
         files = apply_changes(self.base_files, state.changes)
-        state.workspace_after = self.store.put_manifest(self.task, WorkspaceManifest(files=files))
+        state.workspace_after, manifest = manifest_blob(files)
         self.warm.keep_manifest(self.task, state.workspace_after, files)
-        ref = self.store.write_lc(state, Level.STEP, vote=True)
+        # One fenced write: the LC, its vote, the files it changed and its manifest.
+        blobs = [*self.unstored.values(), manifest]
+        ref = self.store.write_lc(state, Level.STEP, vote=True, blobs=blobs)
         for call in self.decided:  # the vote is in: no retry of this step will need them
             consume(self.store, self.task, self.agent, self.waiting_at, call)
         self.warm.keep_state(state, ref)

@@ -16,9 +16,10 @@ import stat
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
+from storage.codec import canonical_bytes
 from storage.errors import ToolError
 from storage.keys import check_name
-from storage.records import sha256_hex
+from storage.records import WorkspaceManifest, sha256_hex
 from storage.store import CheckpointStore
 
 Files = dict[str, str]  # path → blob sha256
@@ -158,12 +159,14 @@ class Workspace:
             st = target.stat()
             self._index[path] = (self._target[path], st.st_mtime_ns, st.st_size)
 
-    def capture(self, store: CheckpointStore) -> Changes:
+    def capture(self, store: CheckpointStore, unstored: dict[str, bytes] | None = None) -> Changes:
         """Store what changed in the tree since the last sync or capture; return the change set.
 
         Files whose mtime and size match the index are taken as unchanged without reading
-        them; the rest are hashed and, if their content changed, put as blobs. After a lazy
-        sync only the paths tools touched can have changed, so only those are looked at.
+        them; the rest are hashed and, if their content changed, put as blobs, or added to
+        `unstored` (sha → content) when given, for the caller to store with its checkpoint.
+        After a lazy sync only the paths tools touched can have changed, so only those are
+        looked at.
         """
         changes: Changes = {}
         if self._whole:
@@ -186,7 +189,10 @@ class Workspace:
                 sha = sha256_hex(content)
                 self._index[path] = (sha, mtime, size)
                 if self._target.get(path) != sha:
-                    store.put_blob(self.task, content)
+                    if unstored is None:
+                        store.put_blob(self.task, content)
+                    else:
+                        unstored[sha] = content
             if self._target.get(path) != sha:
                 changes[path] = sha
                 self._target[path] = sha
@@ -254,6 +260,12 @@ def apply_changes(files: Files, changes: Changes) -> Files:
         else:
             out[path] = sha
     return out
+
+
+def manifest_blob(files: Files) -> tuple[str, bytes]:
+    """Return the manifest of `files` as stored: its id (the sha256 of its bytes), its bytes."""
+    data = canonical_bytes(WorkspaceManifest(files=files))
+    return sha256_hex(data), data
 
 
 def net_changes(base: Files, files: Files) -> Changes:

@@ -115,8 +115,8 @@ class Phases:
         targets: list[tuple[object, str, str]] = [
             (AbstractConnection, "send_packed_command", SEND),
             (AbstractConnection, "read_response", READ),
-            (Heartbeat, "__enter__", "heartbeat: start thread (first beat is I/O)"),
-            (Heartbeat, "__exit__", "heartbeat: stop and join thread"),
+            (Heartbeat, "__enter__", "heartbeat: schedule its beats"),
+            (Heartbeat, "__exit__", "heartbeat: end its beats"),
             (CheckpointStore, "read_doc", "read task spec: open + validate"),
             (CheckpointStore, "latest_gc", "latest GC: open + validate"),
             (CheckpointStore, "read_state", "read_state: open + validate + rebuild chain"),

@@ -16,6 +16,7 @@ workers load (docs/tools.md).
 
 import importlib.metadata as _metadata
 
+from agents.accounting import Budget, Price
 from agents.toolkit import tool
 from agents.tools import ToolContext
 from cairn import errors
@@ -47,6 +48,7 @@ __all__ = [
     "AgentState",
     "AgentStatus",
     "ArchiveReport",
+    "Budget",
     "CheckpointInfo",
     "Client",
     "Decision",
@@ -54,6 +56,7 @@ __all__ = [
     "Export",
     "GCStatus",
     "Lineage",
+    "Price",
     "RestoreResult",
     "Settings",
     "Task",

@@ -18,6 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis
 
+from agents.accounting import Budget, load_prices
 from agents.spec import parse_model
 from cairn.connection import client_for, ping
 from coordinator import views
@@ -114,7 +115,14 @@ class Client:
         the current one). Raises `InvalidSpec` naming what is wrong.
         """
         parsed, where = _parse(spec, base)
-        return Task(self, self.control.submit(parsed, where))
+        return Task(self, self.control.submit(self.priced(parsed), where))
+
+    def priced(self, spec: TaskSpec) -> TaskSpec:
+        """`spec` with the configured price table (`CAIRN_PRICES`) under its own `prices`."""
+        if self.settings.prices is None:
+            return spec
+        table = load_prices(self.settings.prices)
+        return spec.model_copy(update={"prices": {**table, **spec.prices}})
 
     @_redis_errors
     def task(self, task_id: str) -> Task:
@@ -227,7 +235,7 @@ class Task:
         (models, prompts, limits) but must name the same agents. Raises `InvalidSpec` for an
         absent checkpoint or another team.
         """
-        parsed = None if spec is None else _parse(spec, None)[0]
+        parsed = None if spec is None else self.client.priced(_parse(spec, None)[0])
         return Task(self.client, self.client.control.fork(self.id, at, parsed))
 
     @_redis_errors
@@ -283,6 +291,16 @@ class Task:
         """Start supersteps again; return the status."""
         self.client.control.resume(self.id)
         return self.status()
+
+    @_redis_errors
+    def budget(self, *, tokens: int | None = None, cost_usd: float | None = None) -> Budget:
+        """Set the budget (the limits given; the others kept); return it.
+
+        Checked at every barrier: reaching it pauses the task with reason `budget`;
+        `resume` goes on (and pauses again at the next barrier unless raised). What was
+        spent stays spent through retries and restores.
+        """
+        return self.client.control.budget(self.id, tokens, cost_usd)
 
     @_redis_errors
     def cancel(self) -> TaskStatus:

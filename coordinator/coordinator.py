@@ -14,7 +14,7 @@ import contextlib
 import json
 import threading
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -34,14 +34,15 @@ from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
 from coordinator.restore import Restorer
-from coordinator.runs import TERMINAL, Look, RunState, TaskState, abort_in_flight
+from coordinator.runs import TERMINAL, Look, RunState, StepRun, TaskState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, Limits
+from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
 from coordinator.verify import verify
 from storage import keys
 from storage.errors import CairnError, CommitRefused, RestoreFailed
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
-from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record
+from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -50,24 +51,6 @@ HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
-
-
-@dataclass(slots=True)
-class StepRun:
-    """One agent's step of the superstep in flight, as kept in the task's `steps` hash."""
-
-    attempt: int
-    job: str = ""
-    retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
-
-    def dump(self) -> str:
-        """The JSON kept in Redis."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def load(cls, raw: bytes) -> StepRun:
-        """Read the JSON kept in Redis."""
-        return cls(**json.loads(raw))
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +141,27 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
     if running > grace and (beat is None or not beat.endswith(mine)):
         return "retryable", "its worker stopped beating (dead or stalled)"
     return None
+
+
+@dataclass(frozen=True, slots=True)
+class Barrier:
+    """What starting a superstep reads besides the latest GC, in one round trip."""
+
+    epoch: int
+    restoring: bool  # a restore holds the task's lock
+    budget: bytes | None  # the budget last set (`Tasks.budget`), if any
+    spent: dict[str, Usage]  # agent → what its model calls spent
+
+    @classmethod
+    def read(cls, client: redis.Redis, task: str) -> Barrier:
+        """Read them for `task`."""
+        pipe = client.pipeline(transaction=False)
+        pipe.get(keys.epoch(task))
+        pipe.exists(keys.restore_lock(task))
+        pipe.hget(keys.run(task), "budget")
+        pipe.hgetall(keys.spend(task))
+        epoch, locked, budget, spend = pipe.execute()
+        return cls(int(epoch or 0), bool(locked), budget, parse_spend(spend)[0])
 
 
 class Coordinator:
@@ -258,19 +262,26 @@ class Coordinator:
         if gc is None:
             self._finish(task, TaskState.UNRECOVERABLE, "no committed checkpoint is left")
             return
+        barrier = Barrier.read(self.redis, task)
+        if barrier.epoch != gc.epoch and barrier.restoring:
+            return  # a restore raised the epoch: it leads until it commits (or gives up)
         order = [a.name for a in record.agents]
         agents = runnable(self.store, gc, order)
         if not agents:
-            if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
-                return  # waiting for a person
-            self._verify(task, gc, order, limits)
-            return
+            if not any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
+                self._verify(task, gc, order, limits, barrier.epoch)
+            return  # else waiting for a person
         if gc.superstep >= limits.max_supersteps:
             self._finish(
                 task, TaskState.FAILED, f"reached max_supersteps ({limits.max_supersteps})"
             )
             return
-        superstep, epoch = gc.superstep + 1, self.store.hot.get_epoch(task)
+        why = budget_reached(budget_of(barrier.budget, limits), barrier.spent)
+        if why is not None:
+            self.runs.write(task, {"status": TaskState.PAUSED, "reason": BUDGET_REASON})
+            log.info("task paused: budget reached", task=task, spent=why)
+            return
+        superstep, epoch = gc.superstep + 1, barrier.epoch
         intent = gc.model_copy(
             update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
         )
@@ -473,7 +484,9 @@ class Coordinator:
         self.archived.note(task, number)
         acknowledge(self.runs, task, number)
 
-    def _verify(self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits) -> None:
+    def _verify(
+        self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits, epoch: int
+    ) -> None:
         if not limits.verify:
             self._finish(task, TaskState.SUCCEEDED, "every agent rested")
             return
@@ -502,7 +515,6 @@ class Coordinator:
             )
             for agent in order
         ]
-        epoch = self.store.hot.get_epoch(task)
         barrier = build_gc(
             self.store,
             gc,

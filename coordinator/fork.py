@@ -22,11 +22,20 @@ from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.runs import RunState, TaskState
 from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
+from coordinator.spend import inherit
 from storage import keys
 from storage.chain import AgentState
 from storage.errors import InvalidSpec
 from storage.keys import SPEC_DOC
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, Message, Role, WorkspaceManifest
+from storage.records import (
+    GCStatus,
+    GlobalCheckpoint,
+    LCRef,
+    Message,
+    Role,
+    Usage,
+    WorkspaceManifest,
+)
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -81,6 +90,7 @@ def fork_task(
     copied = {path: store.put_blob(new, contents[sha]) for path, sha in manifest.files.items()}
     workspace = store.put_manifest(new, WorkspaceManifest(files=copied))
     members: dict[str, LCRef] = {}
+    histories: dict[str, Usage] = {}
     for agent in record.agents:
         ref = gc.members[agent.name]
         state = store.read_state(source, agent.name, ref.id, ref.checksum)
@@ -89,6 +99,8 @@ def fork_task(
             state.messages[0] = Message(role=Role.SYSTEM, content=agent.system)
         store.hot.begin_attempt(new, agent.name, gc.superstep, 1, epoch=epoch)
         members[agent.name] = store.write_lc(state, vote=True)
+        histories[agent.name] = state.usage
+    inherit(runs.redis, new, histories)  # spent by the source: not the fork's own spend
     start = gc.model_copy(
         update={
             "task": new,
@@ -109,15 +121,11 @@ def fork_task(
     ):
         acknowledge(runs, new, 0)
     lineage = json.dumps({"task_id": source, "checkpoint": gc.number})
-    runs.write(
-        new,
-        {
-            "status": TaskState.RUNNING,
-            "superstep": 0,
-            "submitted_at": time.time(),
-            "forked_from": lineage,
-        },
-    )
+    run: dict[str, object] = {"status": TaskState.RUNNING, "superstep": 0,
+                              "submitted_at": time.time(), "forked_from": lineage}  # fmt: skip
+    if limits.budget is not None:  # the spec's: spend is the fork's own, from zero
+        run["budget"] = limits.budget.model_dump_json()
+    runs.write(new, run)
     runs.redis.sadd(keys.ACTIVE_TASKS, new)
     log.info("task forked", task=new, source=source, checkpoint=gc.number)
     return committed

@@ -27,6 +27,9 @@ Metrics (`name{labels}` kind: what, where it is counted):
 - `cairn_restores_total{outcome}` counter: restores ending `restored` (to the GC asked
   for, or the latest), `fallback` (to an older one) or `unrecoverable` (whoever restores);
 - `cairn_step_retries_total` counter: step attempts retried (coordinator);
+- `cairn_model_tokens_total{kind}` counter: tokens of model calls, `kind` prompt,
+  completion or cached (a part of prompt), retried and replayed calls included (workers);
+- `cairn_model_cost_usd_total` counter: what they cost at the tasks' prices (workers);
 - `cairn_queue_depth{queue}` gauge: jobs waiting on `cairn-steps` and `cairn-control`
   (coordinator, read when scraped);
 - `cairn_live_workers` gauge: RQ workers registered on Cairn's queues whose worker key
@@ -40,7 +43,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 
 import redis
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
@@ -53,7 +56,7 @@ from agents.logs import get_logger
 from storage.backends.redis import RedisHotStore
 from storage.base import LCEntry
 from storage.chain import AgentState
-from storage.records import LCRef, Level
+from storage.records import LCRef, Level, Usage
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -81,6 +84,10 @@ RESTORES = Counter(
     ["outcome"],
 )
 STEP_RETRIES = Counter("cairn_step_retries", "Step attempts retried by this coordinator.")
+MODEL_TOKENS = Counter(
+    "cairn_model_tokens", "Tokens of the model calls this worker made, by kind.", ["kind"]
+)
+MODEL_COST = Counter("cairn_model_cost_usd", "US dollars of those calls, at the tasks' prices.")
 
 _lock = threading.Lock()
 _served: set[str] = set()  # roles whose endpoint this process started (or tried to)
@@ -171,15 +178,31 @@ class MeteredHotStore(RedisHotStore):
         super().write_lc(entry, vote=vote)
         LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
 
+    def record_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> bool:
+        """Count as Redis does; a call counted for the first time is counted here too."""
+        counted = super().record_spend(task, agent, epoch, superstep, attempt, usage)
+        if counted:
+            for kind in ("prompt", "completion", "cached"):
+                MODEL_TOKENS.labels(kind).inc(getattr(usage, f"{kind}_tokens"))
+            MODEL_COST.inc(usage.cost_usd)
+        return counted
+
 
 class MeteredStore(CheckpointStore):
     """The checkpoint store, observing how long each LC write takes (fenced ones aside)."""
 
     def write_lc(
-        self, state: AgentState, level: Level = Level.STEP, *, vote: bool = False
+        self,
+        state: AgentState,
+        level: Level = Level.STEP,
+        *,
+        vote: bool = False,
+        blobs: Iterable[bytes] = (),
     ) -> LCRef:
         """Write as the store does, timed."""
         started = time.perf_counter()
-        ref = super().write_lc(state, level, vote=vote)
+        ref = super().write_lc(state, level, vote=vote, blobs=blobs)
         LC_WRITE_SECONDS.labels(level.value).observe(time.perf_counter() - started)
         return ref

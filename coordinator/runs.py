@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from enum import Enum
 from typing import cast
 
@@ -58,6 +58,24 @@ RESTORING = "restoring"  # the run status while a restore runs; reported as runn
 def _text(value: object) -> str:
     """A run field as stored: an enum as its value, anything else as `str` makes it."""
     return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+@dataclass(slots=True)
+class StepRun:
+    """One agent's step of the superstep in flight, as kept in the task's `steps` hash."""
+
+    attempt: int
+    job: str = ""
+    retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
+
+    def dump(self) -> str:
+        """The JSON kept in Redis."""
+        return json.dumps(asdict(self))
+
+    @classmethod
+    def load(cls, raw: bytes) -> StepRun:
+        """Read the JSON kept in Redis."""
+        return cls(**json.loads(raw))
 
 
 @dataclass(frozen=True, slots=True)

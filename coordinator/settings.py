@@ -14,6 +14,7 @@
 | tools | `CAIRN_TOOLS` | none: modules of Python tools a worker loads (comma-separated) |
 | mcp_config | `CAIRN_MCP_CONFIG` | none: a worker's MCP servers (an `mcpServers` JSON file) |
 | worker_concurrency | `CAIRN_WORKER_CONCURRENCY` | 1: steps one worker process runs at once |
+| prices | `CAIRN_PRICES` | none: a price table (YAML or JSON) for tasks submitted here |
 
 This is the one module that reads the process environment. Every process reads its
 settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
@@ -74,6 +75,7 @@ class Settings(BaseSettings):
     tools: Annotated[tuple[str, ...], NoDecode] = ()
     mcp_config: Path | None = None
     worker_concurrency: int = Field(default=1, ge=1, le=256)
+    prices: Path | None = None
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
 
     @field_validator("redis_url")

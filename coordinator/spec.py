@@ -15,6 +15,7 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
+from agents.accounting import Budget, Price
 from agents.spec import (
     MAX_PROMPT_CHARS,
     AgentSpec,
@@ -60,6 +61,8 @@ class TaskSpec(Strict):
     # step still running at `step_timeout` is retried, and its model call paid again.
     step_timeout: float = Field(default=900.0, gt=0, le=24 * 3600)
     checkpoints: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
+    budget: Budget | None = None
+    prices: dict[str, Price] = Field(default_factory=dict)  # model → USD per million tokens
 
     @model_validator(mode="after")
     def _one_workspace(self) -> TaskSpec:
@@ -99,7 +102,9 @@ class TaskSpec(Strict):
 
     def record(self, task: str) -> TaskRecord:
         """The record of task `task` that every step reads."""
-        return TaskRecord(task=task, goal=self.goal, agents=self.agents, policy=self.policy())
+        return TaskRecord(
+            task=task, goal=self.goal, agents=self.agents, policy=self.policy(), prices=self.prices
+        )
 
     def limits(self) -> Limits:
         """The limits the coordinator enforces."""
@@ -109,6 +114,7 @@ class TaskSpec(Strict):
             max_supersteps=self.max_supersteps,
             step_timeout=self.step_timeout,
             checkpoints=self.checkpoints,
+            budget=self.budget,
         )
 
     def workspace_files(self, base: Path) -> dict[str, bytes]:
@@ -178,18 +184,24 @@ class Limits(Record):
     max_supersteps: int = 50
     step_timeout: float = 900.0
     checkpoints: CheckpointPolicy = CheckpointPolicy()
+    budget: Budget | None = None
 
 
-def read_policy(store: CheckpointStore, task: str) -> CheckpointPolicy:
-    """The task's checkpoint policy, from the limits `Tasks.submit` stores.
+def read_limits(store: CheckpointStore, task: str) -> Limits:
+    """The task's limits, as `Tasks.submit` stores them.
 
     A task started without a coordinator (`agents.task.start_task`, as embedders and the
     benchmarks do), or whose submit died before its limits were stored, has none: nothing
     asked it for `sync` (under `sync` the limits are stored before the submit acknowledges
-    anything), so it gets the default policy. A limits document that is there but damaged
-    raises `CorruptCheckpoint`.
+    anything) nor for a budget, so it gets the defaults. A limits document that is there
+    but damaged raises `CorruptCheckpoint`.
     """
     try:
-        return store.read_doc(task, LIMITS_DOC, Limits).checkpoints
+        return store.read_doc(task, LIMITS_DOC, Limits)
     except RecordNotFound:
-        return CheckpointPolicy()
+        return Limits()
+
+
+def read_policy(store: CheckpointStore, task: str) -> CheckpointPolicy:
+    """The task's checkpoint policy (`read_limits`)."""
+    return read_limits(store, task).checkpoints

@@ -11,16 +11,20 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
+from typing import cast
 
 import redis
 
+from agents.accounting import Budget
 from agents.logs import get_logger
+from agents.spec import parse_model
 from agents.task import start_task
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.fork import fork_task
 from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, TaskSpec, read_policy
+from coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
+from coordinator.spend import budget_of
 from coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from storage import keys
 from storage.archive import archive_gc
@@ -61,9 +65,11 @@ class Tasks:
             # on disk (a full or read-only archive fails the submit, with the reason).
             archive_gc(self.store, task, 0)
             acknowledge(self.runs, task, 0)
-        self.runs.write(
-            task, {"status": TaskState.RUNNING, "superstep": 0, "submitted_at": time.time()}
-        )
+        run: dict[str, object] = {"status": TaskState.RUNNING, "superstep": 0,
+                                  "submitted_at": time.time()}  # fmt: skip
+        if spec.budget is not None:  # where `status` and each barrier read it
+            run["budget"] = spec.budget.model_dump_json()
+        self.runs.write(task, run)
         self.redis.sadd(keys.ACTIVE_TASKS, task)
         log.info("task submitted", task=task, agents=len(spec.agents))
         return task
@@ -78,6 +84,11 @@ class Tasks:
         new = task_id(spec.name if spec is not None else source.rsplit("-", 1)[0])
         fork_task(self.store, self.runs, source, new, at, spec)
         return new
+
+    def current_budget(self, task: str) -> Budget | None:
+        """The task's budget: as last set (`budget`), else its spec's (None: unbounded)."""
+        raised = cast(bytes | None, self.redis.hget(keys.run(task), "budget"))
+        return budget_of(raised, read_limits(self.store, task))
 
     def require(self, task: str) -> None:
         """Raise `TaskNotFound` (or `InvalidName`) unless `task` is a task Cairn knows."""
@@ -96,8 +107,26 @@ class Tasks:
         self._move(task, TaskState.PAUSED, only_from=TaskState.RUNNING)
 
     def resume(self, task: str) -> None:
-        """Start supersteps again."""
+        """Start supersteps again (a task paused for its budget pauses again unless raised)."""
         self._move(task, TaskState.RUNNING, only_from=TaskState.PAUSED)
+
+    def budget(self, task: str, tokens: int | None = None, cost_usd: float | None = None) -> Budget:
+        """Set the task's budget: the limits given, the others kept; return the new budget.
+
+        Read at each barrier; a task paused for its budget goes on once resumed. Raises
+        `InvalidSpec` when neither limit is given or one is not positive, `TaskNotFound`
+        for an unknown task.
+        """
+        if tokens is None and cost_usd is None:
+            raise InvalidSpec("budget: give tokens, cost_usd or both")
+        self.require(task)
+        old = self.current_budget(task)
+        given = {k: v for k, v in (("tokens", tokens), ("cost_usd", cost_usd)) if v is not None}
+        kept = {} if old is None else old.model_dump()
+        new = parse_model(Budget, {**kept, **given}, "budget")
+        self.runs.write(task, {"budget": new.model_dump_json()})
+        log.info("budget set", task=task, tokens=new.tokens, cost_usd=new.cost_usd)
+        return new
 
     def cancel(self, task: str) -> None:
         """End the task now: fence its running steps and abort the superstep in flight.
@@ -130,4 +159,6 @@ class Tasks:
         current = self._run(task).get("status")
         if current != only_from:
             raise InvalidSpec(f"task {task} is {current or 'unknown'}, not {only_from.value}")
-        self.runs.write(task, {"status": state})
+        self.runs.write(
+            task, {"status": state}, forget=["reason"] if state is TaskState.RUNNING else ()
+        )

@@ -18,16 +18,18 @@ from typing import Any, cast
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
+from agents.accounting import Budget
 from agents.approval import decide
 from agents.barrier import StepOutputs, pending_calls
 from agents.spec import TaskRecord
 from agents.workspace import check_path
 from coordinator.runs import RESTORING, TaskState, read_run
+from coordinator.spend import in_flight, read_spend, replayed, total
 from storage import keys
 from storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from storage.keys import SPEC_DOC, check_name
 from storage.records import AgentStatus as AgentState
-from storage.records import GCStatus, GlobalCheckpoint, ToolCall
+from storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
 from storage.store import CheckpointStore
 
 JSON = dict[str, Any]
@@ -43,12 +45,38 @@ class View(BaseModel):
         return self.model_dump(mode="json")
 
 
+class Tokens(View):
+    """Tokens and what they cost (US dollars, at the task's prices)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    cached_tokens: int = 0
+    cost_usd: float = 0.0
+
+    @property
+    def tokens(self) -> int:
+        """Prompt plus completion tokens (what a budget counts)."""
+        return self.prompt_tokens + self.completion_tokens
+
+    @classmethod
+    def of(cls, usage: Usage) -> Tokens:
+        """The view of a usage."""
+        return cls(**usage.model_dump())
+
+
+class Spending(Tokens):
+    """What model calls spent (only rises), and the part of it whose work was discarded."""
+
+    replayed: Tokens = Field(default_factory=Tokens)
+
+
 class AgentStatus(View):
-    """One agent of a task: its status at the latest checkpoint and its step count."""
+    """One agent of a task: its status at the latest checkpoint, its step count, its spend."""
 
     name: str
     status: AgentState
     step: int | None  # None when its checkpoint cannot be read (see `TaskStatus.error`)
+    usage: Spending = Field(default_factory=Spending)
 
 
 class Lineage(View):
@@ -72,6 +100,8 @@ class TaskStatus(View):
     verify_output: str | None = None
     error: str | None = None  # why the agents' steps are unknown, when they are
     forked_from: Lineage | None = None
+    usage: Spending = Field(default_factory=Spending)  # the agents' together
+    budget: Budget | None = None
 
     @property
     def ended(self) -> bool:
@@ -153,17 +183,18 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         error = str(exc)
     agents: list[AgentStatus] = []
     if gc is not None:
-        steps: dict[str, int] = {}
+        members: dict[str, _Member] = {}
         try:
-            read = store.read_lcs_fields(task, gc.members, StepOutputs)
-            steps = {agent: outputs.step for agent, outputs in read.items()}
+            members = store.read_lcs_fields(task, gc.members, _Member)
         except CairnError as exc:
             error = str(exc)
+        usage = _spending(client, store, task, run, gc, members)
         agents = [
             AgentStatus(
                 name=agent,
                 status=gc.statuses.get(agent, AgentState.ACTIVE),
-                step=steps.get(agent),
+                step=members[agent].step if agent in members else None,
+                usage=usage[agent],
             )
             for agent in gc.members
         ]
@@ -186,7 +217,49 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         forked_from=Lineage.model_validate_json(run["forked_from"])
         if "forked_from" in run
         else None,
+        usage=_together([a.usage for a in agents]),
+        budget=Budget.model_validate_json(run["budget"]) if "budget" in run else None,
     )
+
+
+class _Member(Record):
+    """The fields of a member LC a status shows: its step, its history's model usage."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    step: int = 0
+    usage: Usage | None = None  # None in a record of schema 1 (see storage/upcast.py)
+
+
+def _spending(
+    client: redis.Redis,
+    store: CheckpointStore,
+    task: str,
+    run: dict[str, str],
+    gc: GlobalCheckpoint,
+    members: dict[str, _Member],
+) -> dict[str, Spending]:
+    """Each agent's spend and the replayed part of it (coordinator/spend.py)."""
+    spent, inherited = read_spend(client, task)
+    steps = cast(dict[bytes, bytes], client.hgetall(keys.steps(task)))
+    flying = in_flight(client, task, run, {k.decode(): v.decode() for k, v in steps.items()})
+    found: dict[str, Spending] = {}
+    for agent, ref in gc.members.items():
+        member = members.get(agent)
+        history = member.usage if member is not None else None
+        if history is None and member is not None:  # schema 1: add up the trace
+            history = store.read_state(task, agent, ref.id, ref.checksum).usage
+        mine = spent.get(agent, Usage())
+        lost = replayed(mine, history or Usage(), inherited.get(agent), flying.get(agent))
+        found[agent] = Spending(**mine.model_dump(), replayed=Tokens.of(lost))
+    return found
+
+
+def _together(usages: list[Spending]) -> Spending:
+    """The agents' spending added up."""
+    spent = total(Usage(**u.model_dump(exclude={"replayed"})) for u in usages)
+    lost = total(Usage(**u.replayed.model_dump()) for u in usages)
+    return Spending(**spent.model_dump(), replayed=Tokens.of(lost))
 
 
 def list_tasks(client: redis.Redis, store: CheckpointStore) -> list[TaskStatus]:

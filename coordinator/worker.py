@@ -26,8 +26,9 @@ heartbeat thread or task beating every 0.25 s:
 
 Steps are synchronous code making blocking HTTP, Redis and subprocess calls: asyncio gains
 nothing unless every one of them is rewritten, and loses a quarter of the throughput when
-they hop to threads anyway. A heartbeat is a thread of its own, so a step busy on the CPU
-delays another's beat by the interpreter's switch interval (5 ms), not by its work.
+they hop to threads anyway. The heartbeats are beaten by one thread of the process, apart
+from the lanes, so a step busy on the CPU delays the beats by the interpreter's switch
+interval (5 ms), not by its work.
 
 SIGTERM (or SIGINT) stops taking jobs; the running ones get `DRAIN_SECONDS` to finish,
 then those still running are handed back (their RQ jobs marked `stopped`, so the

@@ -8,20 +8,25 @@ Every backend has an in-memory twin in `storage.backends.memory`, and
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from storage.codec import Sealed
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, LocalCheckpoint
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, LocalCheckpoint, Usage
 
 
 @dataclass(frozen=True, slots=True)
 class LCEntry:
-    """A local checkpoint with its sealed bytes: the store indexes and fences by the record."""
+    """A local checkpoint with its sealed bytes: the store indexes and fences by the record.
+
+    `blobs` (address → sealed bytes) are stored in the same fenced write: the files and
+    manifest its change set names, so a refused write stores none of them.
+    """
 
     record: LocalCheckpoint
     sealed: Sealed
+    blobs: Mapping[str, bytes] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -95,9 +100,10 @@ class HotStore(Protocol):
         """
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
-        """Store an LC (and its vote) if epoch and attempt are current, else `FencedWrite`.
+        """Store an LC (its vote, its blobs) if epoch and attempt are current, else `FencedWrite`.
 
-        Writing the same LC again is a no-op, so a retried command is harmless.
+        Each blob is put as `put_blob` puts it. Writing the same LC again is a no-op (its
+        blobs' times refreshed), so a retried command is harmless.
         """
 
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
@@ -143,6 +149,16 @@ class HotStore(Protocol):
 
     def beating(self, task: str, agent: str) -> str | None:
         """Return the token of the live heartbeat of `agent`'s step, None once it lapsed."""
+
+    def record_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> bool:
+        """Count what that step attempt's model call spent; False if it was counted already.
+
+        Counters per agent that only rise (`storage.keys.spend`), apart from the restorable
+        state, and the attempt's own entry (`storage.keys.attempt_spend`), which is what
+        makes the count idempotent: a step takes at most one model turn an attempt.
+        """
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:
         """Store (or replace) a task-level document: the task's spec, an approval."""

@@ -29,6 +29,7 @@ from pydantic import BaseModel, ValidationError
 
 from storage.errors import CorruptCheckpoint, RecordTooLarge
 from storage.records import SCHEMA_VERSION, Record
+from storage.upcast import needs_json, upcast
 
 MAGIC = b"CRN1"
 FLAG_ZSTD = 0x01
@@ -198,12 +199,29 @@ class Codec:
 
         A record of a newer schema than this reader knows is refused.
         """
+        return self.decode_keeping(data, model, name, expect_digest=expect_digest)[0]
+
+    def decode_keeping(
+        self, data: bytes, model: type[R], name: str, *, expect_digest: str | None = None
+    ) -> tuple[R, bytes]:
+        """`decode`, also returning the verified canonical JSON, for `parse` to read more of."""
         payload = self.open(data, name, expect_digest=expect_digest)
-        record = _validate(model, payload, name)
-        _check_version(record.schema_version, name)
+        record = parse(model, payload, name)
         record.checksum = data[5:DIGEST_END].hex()
         record.size = len(data)
-        return record
+        return record, payload
+
+
+def parse(model: type[R], payload: bytes, name: str) -> R:
+    """Parse a record's verified canonical JSON into `model`, or raise `CorruptCheckpoint`.
+
+    A record of a newer schema than this reader knows is refused, naming its version.
+    """
+    record = _validate(model, payload, name)
+    _check_version(record.schema_version, name)
+    if record.schema_version < SCHEMA_VERSION and needs_json(record.schema_version):
+        return _upcast(model, payload, name)
+    return record
 
 
 def _validate(model: type[R], payload: bytes, name: str) -> R:
@@ -212,10 +230,25 @@ def _validate(model: type[R], payload: bytes, name: str) -> R:
         return model.model_validate_json(payload)
     except ValidationError as exc:
         # A record of a newer schema fails on its new fields: say so rather than which.
-        _check_version(_peek_version(payload), name)
-        first = exc.errors()[0]
-        where = ".".join(str(p) for p in first["loc"]) or "record"
-        raise CorruptCheckpoint(name, f"unparsable: {where}: {first['msg']}") from None
+        version = _peek_version(payload)
+        _check_version(version, name)
+        if isinstance(version, int) and version < SCHEMA_VERSION and needs_json(version):
+            return _upcast(model, payload, name)  # an older shape, fields renamed or moved
+        raise _unparsable(name, exc) from None
+
+
+def _upcast(model: type[R], payload: bytes, name: str) -> R:
+    """Parse a record of an older schema through its upcasters (storage/upcast.py)."""
+    try:
+        return model.model_validate(upcast(orjson.loads(payload)))
+    except ValidationError as exc:
+        raise _unparsable(name, exc) from None
+
+
+def _unparsable(name: str, exc: ValidationError) -> CorruptCheckpoint:
+    first = exc.errors()[0]
+    where = ".".join(str(p) for p in first["loc"]) or "record"
+    return CorruptCheckpoint(name, f"unparsable: {where}: {first['msg']}")
 
 
 def _peek_version(payload: bytes) -> object:

@@ -7,6 +7,7 @@ directory names in the archive.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ def check_name(kind: str, value: str) -> str:
     return value
 
 
+@functools.lru_cache(maxsize=4096)  # a step builds a dozen keys of its task
 def task_prefix(task: str) -> str:
     """The prefix of every key of `task`, hash tag included: `cairn:{task}:`."""
     return f"{PREFIX}:{{{check_name('task', task)}}}:"
@@ -66,6 +68,19 @@ def superstep_lcs(task: str, epoch_: int, superstep: int) -> str:
 def votes(task: str, epoch_: int, superstep: int) -> str:
     """Hash agent → "lc_id checksum": the votes cast for one superstep of one epoch."""
     return f"{task_prefix(task)}votes:{epoch_}:{superstep}"
+
+
+def spend(task: str) -> str:
+    """Hash "agent:kind" → what the agent's model calls spent (tokens, cost_usd, calls).
+
+    Only rises. "inherited:agent:kind" (a fork's) is what its history held when forked.
+    """
+    return task_prefix(task) + "spend"
+
+
+def attempt_spend(task: str, epoch_: int, superstep: int) -> str:
+    """Hash "agent:attempt" → "prompt completion cached cost": each attempt's model call."""
+    return f"{task_prefix(task)}spend:{epoch_}:{superstep}"
 
 
 def gc(task: str, number: int) -> str:

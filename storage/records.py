@@ -10,11 +10,11 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Annotated
+from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
@@ -112,10 +112,11 @@ class Message(BaseModel):
 
 
 class Usage(BaseModel):
-    """Tokens a model call used.
+    """Tokens a model call used (or many calls together) and, at known prices, its cost.
 
     `prompt_tokens` counts the whole prompt, `cached_tokens` the part of it the provider
-    read from its prompt cache (billed at a discount), `completion_tokens` the answer.
+    read from its prompt cache (billed at a discount), `completion_tokens` the answer;
+    `cost_usd` is what they cost at the task's prices (0 for a model without a price).
     """
 
     model_config = STRICT
@@ -123,6 +124,30 @@ class Usage(BaseModel):
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached_tokens: int = 0
+    cost_usd: float = Field(default=0.0, ge=0)
+
+    @property
+    def tokens(self) -> int:
+        """Prompt plus completion tokens (cached ones are part of the prompt)."""
+        return self.prompt_tokens + self.completion_tokens
+
+    def plus(self, other: Usage) -> Usage:
+        """The two usages together."""
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            cached_tokens=self.cached_tokens + other.cached_tokens,
+            cost_usd=self.cost_usd + other.cost_usd,
+        )
+
+    def minus(self, other: Usage) -> Usage:
+        """`self` less `other`, never below zero (a float cost may round to -1e-18)."""
+        return Usage(
+            prompt_tokens=max(0, self.prompt_tokens - other.prompt_tokens),
+            completion_tokens=max(0, self.completion_tokens - other.completion_tokens),
+            cached_tokens=max(0, self.cached_tokens - other.cached_tokens),
+            cost_usd=max(0.0, self.cost_usd - other.cost_usd),
+        )
 
 
 class TraceRecord(Record):
@@ -170,13 +195,14 @@ class InboxMessage(BaseModel):
     content: str
 
 
-class LocalCheckpoint(Record):
-    """An agent's state after a step (level step) or before a tool call (level tool).
+TraceT = TypeVar("TraceT")
 
-    Stored incrementally: unless `full`, `messages` and `trace` hold only what the parent
-    lacked, and `message_base`/`trace_base` say how many the parent had. `depth` counts
-    step checkpoints since the agent's first; a checkpoint is full when depth is a multiple
-    of `full_every`, which bounds the chain a read must walk.
+
+class BaseLocalCheckpoint(Record, Generic[TraceT]):
+    """The fields of a local checkpoint, generic in what its trace is parsed into.
+
+    `LocalCheckpoint` is the record; a reader may parse the same JSON with other trace
+    entries, such as ones that count a trace without building it.
     """
 
     id: str
@@ -198,7 +224,7 @@ class LocalCheckpoint(Record):
     message_base: int = 0
     trace_base: int = 0
     messages: list[Message] = Field(default_factory=list)
-    trace: list[TraceRecord] = Field(default_factory=list)
+    trace: list[TraceT] = Field(default_factory=list)
     # environment
     workspace_before: str | None = None
     workspace_after: str | None = None
@@ -207,6 +233,19 @@ class LocalCheckpoint(Record):
     # None when deleted) and messages sent; both start empty at each step
     changes: dict[str, str | None] = Field(default_factory=dict)
     outbox: list[InboxMessage] = Field(default_factory=list)
+    # What the model calls of the agent's whole history used, up to this LC (None in
+    # records of schema 1, which did not keep it: their trace has it, call by call).
+    usage: Usage | None = None
+
+
+class LocalCheckpoint(BaseLocalCheckpoint[TraceRecord]):
+    """An agent's state after a step (level step) or before a tool call (level tool).
+
+    Stored incrementally: unless `full`, `messages` and `trace` hold only what the parent
+    lacked, and `message_base`/`trace_base` say how many the parent had. `depth` counts
+    step checkpoints since the agent's first; a checkpoint is full when depth is a multiple
+    of `full_every`, which bounds the chain a read must walk.
+    """
 
     @property
     def name(self) -> str:

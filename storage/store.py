@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from functools import partial
-from typing import TypeVar
+from typing import Generic, TypeVar
 
 from pydantic import ConfigDict
 
@@ -18,12 +18,13 @@ from storage.base import ColdArchive, GCEntry, HotStore, LCEntry
 from storage.chain import (
     DEFAULT_FULL_EVERY,
     AgentState,
+    UnbuiltLC,
     base_after_write,
     check_link,
     cut_lc,
-    rebuild,
+    rebuild_unbuilt,
 )
-from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes
+from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes, parse
 from storage.errors import CorruptCheckpoint, RecordNotFound
 from storage.keys import EPOCH_DOC
 from storage.records import (
@@ -42,7 +43,8 @@ MAX_CHAIN = 10_000  # guards a read against a cycle; real chains are at most ful
 
 T = TypeVar("T")
 R = TypeVar("R", bound=Record)
-P = TypeVar("P", "_ChainLink", LocalCheckpoint)  # an LC, whole or just its place in a chain
+# An LC: whole, whole but its trace (counted, not built), or just its place in a chain.
+P = TypeVar("P", "_ChainLink", LocalCheckpoint, UnbuiltLC)
 Source = Callable[[], bytes | None]
 
 
@@ -107,6 +109,15 @@ class LoadedLC:
     data: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class _Verified(Generic[P]):
+    """An LC parsed into a view, with the bytes it was read from and their verified JSON."""
+
+    record: P
+    data: bytes
+    payload: bytes
+
+
 class CheckpointStore:
     """Reads and writes checkpoints, blobs and manifests over a hot store and an archive."""
 
@@ -126,17 +137,25 @@ class CheckpointStore:
 
     # local checkpoints -------------------------------------------------------------------
     def write_lc(
-        self, state: AgentState, level: Level = Level.STEP, *, vote: bool = False
+        self,
+        state: AgentState,
+        level: Level = Level.STEP,
+        *,
+        vote: bool = False,
+        blobs: Iterable[bytes] = (),
     ) -> LCRef:
         """Store the LC of `state` (fenced by its epoch and attempt), optionally voting with it.
 
-        A step-level write moves `state.base` to the new LC, so the next delta starts there;
-        a tool-level write leaves it, so a tool LC never becomes a parent. Raises
-        `FencedWrite` when the state's epoch or attempt is no longer current.
+        `blobs` (file contents, manifests: what the LC's change set names) are stored in the
+        same write, as `put_blob` stores them; a refused write stores none. A step-level
+        write moves `state.base` to the new LC, so the next delta starts there; a tool-level
+        write leaves it, so a tool LC never becomes a parent. Raises `FencedWrite` when the
+        state's epoch or attempt is no longer current.
         """
         lc = cut_lc(state, level, self.full_every)
         sealed = self.codec.encode(lc)
-        self.hot.write_lc(LCEntry(lc, sealed), vote=vote)
+        puts = (self.codec.seal(content, keyed=False) for content in blobs)
+        self.hot.write_lc(LCEntry(lc, sealed, {s.checksum: s.data for s in puts}), vote=vote)
         lc.checksum = sealed.checksum
         if level is Level.STEP:
             state.base = base_after_write(lc, state)
@@ -150,15 +169,22 @@ class CheckpointStore:
         Each record comes from Redis when it is there and sound, else from the archive.
         `checksum`, when given, is what the newest record must carry (as a GC names it).
         """
+        chain = self._walk_chain(LocalCheckpoint, task, agent, lc_id, checksum)
+        return [LoadedLC(loaded.record, loaded.data) for loaded in chain]
+
+    def _walk_chain(
+        self, view: type[P], task: str, agent: str, lc_id: str, checksum: str | None
+    ) -> list[_Verified[P]]:
+        """`load_chain`, each record parsed into `view`."""
         hot_bytes = self.hot.read_chain(task, lc_id, MAX_CHAIN)
-        chain: list[LoadedLC] = []
+        chain: list[_Verified[P]] = []
         wanted: str | None = lc_id
         expect = checksum
         while wanted is not None:
             if len(chain) >= MAX_CHAIN:
                 raise CorruptCheckpoint(lc_id, "chain does not end (a cycle?)")
             hot_data = hot_bytes[len(chain)] if len(chain) < len(hot_bytes) else None
-            loaded = self._load_one(task, agent, wanted, expect, hot_data)
+            loaded = self._load_as(view, task, agent, wanted, expect, hot_data)
             chain.append(loaded)
             lc = loaded.record
             if lc.full:
@@ -227,13 +253,14 @@ class CheckpointStore:
         self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
     ) -> _ChainLink:
         """Verify one LC as `_load_one` does, parsing only where it sits in its chain."""
-        return self._load_as(_ChainLink, task, agent, lc_id, expect, hot_data)[0]
+        return self._load_as(_ChainLink, task, agent, lc_id, expect, hot_data).record
 
     def _load_one(
         self, task: str, agent: str, lc_id: str, expect: str | None, hot_data: bytes | None
     ) -> LoadedLC:
         """Verify one LC from its hot bytes, falling back to the archive if absent or bad."""
-        return LoadedLC(*self._load_as(LocalCheckpoint, task, agent, lc_id, expect, hot_data))
+        loaded = self._load_as(LocalCheckpoint, task, agent, lc_id, expect, hot_data)
+        return LoadedLC(loaded.record, loaded.data)
 
     def _load_as(
         self,
@@ -243,15 +270,15 @@ class CheckpointStore:
         lc_id: str,
         expect: str | None,
         hot_data: bytes | None,
-    ) -> tuple[P, bytes]:
+    ) -> _Verified[P]:
         """Verify one LC (hot bytes, else the archive's) and parse it into `view`."""
         name = f"lc {task}/{agent}/{lc_id}"
 
-        def verify(data: bytes) -> tuple[P, bytes]:
-            record = self.codec.decode(data, view, name, expect_digest=expect)
+        def verify(data: bytes) -> _Verified[P]:
+            record, payload = self.codec.decode_keeping(data, view, name, expect_digest=expect)
             if (record.id, record.task, record.agent) != (lc_id, task, agent):
                 raise CorruptCheckpoint(name, "record is not the one its key names")
-            return record, data
+            return _Verified(record, data, payload)
 
         return first_sound(
             name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
@@ -298,8 +325,13 @@ class CheckpointStore:
     def read_state(
         self, task: str, agent: str, lc_id: str, checksum: str | None = None
     ) -> AgentState:
-        """Rebuild an agent's full state at `lc_id`, verifying every link of its chain."""
-        return rebuild([loaded.record for loaded in self.load_chain(task, agent, lc_id, checksum)])
+        """Rebuild an agent's full state at `lc_id`, verifying every link of its chain.
+
+        Every record is verified and parsed, but for its trace records: those are counted,
+        and built from the verified JSON when the state's `trace` is first read.
+        """
+        chain = self._walk_chain(UnbuiltLC, task, agent, lc_id, checksum)
+        return rebuild_unbuilt([(loaded.record, loaded.payload) for loaded in chain])
 
     # blobs and manifests -----------------------------------------------------------------
     def put_blob(self, task: str, content: bytes) -> str:
@@ -342,11 +374,7 @@ class CheckpointStore:
 
     def read_manifest(self, task: str, manifest_id: str) -> WorkspaceManifest:
         """Return a verified workspace manifest."""
-        content = self.get_blob(task, manifest_id)
-        try:
-            return WorkspaceManifest.model_validate_json(content)
-        except ValueError:
-            raise CorruptCheckpoint(f"manifest {manifest_id}", "unparsable") from None
+        return parse(WorkspaceManifest, self.get_blob(task, manifest_id), f"manifest {manifest_id}")
 
     # task documents ----------------------------------------------------------------------
     def put_doc(self, task: str, name: str, record: Record) -> None:

@@ -44,7 +44,7 @@ def take_step(state: AgentState, i: int, size: int = 400) -> None:
             tool_calls=[ToolCall(id=f"call-{i}", name="write_file", args={"path": f"f{i}.py"})],
         )
     )
-    state.trace.append(
+    state.add_trace(
         TraceRecord(
             step=state.step,
             superstep=state.superstep,

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
+import json
+import threading
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 
 import pytest
 
 from agents.cache import WorkerCache
 from agents.heartbeat import Heartbeat
+from agents.logs import configure_logging, get_logger
 from agents.models.base import ModelRequest
 from agents.models.scripted import FINISHED, ScriptedModel
 from agents.spec import AgentSpec, TaskRecord, Turn, load_policy, parse_model
@@ -146,6 +152,31 @@ def test_heartbeat_lives_while_entered_and_lapses_after() -> None:
         assert "w:1:1" == hot.beating("t", "coder")
     time.sleep(0.3)
     assert hot.beating("t", "coder") is None
+
+
+def test_the_heartbeats_of_many_steps_share_one_thread() -> None:
+    """Entering a step's heartbeat starts no thread: one per process beats them all."""
+    hot: HotStore = MemoryHotStore()
+    agents = [f"a{i}" for i in range(20)]
+    with contextlib.ExitStack() as beats:
+        beats.enter_context(Heartbeat(hot, "t", agents[0], "w:1:1", interval_ms=50))
+        threads = threading.active_count()
+        for agent in agents[1:]:
+            beats.enter_context(Heartbeat(hot, "t", agent, "w:1:1", interval_ms=50))
+        assert threads == threading.active_count()
+        time.sleep(0.4)  # several TTLs: only renewals keep the keys
+        assert ["w:1:1"] * len(agents) == [hot.beating("t", agent) for agent in agents]
+
+
+def test_json_log_lines_hold_any_value() -> None:
+    """An integer past 64 bits (which orjson refuses) and any object (by its repr) are logged."""
+    out = io.StringIO()
+    configure_logging("json", "info", out)
+    get_logger("tests").info("odd values", big=2**70, path=Path("/x"), text="é")
+    get_logger("tests").info("plain", n=1)
+    odd, plain = (json.loads(line) for line in out.getvalue().splitlines())
+    assert (2**70, "PosixPath('/x')", "é") == (odd["big"], odd["path"], odd["text"])
+    assert ("plain", 1, "info") == (plain["event"], plain["n"], plain["level"])
 
 
 def test_worker_cache_hands_out_private_copies_of_exact_lcs() -> None:

@@ -45,17 +45,17 @@ def _stepped(gcs: list[GlobalCheckpoint], number: int) -> int:
 def lc_decodes(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """Record the id of every LC any codec decodes (read and verified)."""
     decoded: list[str] = []
-    decode = Codec.decode
+    decode = Codec.decode_keeping  # what `decode` calls too
 
     def recording(
         self: Codec, data: bytes, model: type[Record], name: str, **kw: str | None
-    ) -> Record:
-        record = decode(self, data, model, name, **kw)
+    ) -> tuple[Record, bytes]:
+        record, payload = decode(self, data, model, name, **kw)
         if isinstance(record, LocalCheckpoint):
             decoded.append(record.id)
-        return record
+        return record, payload
 
-    monkeypatch.setattr(Codec, "decode", recording)
+    monkeypatch.setattr(Codec, "decode_keeping", recording)
     return decoded
 
 

@@ -271,7 +271,7 @@ def test_submit_wait_json_prints_the_final_status(
     assert STATUS_KEYS <= status.keys()
     assert (task, "succeeded", 1) == (status["task_id"], status["status"], status["epoch"])
     assert AGENTS == {a["name"] for a in status["agents"]}
-    assert all({"name", "status", "step"} == a.keys() for a in status["agents"])
+    assert all({"name", "status", "step", "usage"} == a.keys() for a in status["agents"])
 
 
 def test_status_json(finished: tuple[str, subprocess.CompletedProcess[str]], run: Run) -> None:

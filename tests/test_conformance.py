@@ -10,8 +10,9 @@ import pytest
 from storage.backends.memory import MemoryArchive, MemoryHotStore
 from storage.base import ColdArchive, HotStore, LCEntry
 from storage.chain import cut_lc
+from storage.codec import canonical_bytes
 from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
-from storage.records import GCStatus, LCRef, Level, WorkspaceManifest
+from storage.records import GCStatus, LCRef, Level, WorkspaceManifest, sha256_hex
 from storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
@@ -78,6 +79,37 @@ def test_stale_attempt_is_fenced(store: CheckpointStore) -> None:
     state.attempt = 2
     ref = store.write_lc(state, vote=True)
     assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
+
+
+def test_an_lc_write_stores_its_blobs_and_a_refused_one_none(store: CheckpointStore) -> None:
+    """The blobs an LC write carries are stored with it, and a fenced write stores none."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    store.hot.begin_attempt(TASK, "coder", 1, 2)  # attempt 1 is a zombie now
+    with pytest.raises(FencedWrite):
+        store.write_lc(state, vote=True, blobs=[b"the zombie's file"])
+    assert {} == store.hot.get_blobs(TASK, [sha256_hex(b"the zombie's file")])
+    state.attempt = 2
+    files = WorkspaceManifest(files={"a.txt": sha256_hex(b"a file")})
+    blobs = [b"a file", canonical_bytes(files)]
+    ref = store.write_lc(state, vote=True, blobs=blobs)
+    assert {"coder": ref} == store.hot.get_votes(TASK, 1, 1)
+    assert blobs == [store.get_blob(TASK, sha256_hex(content)) for content in blobs]
+    assert files == store.read_manifest(TASK, sha256_hex(blobs[1]))
+    assert {sha256_hex(content) for content in blobs} <= store.hot.blob_times(TASK).keys()
+
+
+def test_an_lc_write_sent_again_with_its_blobs_is_a_no_op(store: CheckpointStore) -> None:
+    """A retried write carrying blobs stores the LC and each blob once, as they were."""
+    state = new_agent(store, TASK, "coder")
+    take_step(state, 1)
+    lc = cut_lc(state, Level.STEP)
+    sealed, blob = store.codec.encode(lc), store.codec.seal(b"a file", keyed=False)
+    entry = LCEntry(lc, sealed, {blob.checksum: blob.data})
+    store.hot.write_lc(entry, vote=True)
+    store.hot.write_lc(entry, vote=True)
+    assert [sealed.data] == store.hot.read_chain(TASK, lc.id, 10)
+    assert {blob.checksum: blob.data} == store.hot.get_blobs(TASK, [blob.checksum])
 
 
 def test_stale_superstep_is_fenced(store: CheckpointStore) -> None:

@@ -106,6 +106,12 @@ def test_coordinator_and_worker_serve_their_metrics(cluster: Cluster, tmp_path: 
     assert worker[("cairn_lc_write_bytes_count", step)] > 0
     assert worker[("cairn_lc_write_bytes_sum", step)] > 0
     assert ("cairn_queue_depth", (("queue", "cairn-steps"),)) not in worker  # coordinator's
+    status = cluster.tasks.status(task)  # the worker ran every step: its counters are all
+    assert status.usage.prompt_tokens > 0
+    for kind in ("prompt", "completion", "cached"):
+        counted = worker[("cairn_model_tokens_total", (("kind", kind),))]
+        assert getattr(status.usage, f"{kind}_tokens") == counted
+    assert status.usage.cost_usd == worker[("cairn_model_cost_usd_total", ())] == 0.0  # unpriced
 
 
 def test_a_taken_port_is_a_warning_not_a_crash(cluster: Cluster, tmp_path: Path) -> None:

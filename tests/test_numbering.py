@@ -21,9 +21,10 @@ from structlog.testing import capture_logs
 from agents.heartbeat import Heartbeat, worker_token
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
-from coordinator.coordinator import HEARTBEAT_GRACE, JobState, StepRun, _failure
+from coordinator.coordinator import HEARTBEAT_GRACE, JobState, _failure
 from coordinator.numbering import LOST_REASON
 from coordinator.restore import Restorer
+from coordinator.runs import StepRun
 from coordinator.spec import Limits, TaskSpec
 from storage.archive import archive_gc, trim_hot
 from storage.base import ColdArchive

@@ -14,12 +14,15 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from storage import keys
-from storage.chain import AgentState, rebuild
-from storage.codec import DIGEST_END, Codec
+from storage.base import LCEntry
+from storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
+from storage.codec import DIGEST_END, Codec, canonical_bytes
 from storage.errors import CorruptCheckpoint
 from storage.ids import new_id
 from storage.records import (
+    SCHEMA_VERSION,
     Effects,
+    Level,
     LocalCheckpoint,
     Message,
     Role,
@@ -29,7 +32,7 @@ from storage.records import (
     WorkspaceManifest,
 )
 from storage.store import CheckpointStore
-from tests.factories import new_agent
+from tests.factories import new_agent, take_step
 from tests.test_codec import json_values, names
 
 # Naive and aware, at any whole-minute offset: every form a datetime takes in a record.
@@ -75,6 +78,7 @@ traces = st.builds(
 steps = st.lists(
     st.tuples(st.lists(messages, max_size=3), st.lists(traces, max_size=2)), max_size=4
 )
+Steps = list[tuple[list[Message], list[TraceRecord]]]
 codecs = st.sampled_from([Codec(), Codec(signing_key=b"k" * 32), Codec(compress_above=0)])
 REAL = settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -94,12 +98,13 @@ def write_steps(
     state: AgentState,
     history: list[tuple[list[Message], list[TraceRecord]]],
 ) -> str:
-    """Write a full LC of `state`, then one delta per step of `history`; return the last id."""
+    """Write an LC of `state`, then one per step of `history`, as a step adds to the trace."""
     ref = store.write_lc(state)
     for added_messages, added_trace in history:
         state.step += 1
         state.messages.extend(added_messages)
-        state.trace.extend(added_trace)
+        for record in added_trace:
+            state.add_trace(record)
         ref = store.write_lc(state)
     return ref.id
 
@@ -159,6 +164,83 @@ def test_a_changed_byte_in_redis_is_refused_by_read_state(
 def test_a_newer_schema_with_new_fields_is_refused_for_its_version() -> None:
     """A record of a newer schema, holding fields this reader lacks, is refused by version."""
     codec = Codec()
-    sealed = codec.seal(b'{"files":{},"new_field":[1],"schema_version":2}')
-    with pytest.raises(CorruptCheckpoint, match="schema version 2 is newer than 1"):
+    newer = SCHEMA_VERSION + 1
+    sealed = codec.seal(b'{"files":{},"new_field":[1],"schema_version":%d}' % newer)
+    with pytest.raises(CorruptCheckpoint, match=f"version {newer} is newer than {SCHEMA_VERSION}"):
         codec.decode(sealed.data, WorkspaceManifest, "future")
+
+
+@REAL
+@given(first=steps, later=steps, codec=codecs)
+def test_steps_on_a_read_state_write_lcs_that_read_back_whole(
+    real_store: CheckpointStore, first: Steps, later: Steps, codec: Codec
+) -> None:
+    """Steps taken on a read state, its trace unbuilt (full LCs build it), read back whole."""
+    store = CheckpointStore(real_store.hot, real_store.cold, codec, full_every=3)
+    state = new_agent(store, f"t{new_id()}", "coder")
+    lc_id = write_steps(store, state, first)
+    read = store.read_state(state.task, state.agent, lc_id)
+    read_lc_id = write_steps(store, read.copy(), later)
+    for added_messages, added_trace in later:
+        state.messages.extend(added_messages)
+        state.trace.extend(added_trace)
+
+    again = store.read_state(state.task, state.agent, read_lc_id)
+
+    assert validated_read(store, state.task, read_lc_id) == again
+    assert state.messages == again.messages
+    assert state.trace == again.trace
+
+
+def test_a_step_on_a_read_state_builds_no_trace_record(
+    real_store: CheckpointStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Counting, appending to, copying and writing a delta of a read state build no trace."""
+    state = new_agent(real_store, "t", "coder")
+    for i in range(3):
+        take_step(state, i)
+    lc_id = real_store.write_lc(state).id
+    read = real_store.read_state(state.task, state.agent, lc_id)
+    with monkeypatch.context() as patched:
+        patched.setattr(VerifiedTrace, "build", lambda _: pytest.fail("trace built"))
+        step = read.copy()
+        take_step(step, 3)
+        ref = real_store.write_lc(step)
+        assert (3, 4) == (read.trace_count, step.trace_count)
+
+    take_step(state, 3)
+    again = real_store.read_state(state.task, state.agent, ref.id)
+    assert step == again
+    assert (state.messages, state.trace) == (again.messages, again.trace)
+    assert state.trace[:3] == read.trace
+
+
+def test_a_verified_lc_whose_trace_does_not_validate_is_refused_when_read(
+    real_store: CheckpointStore,
+) -> None:
+    """A sealed LC whose checksum holds but whose trace is not valid fails on reading it."""
+    state = new_agent(real_store, "t", "coder")
+    take_step(state, 1)
+    lc = cut_lc(state, Level.STEP)
+    payload = canonical_bytes(lc).replace(b'"duration_ms":1.5', b'"duration_ms":"soon"')
+    real_store.hot.write_lc(LCEntry(lc, real_store.codec.seal(payload)))
+
+    read = real_store.read_state(state.task, state.agent, lc.id)
+
+    assert state.messages == read.messages
+    with pytest.raises(CorruptCheckpoint, match=r"trace\.0\.duration_ms"):
+        _ = read.trace
+    with pytest.raises(CorruptCheckpoint, match=r"trace\.0\.duration_ms"):
+        real_store.load_chain(state.task, state.agent, lc.id)
+
+
+def test_a_list_assigned_to_an_unbuilt_trace_is_the_trace(real_store: CheckpointStore) -> None:
+    """Assigning `trace` on a read state replaces its unbuilt trace, for counts and deltas too."""
+    state = new_agent(real_store, "t", "coder")
+    take_step(state, 1)
+    read = real_store.read_state(state.task, state.agent, real_store.write_lc(state).id)
+    replaced = [*state.trace, *state.trace]
+
+    read.trace = replaced
+
+    assert (replaced, 2, replaced[1:]) == (read.trace, read.trace_count, read.trace_since(1))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -49,6 +50,30 @@ def test_committed_state_survives_a_redis_restart(own_redis: RedisServer, tmp_pa
     assert 3 == store.hot.latest_gc("restart")
     assert [] == store.cold.list_gcs("restart")  # it all came from Redis
     client.close()
+
+
+def test_a_redis_that_lost_the_scripts_is_sent_them_again(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """After SCRIPT FLUSH (a Redis restarted without them) the next write loads its script."""
+    state = new_agent(real_store, "flushed", "coder")
+    take_step(state, 1)
+    redis_client.script_flush()
+    ref = real_store.write_lc(state, vote=True)
+    assert {"coder": ref} == real_store.hot.get_votes("flushed", 1, 1)
+
+
+def test_each_thread_holds_a_connection_of_its_own(real_store: CheckpointStore) -> None:
+    """The scripts a thread runs share one held connection; another thread holds another."""
+    hot = real_store.hot
+    assert isinstance(hot, RedisHotStore)
+    mine = hot._held()
+    theirs: list[redis.Redis] = []
+    thread = threading.Thread(target=lambda: theirs.append(hot._held()))
+    thread.start()
+    thread.join()
+    assert mine is hot._held()
+    assert mine.connection is not theirs[0].connection
 
 
 def test_a_team_beyond_one_chunk_commits_and_sweeps(

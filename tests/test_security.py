@@ -9,9 +9,11 @@ import base64
 import io
 import json
 import os
+import re
 import secrets
 import shutil
 import subprocess
+import sys
 import zlib
 from collections.abc import Iterator
 from contextlib import contextmanager, suppress
@@ -22,6 +24,8 @@ import pytest
 import redis
 import structlog
 import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from redis.backoff import NoBackoff
 from redis.connection import SSLConnection
 from redis.retry import Retry
@@ -43,7 +47,7 @@ from storage.backends.redis import RedisHotStore, connect
 from storage.codec import FLAG_HMAC, MAGIC, Codec
 from storage.errors import CorruptCheckpoint
 from storage.records import GCStatus, LocalCheckpoint, Message, Role
-from storage.redact import REDACTED, redact
+from storage.redact import _PATTERNS, REDACTED, redact
 from storage.redis_server import RedisServer, TLSFiles
 from storage.store import CheckpointStore
 from tests.cluster import Cluster, run_foreign_job, team_spec
@@ -469,6 +473,48 @@ def test_log_events_are_redacted() -> None:
 def test_redact_patterns(text: str, expected: str) -> None:
     """Each known shape of secret is replaced; near misses are kept."""
     assert expected == redact(text)
+
+
+def _redact_with_every_pattern(text: str) -> str:
+    """`redact` as if no pattern were skipped: each one's substitution, in order."""
+    for pattern, _ in _PATTERNS:
+        text = pattern.sub(lambda m: f"{m.group(1)}{REDACTED}{m.group(2)}", text)
+    return text
+
+
+_PIECES = [
+    OPENAI_KEY, BEARER, AWS_KEY, GENERIC, "sk-", "Bearer ", "BEARER\t", "AKIA", "ASIA",
+    "api_key=", "Api-Key: '", "apikey:", "\u212aey=", "https://u:", "@host", "://", " ",
+    "x", "\u0130", "\u017f", "\u212a", "\u00e9", "-", "=", "\n", "[REDACTED]",
+]  # fmt: skip
+
+
+@given(st.lists(st.one_of(st.sampled_from(_PIECES), st.text(max_size=6)), max_size=12))
+@settings(max_examples=400, deadline=None)
+def test_redact_skips_only_patterns_that_cannot_match(parts: list[str]) -> None:
+    """Skipping the patterns whose strings are missing never changes what `redact` returns."""
+    text = "".join(parts)
+    assert _redact_with_every_pattern(text) == redact(text)
+
+
+def test_the_strings_a_pattern_needs_survive_lower_case() -> None:
+    """Each character IGNORECASE takes for a letter of those strings lowers to that letter.
+
+    So lower case finds them in any text a pattern ignoring case matches.
+    """
+    letters = {
+        c
+        for pattern, needles in _PATTERNS
+        if pattern.flags & re.IGNORECASE
+        for needle in needles
+        for c in needle
+        if c.isalpha()
+    }
+    for letter in sorted(letters):
+        same = re.compile(letter, re.IGNORECASE)
+        for point in range(sys.maxunicode + 1):
+            if same.fullmatch(chr(point)):
+                assert letter == chr(point).lower(), f"U+{point:04X} for {letter!r}"
 
 
 def test_without_the_signing_key_a_redis_writer_cannot_make_workers_run_a_task(

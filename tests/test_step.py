@@ -345,6 +345,31 @@ def test_messages_are_delivered_at_the_barrier_and_conflicts_reported(
     assert [] == gc.inbox  # both read their messages
 
 
+def test_a_gc_names_the_manifest_a_lone_writer_stored_else_the_merged_one(
+    real_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """Two writers: the barrier stores their merge; one: the manifest its LC write stored."""
+    planner = scripted("planner", [
+        {"tools": [{"name": "write_file", "args": {"path": "plan.md", "content": "plan\n"}}]},
+        {"tools": [{"name": "write_file", "args": {"path": "plan.md", "content": "plan 2\n"}}]},
+    ])  # fmt: skip
+    coder = scripted("coder", [
+        {"tools": [{"name": "write_file", "args": {"path": "calc.py", "content": "x = 1\n"}}]},
+        {"say": "done"},
+    ])  # fmt: skip
+    start_task(real_store, record("team", planner, coder), {})
+    cache = tmp_path / "cache"
+    for files in ({"plan.md": b"plan\n"}, {"plan.md": b"plan 2\n"}):
+        gc = superstep(real_store, "team", cache)
+        assert gc is not None
+        assert {**files, "calc.py": b"x = 1\n"} == files_of(real_store, gc)
+        after = {
+            real_store.read_lc("team", agent, ref.id).workspace_after
+            for agent, ref in gc.members.items()
+        }
+        assert (gc.workspace in after) == (gc.superstep == 2)  # superstep 2: one writer
+
+
 def test_logs_carry_the_step_context(real_store: CheckpointStore, tmp_path: Path) -> None:
     """Every event of a step names task, agent, superstep, epoch and attempt."""
     start_task(real_store, record("logs", scripted("coder", [{"say": "hi"}])), {})

@@ -259,6 +259,19 @@ def lifecycle(args: argparse.Namespace, session: Session) -> int:
     return Exit.OK
 
 
+def budget(args: argparse.Namespace, session: Session) -> int:
+    """Set a task's budget (tokens, US dollars); a task paused for it goes on once resumed."""
+    task = session.task(args.task)
+    limit = task.budget(tokens=args.tokens, cost_usd=args.cost_usd)
+    if args.json:
+        render.emit_json({"task_id": task.id, "budget": limit})
+    else:
+        parts = [f"{limit.tokens} tokens" if limit.tokens is not None else "",
+                 f"${limit.cost_usd:g}" if limit.cost_usd is not None else ""]  # fmt: skip
+        session.console.print(f"{task.id}: budget {' and '.join(p for p in parts if p)}")
+    return Exit.OK
+
+
 def archive(args: argparse.Namespace, session: Session) -> int:
     """Archive every committed GC still only in Redis, oldest first."""
     task, console = session.task(args.task), session.console

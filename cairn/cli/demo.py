@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import cast
 
 from agents.logs import configure_logging
-from coordinator.coordinator import Coordinator, StepRun
-from coordinator.runs import TaskState
+from coordinator.coordinator import Coordinator
+from coordinator.runs import StepRun, TaskState
 from coordinator.settings import Settings, load_settings, open_store
 from coordinator.spec import TaskSpec, load_spec
 from coordinator.tasks import Tasks

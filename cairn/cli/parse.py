@@ -121,9 +121,10 @@ def build_parser() -> Parser:
         action="store_true",
         help="stage the agents on the workers (default: here, so no worker need be up)",
     )
-    _fork_and_diff(
+    _lineage_options(
         command("fork", commands.fork, "start a new task from a checkpoint of another"),
         command("diff", commands.diff, "compare two checkpoints: TASK A B, or TASK@A OTHER@B"),
+        command("budget", commands.budget, "set a task's budget (then `resume` a paused task)"),
     )
     cmd = command("trace", commands.trace, "what the agents did, step by step")
     cmd.add_argument("task")
@@ -167,13 +168,19 @@ def build_parser() -> Parser:
     return parser
 
 
-def _fork_and_diff(fork: argparse.ArgumentParser, diff: argparse.ArgumentParser) -> None:
+def _lineage_options(
+    fork: argparse.ArgumentParser, diff: argparse.ArgumentParser, budget: argparse.ArgumentParser
+) -> None:
+    """What forks, compares and bounds a task's spend, across its restores and forks."""
     fork.add_argument("task")
     fork.add_argument("--at", type=int, help="the checkpoint (default: the latest committed)")
     fork.add_argument(
         "--spec", type=Path, help="a spec of the same agents: other models, prompts, limits"
     )
     diff.add_argument("sides", nargs="+", metavar="TASK[@A] ...")
+    budget.add_argument("task")
+    budget.add_argument("--tokens", type=int, help="prompt + completion tokens")
+    budget.add_argument("--cost-usd", type=float, help="US dollars, at the task's prices")
 
 
 def _worker_options(cmd: argparse.ArgumentParser) -> None:

@@ -100,11 +100,20 @@ def show_status(console: Console, status: JSON) -> None:
         f"superstep {status['superstep']}  epoch {status['epoch']}  "
         f"checkpoint {status['latest_checkpoint']}"
     )
-    table = Table("agent", "status", "step")
+    table = Table("agent", "status", "step", "tokens", "replayed")
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
-        table.add_row(agent["name"], styled(agent["status"]), step)
+        usage = agent.get("usage") or {}
+        table.add_row(agent["name"], styled(agent["status"]), step, _spent(usage),
+                      _spent(usage.get("replayed") or {}))  # fmt: skip
     console.print(table)
+    usage = status.get("usage") or {}
+    console.print(f"spent: {_spent(usage)}; replayed: {_spent(usage.get('replayed') or {})}")
+    if status.get("budget"):
+        limits = status["budget"]
+        shown = [f"{limits['tokens']} tokens" if limits.get("tokens") else "",
+                 f"${limits['cost_usd']:g}" if limits.get("cost_usd") else ""]  # fmt: skip
+        console.print(f"budget: {' and '.join(p for p in shown if p)}")
     if status.get("reason"):
         console.print(f"reason: {status['reason']}")
     if status.get("forked_from"):
@@ -112,6 +121,13 @@ def show_status(console: Console, status: JSON) -> None:
         console.print(f"forked from {source['task_id']} at checkpoint {source['checkpoint']}")
     if status.get("error"):
         console.print(f"[red]steps unknown: {status['error']}[/]")
+
+
+def _spent(usage: JSON) -> str:
+    """Tokens (prompt + completion) and, when priced, dollars: `1,234 ($0.0123)`."""
+    tokens = int(usage.get("prompt_tokens", 0)) + int(usage.get("completion_tokens", 0))
+    cost = float(usage.get("cost_usd", 0.0))
+    return f"{tokens:,}" + (f" (${cost:.4f})" if cost else "")
 
 
 def show_diff(console: Console, found: JSON) -> None:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
 from storage.errors import ArchiveConflict, CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC, check_name
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level
+from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level, Usage
 
 
 @dataclass(slots=True)
@@ -50,6 +50,7 @@ class MemoryHotStore:
         self._beats: dict[tuple[str, str], tuple[str, float]] = {}
         self._docs: dict[tuple[str, str], bytes] = {}
         self._owners: dict[str, int] = {}
+        self._spent: dict[tuple[str, int, int], dict[tuple[str, int], Usage]] = {}
 
     def init_task(self, task: str) -> int:
         check_name("task", task)  # as storage.keys does for Redis
@@ -101,6 +102,10 @@ class MemoryHotStore:
                 tentative = self._superstep_lcs.setdefault(superstep, {})
                 rests_on = not lc.full and lc.parent_id in tentative
                 tentative[lc.id] = (lc.parent_id or "") if rests_on else ""
+            now = time.time()
+            for sha, data in entry.blobs.items():
+                self._blobs.setdefault((lc.task, sha), data)
+                self._blob_times[(lc.task, sha)] = now
             ref = LCRef(id=lc.id, checksum=entry.sealed.checksum)
             if lc.level is Level.TOOL:
                 self._progress.setdefault(superstep, {})[lc.agent] = ref
@@ -192,6 +197,16 @@ class MemoryHotStore:
         with self._lock:
             token, until = self._beats.get((task, agent), ("", 0.0))
             return token if until > time.monotonic() else None
+
+    def record_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> bool:
+        with self._lock:
+            counted = self._spent.setdefault((task, epoch, superstep), {})
+            if (agent, attempt) in counted:
+                return False
+            counted[(agent, attempt)] = usage
+            return True
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:
         check_name("task", task)

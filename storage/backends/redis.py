@@ -6,9 +6,12 @@ is idempotent, because redis-py 8 retries a command whose reply it lost (10 trie
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from importlib import resources
 from typing import Any, cast
 
@@ -22,17 +25,23 @@ from redis.connection import (
     SSLConnection,
     UnixDomainSocketConnection,
 )
+from redis.exceptions import NoScriptError
 
 from storage import keys
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC
-from storage.records import GCStatus, LCRef
+from storage.records import GCStatus, LCRef, Usage
 
 HIREDIS = importlib.util.find_spec("hiredis") is not None
 # Above this size, hiredis's packer (which copies every argument into one buffer) loses to
 # redis-py's Python packer (which sends large values as chunks of their own).
 LARGE_VALUE = 16 * 1024
+# A tuple, not `bytes | bytearray | memoryview`: that union is built anew at each use, and
+# packing checks every argument of every command against it.
+BINARY = (bytes, bytearray, memoryview)
+# How long an attempt's spend entry is kept: past any step's life (step_timeout ≤ 24 h).
+ATTEMPT_SPEND_TTL_S = 2 * 24 * 3600
 
 
 class _HybridPacker:
@@ -50,7 +59,7 @@ class _HybridPacker:
 
     def pack(self, *args: Any) -> list[bytes]:  # noqa: ANN401 - redis-py's argument types
         if self._hiredis is None or any(
-            isinstance(a, bytes | bytearray | memoryview) and len(a) > LARGE_VALUE for a in args
+            isinstance(a, BINARY) and len(a) > LARGE_VALUE for a in args
         ):
             return cast(list[bytes], self._python.pack(*args))  # type: ignore[no-untyped-call]
         return cast(list[bytes], self._hiredis.pack(*args))
@@ -88,8 +97,44 @@ def connect(url: str, **kwargs: object) -> redis.Redis:
 
 def script(r: redis.Redis, name: str) -> Script:
     """Register `lua/<name>.lua` of this package on `r`."""
-    source = resources.files("storage.backends").joinpath(f"lua/{name}.lua").read_text()
-    return r.register_script(source)
+    return r.register_script(_source(name))
+
+
+def _source(name: str) -> str:
+    """The text of `lua/<name>.lua` of this package."""
+    return resources.files("storage.backends").joinpath(f"lua/{name}.lua").read_text()
+
+
+class _Lua:
+    """A script of `lua/` sent as a plain EVALSHA on the client `held()` gives.
+
+    redis-py's `Script` goes through its deprecation checks on each call; the hot store's
+    calls, several back to back in a step, skip them. A Redis that lost the script (a
+    restart, SCRIPT FLUSH) is sent it again.
+    """
+
+    def __init__(self, held: Callable[[], redis.Redis], name: str) -> None:
+        self._held = held
+        self._source = _source(name)
+        self._sha = hashlib.sha1(self._source.encode(), usedforsecurity=False).hexdigest()
+
+    def __call__(self, *, keys: Sequence[str], args: Sequence[object]) -> object:
+        client = self._held()
+        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
+        try:
+            return self._send(client, command)
+        except redis.ConnectionError:
+            # A held connection is not checked before each use as a pooled one is: one
+            # Redis closed (it restarted, or dropped an idle client) fails once, and is
+            # replaced. Every script is idempotent, so sending it again is harmless.
+            return self._send(client, command)
+
+    def _send(self, client: redis.Redis, command: tuple[object, ...]) -> object:
+        try:
+            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+        except NoScriptError:
+            client.script_load(self._source)
+            return client.execute_command(*command)  # type: ignore[no-untyped-call]
 
 
 def translating(call: Callable[[], object]) -> object:
@@ -152,23 +197,39 @@ class RedisHotStore:
 
     def __init__(self, client: redis.Redis, *, audit: bool = False) -> None:
         self.redis = client
+        self._threads = threading.local()  # see `_held`
         # With auditing (the `audit` setting, CAIRN_AUDIT=1), the scripts append every
         # epoch raise, fence and accepted LC write to the task's `audit` stream, in the
         # order Redis ran them: the history the chaos suite's checker replays. Off, it
         # costs nothing.
         self.audit = audit
         self._audit_flag = "1" if self.audit else "0"
-        self._write_lc = script(client, "write_lc")
-        self._read_chain = script(client, "read_chain")
-        self._walk_chains = script(client, "walk_chains")
-        self._prepare_gc = script(client, "prepare_gc")
-        self._commit_gc = script(client, "commit_gc")
-        self._abort_gc = script(client, "abort_gc")
-        self._raise_epoch = script(client, "raise_epoch")
-        self._step_start = script(client, "step_start")
-        self._beat = script(client, "beat")
-        self._begin_attempt = script(client, "begin_attempt")
-        self._claim = script(client, "claim")
+        self._write_lc = _Lua(self._held, "write_lc")
+        self._read_chain = _Lua(self._held, "read_chain")
+        self._walk_chains = _Lua(self._held, "walk_chains")
+        self._prepare_gc = _Lua(self._held, "prepare_gc")
+        self._commit_gc = _Lua(self._held, "commit_gc")
+        self._abort_gc = _Lua(self._held, "abort_gc")
+        self._raise_epoch = _Lua(self._held, "raise_epoch")
+        self._step_start = _Lua(self._held, "step_start")
+        self._beat = _Lua(self._held, "beat")
+        self._begin_attempt = _Lua(self._held, "begin_attempt")
+        self._claim = _Lua(self._held, "claim")
+        self._spend = _Lua(self._held, "spend")
+
+    def _held(self) -> redis.Redis:
+        """Return the calling thread's client, which holds one connection while the thread lives.
+
+        The scripts run on it: a command then takes no connection from the pool and gives
+        none back, which a step's few calls in a row feel. The connection returns to the
+        pool when the thread ends (its client is collected); a forked child makes its own.
+        """
+        held = self._threads
+        if getattr(held, "pid", None) != os.getpid():
+            pool = self.redis.connection_pool
+            held.client = redis.Redis(connection_pool=pool, single_connection_client=True)
+            held.pid = os.getpid()
+        return cast(redis.Redis, held.client)
 
     def read_audit(self, task: str) -> list[dict[str, str]]:
         """The task's audit stream, oldest first (empty unless some writer audited).
@@ -223,6 +284,8 @@ class RedisHotStore:
                     keys.votes(t, lc.epoch, lc.superstep),
                     keys.progress(t, lc.epoch, lc.superstep),
                     keys.audit(t),
+                    keys.blobs(t),
+                    *(keys.blob(t, sha) for sha in entry.blobs),
                 ],
                 args=[
                     lc.epoch,
@@ -236,6 +299,8 @@ class RedisHotStore:
                     lc.level.value,
                     "1" if vote else "0",
                     self._audit_flag,
+                    time.time(),
+                    *(part for blob in entry.blobs.items() for part in blob),
                 ],
             )
         )
@@ -320,6 +385,16 @@ class RedisHotStore:
     def beating(self, task: str, agent: str) -> str | None:
         value = cast(bytes | None, self.redis.get(keys.heartbeat(task, agent)))
         return None if value is None else value.decode()
+
+    def record_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> bool:
+        counted = self._spend(
+            keys=[keys.spend(task), keys.attempt_spend(task, epoch, superstep)],
+            args=[agent, attempt, usage.prompt_tokens, usage.completion_tokens,
+                  usage.cached_tokens, repr(usage.cost_usd), ATTEMPT_SPEND_TTL_S],
+        )  # fmt: skip
+        return bool(counted)
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:
         self.redis.set(keys.doc(task, name), data)

@@ -80,6 +80,12 @@ FILES = {
 }
 
 
+# Each LC's model call; costs are exact in binary, so they read back as written.
+FULL_CALL = Usage(prompt_tokens=812, completion_tokens=164, cached_tokens=512, cost_usd=0.25)
+DELTA_CALL = Usage(prompt_tokens=1024, completion_tokens=32, cached_tokens=960, cost_usd=0.125)
+SIGNED_CALL = Usage(prompt_tokens=300, completion_tokens=20, cost_usd=0.0625)
+
+
 def at(seconds: float) -> datetime:
     """A fixed time, `seconds` after the golden task began."""
     return START + timedelta(seconds=seconds)
@@ -138,7 +144,7 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
                 started_at=at(0),
                 finished_at=at(1.25),
                 duration_ms=1250.0,
-                usage=Usage(prompt_tokens=812, completion_tokens=164, cached_tokens=512),
+                usage=FULL_CALL,
             ),
             TraceRecord(
                 step=1,
@@ -178,6 +184,7 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
         ],
         workspace_after=manifest_id,
         changes={"notes.md": notes_sha, "draft.md": None},
+        usage=FULL_CALL,
         outbox=[
             InboxMessage(
                 id="01942a3c-1e01-7000-8000-00000000b001",
@@ -222,12 +229,13 @@ def build_delta_lc(
                 started_at=at(60),
                 finished_at=at(63.5),
                 duration_ms=3500.0,
-                usage=Usage(prompt_tokens=1024, completion_tokens=32, cached_tokens=960),
+                usage=DELTA_CALL,
             )
         ],
         workspace_before=manifest_id,
         workspace_after=manifest_id,
         inbox_cursor=1,
+        usage=FULL_CALL.plus(DELTA_CALL),
         outbox=[
             InboxMessage(
                 id="01942a3c-2e01-7000-8000-00000000b002",
@@ -285,10 +293,11 @@ def build_signed_lc(manifest_id: str) -> LocalCheckpoint:
                 started_at=at(66),
                 finished_at=at(68),
                 duration_ms=2000.0,
-                usage=Usage(prompt_tokens=300, completion_tokens=20),
+                usage=SIGNED_CALL,
             )
         ],
         workspace_before=manifest_id,
+        usage=SIGNED_CALL,
     )
 
 

@@ -1,0 +1,93 @@
+"""Prices, budgets and what a model call costs.
+
+A price table maps a model (as a spec names it, `openai:gpt-4o`) to its prices in US
+dollars per million tokens: `input` for the prompt, `output` for the completion, `cached`
+for the part of the prompt the provider read from its cache (default: `input`). Cairn
+ships no prices (they change): a task's spec carries its own (`prices`), over a file the
+submitter configures (`CAIRN_PRICES`). A model without a price costs nothing, its tokens
+still counted.
+
+A budget bounds a task's spend, in tokens (prompt + completion) or dollars or both;
+reaching it pauses the task at its next barrier.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from storage.errors import InvalidSpec
+from storage.records import Usage
+
+PER = 1_000_000  # prices are per million tokens
+
+
+class Price(BaseModel):
+    """One model's prices, US dollars per million tokens."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    input: float = Field(ge=0)
+    output: float = Field(ge=0)
+    cached: float | None = Field(default=None, ge=0)
+
+
+class Budget(BaseModel):
+    """How much a task may spend: tokens (prompt + completion), US dollars, or both."""
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    tokens: int | None = Field(default=None, ge=1)
+    cost_usd: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> Budget:
+        if self.tokens is None and self.cost_usd is None:
+            raise ValueError("give tokens, cost_usd or both")
+        return self
+
+    def reached(self, tokens: int, cost_usd: float) -> bool:
+        """True once `tokens` or `cost_usd` spent is at or past its limit."""
+        over_tokens = self.tokens is not None and tokens >= self.tokens
+        return over_tokens or (self.cost_usd is not None and cost_usd >= self.cost_usd)
+
+
+def cost(usage: Usage, price: Price | None) -> float:
+    """What a call that used `usage` cost at `price`, in US dollars (0 without a price)."""
+    if price is None:
+        return 0.0
+    cached = min(usage.cached_tokens, usage.prompt_tokens)
+    cached_price = price.input if price.cached is None else price.cached
+    return (
+        (usage.prompt_tokens - cached) * price.input
+        + cached * cached_price
+        + usage.completion_tokens * price.output
+    ) / PER
+
+
+def load_prices(path: str | Path) -> dict[str, Price]:
+    """Read a price table (YAML or JSON: model → {input, output, cached}).
+
+    Raises `InvalidSpec` naming the file and what is wrong.
+    """
+    source = Path(path)
+    try:
+        text = source.read_text()
+        data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
+    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
+        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+        raise InvalidSpec(f"cannot read price table {source}: {reason}") from None
+    if not isinstance(data, dict):
+        raise InvalidSpec(f"price table {source}: must map each model to its prices")
+    prices: dict[str, Price] = {}
+    for model, price in data.items():
+        try:
+            prices[str(model)] = Price.model_validate(price)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in (model, *first["loc"]))
+            raise InvalidSpec(f"price table {source}: {where}: {first['msg']}") from None
+    return prices

@@ -1,0 +1,50 @@
+"""Reading records of an older schema: one upcaster per version step.
+
+A record carries the `schema_version` of the code that wrote it. A change of any stored
+record's schema raises `SCHEMA_VERSION` (storage/records.py) and adds here the step from
+the version before: `ADDITIVE` when it only added fields that have defaults (an older
+record then parses as it is: the fields take their defaults), else a function that turns
+the older record's JSON object into the newer one's (renamed or moved fields, changed
+meanings). A record of a version newer than the code is refused (storage/codec.py), never
+misread. tests/golden/ holds records of every version, read by every change.
+
+Steps:
+  1 → 2: a local checkpoint keeps its history's running model usage (`usage`, None
+         before: the reader adds up the trace), and usage carries `cost_usd`; task
+         documents gained `prices` and `budget`. All added, with defaults.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any, Final
+
+from storage.records import SCHEMA_VERSION
+
+Json = dict[str, Any]
+Upcaster = Callable[[Json], Json]
+
+
+def _additive(record: Json) -> Json:
+    return record
+
+
+ADDITIVE: Final[Upcaster] = _additive
+# version → the step from it to the next one
+UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE}
+
+
+def needs_json(version: int) -> bool:
+    """True when a record of `version` must be upcast as JSON (some step is not additive)."""
+    return any(UPCASTERS[v] is not ADDITIVE for v in range(version, SCHEMA_VERSION))
+
+
+def upcast(record: Json) -> Json:
+    """`record` (a JSON object of an older schema) as the current schema has it.
+
+    Raises `KeyError` for a version no step starts from (older than any this code reads).
+    """
+    version = record.get("schema_version", 1)
+    for step in range(version, SCHEMA_VERSION):
+        record = UPCASTERS[step](record)
+    return record
