@@ -552,9 +552,9 @@ def density(c: Cluster) -> tuple[list[Target], Run]:
         + ", ".join(f"{k} {ms(v)}" for k, v in parts.items())
         + f" (p50s, not additive); the largest is {most}. The barrier, from the coordinator's "
         f"log, p50: last step's end to 'superstep committed' {ms(notice)} (the tick that sees "
-        f"the last vote, build and commit), to the next 'steps launched' {ms(tick)} (the next "
-        f"tick: a tick visits every active task in turn, then sleeps 50 ms), to the jobs "
-        f"enqueued {ms(launch)}. Cairn's processes used "
+        f"the last vote, build and commit), to the next 'steps launched' {ms(tick)} (the "
+        f"same tick begins the next superstep), to the jobs enqueued {ms(launch)}. A tick "
+        f"reads every active task in one look, then sleeps 50 ms. Cairn's processes used "
         f"{sum(run.cpu[w] for w in ours[:3]) / run.wall:.2f} of the {os.cpu_count()} CPUs, "
         f"the machine {run.cpu['machine'] / run.wall:.2f}; the coordinator "
         f"{coord / run.wall:.0%} of one core.)"
@@ -585,7 +585,7 @@ def density(c: Cluster) -> tuple[list[Target], Run]:
         Target("steps/s one coordinator core drives", per_core, None, "steps/s").report(),
         Target("barrier, last step's end to the next superstep's enqueue, p50",
                barriers.p50 / 1e6, None, "ms").report(),
-        Target("of it, committed to the next launch (waiting for a tick), p50", tick / 1e6,
+        Target("of it, committed to the next launch, p50", tick / 1e6,
                None, "ms").report(),
         Target("Redis commands per step", sum(run.redis.calls.values()) / steps, None,
                "commands").report(),
