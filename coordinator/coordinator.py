@@ -147,6 +147,7 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
 class Barrier:
     """What starting a superstep reads besides the latest GC, in one round trip."""
 
+    running: bool  # the run's status is `running` (not paused or ended meanwhile)
     epoch: int
     restoring: bool  # a restore holds the task's lock
     budget: bytes | None  # the budget last set (`Tasks.budget`), if any
@@ -156,12 +157,22 @@ class Barrier:
     def read(cls, client: redis.Redis, task: str) -> Barrier:
         """Read them for `task`."""
         pipe = client.pipeline(transaction=False)
+        pipe.hmget(keys.run(task), ["status", "budget"])
         pipe.get(keys.epoch(task))
         pipe.exists(keys.restore_lock(task))
-        pipe.hget(keys.run(task), "budget")
         pipe.hgetall(keys.spend(task))
-        epoch, locked, budget, spend = pipe.execute()
-        return cls(int(epoch or 0), bool(locked), budget, parse_spend(spend)[0])
+        (status, budget), epoch, locked, spend = pipe.execute()
+        running = status == TaskState.RUNNING.value.encode()
+        return cls(running, int(epoch or 0), bool(locked), budget, parse_spend(spend)[0])
+
+    def may_begin(self, latest: GlobalCheckpoint) -> bool:
+        """Say whether the superstep after `latest` may begin now.
+
+        Not once the task was paused, ended or restored since the caller looked, nor while
+        a restore that raised the epoch past `latest`'s holds the lock: it leads until it
+        commits or gives up.
+        """
+        return self.running and not (self.epoch != latest.epoch and self.restoring)
 
 
 class Coordinator:
@@ -263,8 +274,8 @@ class Coordinator:
             self._finish(task, TaskState.UNRECOVERABLE, "no committed checkpoint is left")
             return
         barrier = Barrier.read(self.redis, task)
-        if barrier.epoch != gc.epoch and barrier.restoring:
-            return  # a restore raised the epoch: it leads until it commits (or gives up)
+        if not barrier.may_begin(gc):
+            return
         order = [a.name for a in record.agents]
         agents = runnable(self.store, gc, order)
         if not agents:
@@ -463,8 +474,7 @@ class Coordinator:
         """
         self.runs.write(task, {"superstep": 0}, clear_steps=True)
         self._archive(task, committed)
-        if self.redis.hget(keys.run(task), "status") == TaskState.RUNNING.value.encode():
-            self._begin(task, committed)
+        self._begin(task, committed)  # which does nothing unless the task is still running
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
         """Archive per policy: inline under `durability: sync`, else on the archiver's thread.

@@ -168,11 +168,11 @@ def team_spec(ledger: Path, slow: float = 0.0) -> TaskSpec:
     return TaskSpec.model_validate(yaml.safe_load(text))
 
 
-Outcome = tuple[dict[str, bytes], dict[str, list[tuple[str, str | None, list[str]]]], int]
+Histories = dict[str, list[tuple[str, str | None, list[str]]]]
 
 
-def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
-    """The task's final files, every agent's history, how often the coder's command ran."""
+def files_and_histories(cluster: Cluster, task: str) -> tuple[dict[str, bytes], Histories]:
+    """The task's latest files, and every agent's history (roles, texts, calls)."""
     gc = cluster.store.latest_gc(task)
     assert gc is not None
     histories = {
@@ -182,7 +182,16 @@ def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
         ]
         for agent, ref in gc.members.items()
     }
-    return files_of(cluster.store, gc), histories, ledger.read_text().count("coder-ran")
+    return files_of(cluster.store, gc), histories
+
+
+Outcome = tuple[dict[str, bytes], Histories, int]
+
+
+def outcome(cluster: Cluster, task: str, ledger: Path) -> Outcome:
+    """The task's final files, every agent's history, how often the coder's command ran."""
+    files, histories = files_and_histories(cluster, task)
+    return files, histories, ledger.read_text().count("coder-ran")
 
 
 def run_foreign_job(url: str, func: str, *args: object) -> Job:

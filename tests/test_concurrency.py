@@ -28,8 +28,7 @@ from coordinator.spec import TaskSpec
 from coordinator.worker import DRAIN_SECONDS, HANDED_BACK
 from storage import keys
 from storage.redis_server import RedisServer
-from tests.agent_harness import files_of
-from tests.cluster import ROOT, Cluster, Outcome, outcome, team_spec
+from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
 
 TASKS = 4
 GATE_TOOLS = '''\
@@ -204,20 +203,6 @@ def gate_spec(gate: Path, step_timeout: float) -> TaskSpec:
     )
 
 
-def gate_outcome(cluster: Cluster, task: str) -> tuple[object, ...]:
-    """The task's files and histories (roles, texts, calls), as `outcome` reads them."""
-    gc = cluster.store.latest_gc(task)
-    assert gc is not None
-    histories = {
-        agent: [
-            (m.role.value, m.content, [c.name for c in m.tool_calls])
-            for m in cluster.store.read_state(task, agent, ref.id, ref.checksum).messages
-        ]
-        for agent, ref in gc.members.items()
-    }
-    return files_of(cluster.store, gc), histories
-
-
 def test_a_zombie_step_in_a_live_process_is_fenced(cluster: Cluster, tmp_path: Path) -> None:
     """A step held past `step_timeout` is retried in the same live process, in another tree.
 
@@ -250,7 +235,7 @@ def test_a_zombie_step_in_a_live_process_is_fenced(cluster: Cluster, tmp_path: P
     while b'"fenced"' not in (cluster.client.hget(keys.outcomes(task, 1, 1), "waiter") or b""):
         assert time.monotonic() < deadline, "the zombie never reported"
         time.sleep(0.05)
-    assert gate_outcome(cluster, clean) == gate_outcome(cluster, task)
+    assert files_and_histories(cluster, clean) == files_and_histories(cluster, task)
     first = cluster.store.read_gc(task, 1)
     assert 2 == cluster.store.read_lc(task, "waiter", first.members["waiter"].id).attempt
     assert worker.poll() is None  # one process all along

@@ -21,9 +21,10 @@ from coordinator.coordinator import Coordinator
 from coordinator.jobs import STEPS_QUEUE
 from storage import keys
 from storage.errors import FencedWrite, InvalidSpec
-from storage.records import GCStatus
+from storage.records import GCStatus, GlobalCheckpoint
 from storage.redis_server import RedisServer
 from tests.cluster import Cluster, outcome, run_foreign_job, team_spec
+from tests.test_restore import run_until
 
 
 def test_three_agents_on_two_workers(cluster: Cluster, tmp_path: Path) -> None:
@@ -363,3 +364,41 @@ def test_a_retry_of_a_step_whose_job_was_canceled_already_goes_on(
     agent = job.split("-")[-2]
     first = cluster.store.read_gc(task, 1)
     assert 2 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt
+
+
+def test_the_tick_that_commits_a_superstep_begins_the_next(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """No tick passes between a commit and the next superstep's launch."""
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    deadline = time.monotonic() + 30
+    while (latest := cluster.store.latest_gc(task)) is None or latest.superstep < 1:
+        assert time.monotonic() < deadline, "superstep 1 never committed"
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    run = cluster.client.hgetall(keys.run(task))
+    assert (b"2", b"running") == (run[b"superstep"], run[b"status"])  # launched already
+    assert cluster.coordinator.archiver.drain()  # nothing left running past the test
+
+
+def test_no_superstep_begins_while_a_restore_that_raised_the_epoch_leads(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A restore that raised the epoch leads until it commits: no superstep begins.
+
+    A restorer that died leaves its lock to lapse; the task then goes on under its epoch.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    gc1 = run_until(cluster, task, 1)  # between supersteps 1 and 2, running
+    cluster.client.set(keys.restore_lock(task), "someone", px=60_000)
+    raised = cluster.store.raise_epoch(task, gc1.epoch + 1)
+    for _ in range(5):
+        cluster.coordinator.tick()
+    assert b"0" == cluster.client.hget(keys.run(task), "superstep")
+    assert gc1.number == cast(GlobalCheckpoint, cluster.store.latest_gc(task)).number
+    cluster.client.delete(keys.restore_lock(task))  # the restorer died before committing
+    cluster.coordinator.tick()
+    assert str(raised).encode() == cluster.client.hget(keys.run(task), "epoch")
+    assert "succeeded" == cluster.drive(task)["status"]

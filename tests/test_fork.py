@@ -13,15 +13,13 @@ from coordinator.views import Lineage
 from storage.errors import CairnError, InvalidSpec
 from storage.records import GlobalCheckpoint
 from tests.agent_harness import files_of
-from tests.cluster import TEAM, Cluster, outcome, team_spec
+from tests.cluster import TEAM, Cluster, Histories, outcome, team_spec
 from tests.test_restore import run_until, states_of
 
 RESTORE_NOTE = "Cairn restored you to checkpoint"
 
 
-def without_restore_notes(
-    histories: dict[str, list[tuple[str, str | None, list[str]]]],
-) -> dict[str, list[tuple[str, str | None, list[str]]]]:
+def without_restore_notes(histories: Histories) -> Histories:
     """Histories without the note a restore appends for each agent (a fork appends none)."""
     return {
         agent: [m for m in history if not str(m[1]).startswith(RESTORE_NOTE)]
