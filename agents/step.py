@@ -10,6 +10,7 @@ not run again.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import time
@@ -186,6 +187,7 @@ class _Step:
         # A decision holds for a call waiting in the LC this step starts from (`approval`).
         self.waiting_at = gc.members[agent].id if agent in gc.members else ""
         self.decided: list[ToolCall] = []  # calls whose decision this step used
+        self.spent: Callable[[], bool] | None = None  # the model call's spend, on its way
         self.dirty = False  # an external call ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
         self.unstored: dict[str, bytes] = {}  # captured contents the next LC write stores
@@ -200,6 +202,20 @@ class _Step:
         )
 
     def run(self, model: Model) -> StepResult:
+        try:
+            return self._run(model)  # settles the spend before its LC writes
+        except BaseException:
+            with contextlib.suppress(Exception):  # the step's own error is the one to raise
+                self._settle()
+            raise
+
+    def _settle(self) -> None:
+        """Wait for the model call's spend to be counted (raising what counting raised)."""
+        spent, self.spent = self.spent, None
+        if spent is not None:
+            spent()
+
+    def _run(self, model: Model) -> StepResult:
         state = self.state
         pending = pending_calls(state.messages)
         start = state.base.message_count if state.base else 0
@@ -246,11 +262,12 @@ class _Step:
         reply = model.complete(
             ModelRequest(self.state.messages, tools, agent=self.agent, attempt=self.attempt)
         )
-        # Counted as soon as it is paid for, whatever becomes of the step (spend.lua).
+        # Counted as soon as it is paid for, whatever becomes of the step (spend.lua): sent
+        # before any tool runs, its answer awaited before the step's next write.
         price = self.prices.get(self.spec.model)
         usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
-        self.store.hot.record_spend(self.task, self.agent, self.state.epoch,
-                                    self.state.superstep, self.attempt, usage)  # fmt: skip
+        at = (self.state.epoch, self.state.superstep, self.attempt)
+        self.spent = self.store.hot.send_spend(self.task, self.agent, *at, usage)
         self.state.usage = self.state.usage.plus(usage)
         self.state.messages.append(
             # Tool calls are kept as the model made them: a retry runs them from here.
@@ -379,6 +396,7 @@ class _Step:
         self.state.changes = net_changes(self.base_files, self.workspace.files())
 
     def _checkpoint_tools(self) -> None:
+        self._settle()
         self._capture()
         self.dirty = False
         ref = self.store.write_lc(self.state, Level.TOOL, blobs=self.unstored.values())
@@ -394,6 +412,7 @@ class _Step:
         self.warm.keep_manifest(self.task, state.workspace_after, files)
         # One fenced write: the LC, its vote, the files it changed and its manifest.
         blobs = [*self.unstored.values(), manifest]
+        self._settle()
         ref = self.store.write_lc(state, Level.STEP, vote=True, blobs=blobs)
         for call in self.decided:  # the vote is in: no retry of this step will need them
             consume(self.store, self.task, self.agent, self.waiting_at, call)

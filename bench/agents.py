@@ -184,8 +184,10 @@ class Team:
         return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
     def begin(self) -> None:
-        """Open attempt 1 of the next superstep (the coordinator's write)."""
-        self.store.hot.begin_attempt(self.gc.task, AGENT, self.gc.superstep + 1, 1)
+        """Prepare the next GC and open attempt 1 of its superstep, as the coordinator does."""
+        gc = self.gc
+        intent = gc.model_copy(update={"number": gc.number + 1, "superstep": gc.superstep + 1})
+        self.store.begin_superstep(intent, {AGENT: 1})
 
     def step(self) -> LCRef:
         """Run the agent's step of the next superstep; return its voted LC."""
@@ -195,7 +197,7 @@ class Team:
                         models=models, tools=self.tools).lc  # fmt: skip
 
     def barrier(self, vote: LCRef) -> None:
-        """Build, prepare and commit the superstep's GC."""
+        """Build and commit the superstep's GC (prepared when it began)."""
         gc = self.gc
         built = build_gc(
             self.store,
@@ -206,7 +208,6 @@ class Team:
             superstep=gc.superstep + 1,
             epoch=gc.epoch,
         ).gc
-        self.store.prepare_gc(built)
         self.gc = self.store.commit_gc(built)
 
     def superstep(self) -> None:
@@ -230,7 +231,7 @@ class Env:
 FLOOR = "floor: MULTI/EXEC RPUSH new bytes + HSET"
 WHOLE = "run_step, whole (zero-latency model)"
 DURABLE = "run_step minus model and tool (durable part)"
-BARRIER = "barrier: build_gc + prepare_gc + commit_gc"
+BARRIER = "coordinator: begin (prepare + fence) + build_gc + commit_gc"
 MODEL_ROW, TOOL_ROW = "  model call (excluded)", "  tool write_file (excluded)"
 SUPERSTEP = "durable part + barrier, per superstep"
 ROWS = (FLOOR, WHOLE, MODEL_ROW, TOOL_ROW, DURABLE, BARRIER, SUPERSTEP)
@@ -248,12 +249,12 @@ class StepTimes:
 
 
 def timed_superstep(env: Env, team: Team, phases: Phases, into: StepTimes) -> None:
-    """Time one superstep's run_step and barrier, then the floor for its new bytes."""
-    team.begin()
+    """Time one superstep's begin, run_step and barrier, then the floor for its new bytes."""
+    begin = clock(team.begin)[1]
     phases.reset()
     vote, took = clock(team.step)
     model, tool = phases.ns[MODEL], phases.ns[TOOL]
-    barrier = clock(partial(team.barrier, vote))[1]
+    barrier = begin + clock(partial(team.barrier, vote))[1]
     lc = env.store.read_lc(team.gc.task, AGENT, vote.id)  # what the step added, untimed:
     payload = b"".join(canonical_bytes(r) for r in [*lc.messages[-2:], *lc.trace[-2:]])
     into.new_bytes.append(len(payload))
@@ -360,7 +361,7 @@ def run_on(env: Env, run: int, script: list[Turn], writes: Counter[str]) -> Samp
     team = Team.start(env.store, env.root, f"on{run}", ScriptedModel(script), env.text)
     timer = Phases()
     with contextlib.ExitStack() as stack:
-        for name in ("write_lc", "prepare_gc", "commit_gc"):
+        for name in ("write_lc", "begin_superstep", "commit_gc"):
             wrapped = timer.wrap(CHECKPOINT_WRITES, getattr(CheckpointStore, name))
             stack.enter_context(mock.patch.object(CheckpointStore, name, wrapped))
         samples = Samples([clock(team.superstep)[1] for _ in range(ON_OFF_STEPS)])

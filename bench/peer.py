@@ -295,7 +295,7 @@ def cairn_profile(team: Team, steps: int, cairn_overhead: float) -> None:
     """Run `steps` more supersteps with their parts timed; print where the time goes."""
     timer = Inclusive()
     parts: list[tuple[object, str, str]] = [
-        (RedisHotStore, "begin_attempt", "coordinator: begin_attempt (1 Redis script)"),
+        (CheckpointStore, "begin_superstep", "coordinator: prepare the GC + fence (pipelined)"),
         (RedisHotStore, "step_start", "step_start: fence + claim + first beat (Redis)"),
         (Heartbeat, "__enter__", "heartbeat: schedule its beats"),
         (Heartbeat, "__exit__", "heartbeat: end its beats"),
@@ -304,13 +304,12 @@ def cairn_profile(team: Team, steps: int, cairn_overhead: float) -> None:
         (CheckpointStore, "read_state", "read_state: the agent's LC chain"),
         (Workspace, "sync", "workspace.sync"),
         (ScriptedModel, "complete", MODEL),
-        (RedisHotStore, "record_spend", "record_spend: the model call's spend (Redis script)"),
+        (RedisHotStore, "send_spend", "send_spend: the model call's spend (sent, not awaited)"),
         (getattr(step_module, "_Step", None), "_trace", "trace records"),
         (Workspace, "capture", "workspace.capture: scan, hash"),
         (CheckpointStore, "put_blob", "put_blob"),
         (CheckpointStore, "write_lc", "write_lc: cut, encode, fenced write of LC + vote + blobs"),
         (agents_part, "build_gc", "barrier: build_gc (reads the vote's LC)"),
-        (CheckpointStore, "prepare_gc", "barrier: prepare_gc"),
         (CheckpointStore, "commit_gc", "barrier: commit_gc"),
     ]
     tool = TOOLS["write_file"]
@@ -534,7 +533,8 @@ def run() -> list[Target]:
             f"{LATENCY * 1000:g} ms, one write_file of {FILE_CHARS} chars a step. Cairn: "
             f"redis-server private (port {server.port}, no AOF, as the agents part), store "
             f"Codec() unsigned, full_every={store.full_every}, logs as JSON into /dev/null; a "
-            "superstep is begin_attempt + run_step + the barrier's commit"
+            "superstep is the coordinator's begin (the GC prepared and the attempt fenced in one "
+            "round trip) + run_step + the barrier's commit"
         )
         variants = {
             PLAIN: Variant(setup.plain),

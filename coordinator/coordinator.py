@@ -296,17 +296,27 @@ class Coordinator:
         intent = gc.model_copy(
             update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
         )
-        self.store.prepare_gc(intent, self.lease.token)
-        self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits)
+        self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits, intent)
         self.runs.write(task, {"superstep": superstep, "number": intent.number, "epoch": epoch})
         log.info("superstep started", task=task, superstep=superstep, agents=agents)
 
     def _launch(
-        self, task: str, attempts: dict[str, int], superstep: int, epoch: int, limits: Limits
+        self,
+        task: str,
+        attempts: dict[str, int],
+        superstep: int,
+        epoch: int,
+        limits: Limits,
+        intent: GlobalCheckpoint | None = None,
     ) -> None:
-        """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go."""
-        for agent, attempt in attempts.items():
-            self.store.hot.begin_attempt(task, agent, superstep, attempt, epoch=epoch)
+        """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go.
+
+        A new superstep's `intent` (its GC to be) is prepared in the fencing's round trip.
+        """
+        if intent is None:
+            self.store.hot.begin_attempts(task, attempts, superstep, epoch=epoch)
+        else:
+            self.store.begin_superstep(intent, attempts, self.lease.token)
         # Logged before the jobs exist: a history checker reads which attempt was current.
         log.info("steps launched", task=task, epoch=epoch, superstep=superstep, attempts=attempts)
         jobs = {

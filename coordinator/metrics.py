@@ -43,7 +43,8 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from functools import cache
 
 import redis
 from prometheus_client import REGISTRY, Counter, Histogram, start_http_server
@@ -178,16 +179,21 @@ class MeteredHotStore(RedisHotStore):
         super().write_lc(entry, vote=vote)
         LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
 
-    def record_spend(
+    def send_spend(
         self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
-    ) -> bool:
+    ) -> Callable[[], bool]:
         """Count as Redis does; a call counted for the first time is counted here too."""
-        counted = super().record_spend(task, agent, epoch, superstep, attempt, usage)
-        if counted:
-            for kind in ("prompt", "completion", "cached"):
-                MODEL_TOKENS.labels(kind).inc(getattr(usage, f"{kind}_tokens"))
-            MODEL_COST.inc(usage.cost_usd)
-        return counted
+        answer = super().send_spend(task, agent, epoch, superstep, attempt, usage)
+
+        def counted() -> bool:
+            first = answer()
+            if first:
+                for kind in ("prompt", "completion", "cached"):
+                    MODEL_TOKENS.labels(kind).inc(getattr(usage, f"{kind}_tokens"))
+                MODEL_COST.inc(usage.cost_usd)
+            return first
+
+        return cache(counted)  # answered once, counted once
 
 
 class MeteredStore(CheckpointStore):

@@ -167,8 +167,7 @@ class Restorer:
     ) -> str | None:
         """Stage every agent of `gc`; None when all voted yes, else why not."""
         agents = [a.name for a in record.agents]
-        for agent in agents:
-            self.store.hot.begin_attempt(task, agent, gc.superstep, 1, epoch=epoch)
+        self.store.hot.begin_attempts(task, dict.fromkeys(agents, 1), gc.superstep, epoch=epoch)
         if not self.workers:
             for agent in agents:
                 try:

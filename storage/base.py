@@ -99,6 +99,22 @@ class HotStore(Protocol):
         asking for an older attempt raises `FencedWrite`; the current one again is a no-op.
         """
 
+    def begin_attempts(
+        self,
+        task: str,
+        attempts: Mapping[str, int],
+        superstep: int,
+        *,
+        epoch: int,
+        prepare: GCEntry | None = None,
+        owner: int | None = None,
+    ) -> None:
+        """`prepare_gc(prepare, owner)` if given, then each agent's `begin_attempt`, at once.
+
+        One round trip for a whole superstep's start; the first refusal is raised, and the
+        caller enqueues nothing then. Each part is idempotent as it is alone.
+        """
+
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         """Store an LC (its vote, its blobs) if epoch and attempt are current, else `FencedWrite`.
 
@@ -158,6 +174,15 @@ class HotStore(Protocol):
         Counters per agent that only rise (`storage.keys.spend`), apart from the restorable
         state, and the attempt's own entry (`storage.keys.attempt_spend`), which is what
         makes the count idempotent: a step takes at most one model turn an attempt.
+        """
+
+    def send_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> Callable[[], bool]:
+        """`record_spend` sent now and answered later: the returned call waits for the answer.
+
+        The count is on its way to the store when this returns, so the caller runs its
+        tools meanwhile; calling the answer raises what `record_spend` would have raised.
         """
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:

@@ -7,7 +7,7 @@ bytes, and never see a record that failed verification.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from functools import partial
 from typing import Generic, TypeVar
@@ -443,8 +443,21 @@ class CheckpointStore:
         `owner`, a coordinator's lease token, makes the write conditional on it still
         owning the task (see `HotStore.claim`).
         """
-        prepared = gc.model_copy(update={"status": GCStatus.PREPARING, "committed_at": None})
+        prepared = _preparing(gc)
         self.hot.prepare_gc(self.seal_gc(prepared), owner)
+        return prepared
+
+    def begin_superstep(
+        self, intent: GlobalCheckpoint, attempts: Mapping[str, int], owner: int | None = None
+    ) -> GlobalCheckpoint:
+        """`prepare_gc(intent)` and each agent's attempt of its superstep begun, at once.
+
+        The attempts are fenced in the intent's epoch (`HotStore.begin_attempts`); the first
+        refusal is raised. Returns the prepared record.
+        """
+        prepared = _preparing(intent)
+        self.hot.begin_attempts(intent.task, attempts, intent.superstep, epoch=intent.epoch,
+                                prepare=self.seal_gc(prepared), owner=owner)  # fmt: skip
         return prepared
 
     def commit_gc(self, gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
@@ -507,3 +520,8 @@ class CheckpointStore:
                 gc = self.read_gc(task, n)
                 out.append(GCSummary(n, gc.status, gc.superstep, False, True, gc.size))
         return out
+
+
+def _preparing(gc: GlobalCheckpoint) -> GlobalCheckpoint:
+    """`gc` as a PREPARING record."""
+    return gc.model_copy(update={"status": GCStatus.PREPARING, "committed_at": None})

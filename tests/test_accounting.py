@@ -238,3 +238,30 @@ def test_a_history_of_schema_1_adds_up_its_trace() -> None:
     assert Usage(prompt_tokens=812 + 1024, completion_tokens=164 + 32, cached_tokens=512 + 960) == (
         state.usage
     )
+
+
+def test_a_spend_sent_ahead_is_answered_in_order_and_counted_once(
+    own_store: CheckpointStore,
+) -> None:
+    """`send_spend` leaves its answer on the connection; the next script reads it first.
+
+    A script sent after it gets its own reply (not the spend's); a Redis that lost the
+    script, or a connection dropped before the answer, still counts the call exactly once.
+    """
+    hot = own_store.hot
+    assert isinstance(hot, RedisHotStore)
+    used = Usage(prompt_tokens=7, completion_tokens=3)
+    answer = hot.send_spend("t", "a", 1, 1, 1, used)
+    assert 1 == hot.init_task("t")  # a plain command on the pool
+    hot.begin_attempt("t", "a", 1, 1)  # a script on the held connection: reads the answer
+    assert hot.send_spend("t", "a", 1, 1, 1, used)() is False  # counted by the first
+    assert answer() is True
+    assert answer() is True  # answered once, asked twice
+    hot.redis.script_flush()
+    assert hot.send_spend("t", "a", 1, 1, 2, used)() is True  # the script sent again
+    lost = hot.send_spend("t", "a", 1, 1, 3, used)
+    hot.redis.client_kill_filter(_type="normal", skipme=True)  # the held connection too
+    assert lost() is True
+    assert hot.send_spend("t", "a", 1, 1, 3, used)() is False
+    raw = hot.redis.hgetall("cairn:{t}:spend")
+    assert (b"21", b"3") == (raw[b"a:prompt_tokens"], raw[b"a:calls"])

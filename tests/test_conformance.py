@@ -8,6 +8,7 @@ import time
 import pytest
 
 from storage.backends.memory import MemoryArchive, MemoryHotStore
+from storage.backends.redis import RedisHotStore
 from storage.base import ColdArchive, HotStore, LCEntry
 from storage.chain import cut_lc
 from storage.codec import canonical_bytes
@@ -498,3 +499,31 @@ def test_a_fence_for_an_epoch_no_longer_current_is_refused(hot: HotStore) -> Non
     with pytest.raises(FencedWrite, match="stale epoch 1"):
         hot.begin_attempt("t", "a", 3, 2, epoch=1)
     hot.begin_attempt("t", "a", 2, 1, epoch=2)  # the restore's staging goes through
+
+
+def test_a_superstep_begins_in_one_call_and_a_refusal_is_raised(store: CheckpointStore) -> None:
+    """`begin_superstep` prepares the GC and fences every agent's attempt, or raises.
+
+    A coordinator that lost the task gets `FencedWrite`; a fence for a stale epoch too; an
+    attempt older than the current one is refused as `begin_attempt` refuses it. The same
+    call again is a no-op, and on Redis it goes through after the scripts were flushed.
+    """
+    _, ref, ws = _one_agent_gc(store)
+    new_agent(store, TASK, "reviewer")
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.hot.claim(TASK, 7)
+    with pytest.raises(FencedWrite, match="token 5 no longer owns"):
+        store.begin_superstep(gc, {"coder": 1, "reviewer": 1}, owner=5)
+    store.hot.raise_epoch(TASK, 2)
+    with pytest.raises(FencedWrite, match="stale epoch"):
+        store.begin_superstep(gc, {"coder": 1}, owner=7)
+    intent = gc.model_copy(update={"epoch": 2})
+    if isinstance(store.hot, RedisHotStore):
+        store.hot.redis.script_flush()  # a restarted Redis: the scripts are sent again
+    for _ in range(2):
+        prepared = store.begin_superstep(intent, {"coder": 2, "reviewer": 1}, owner=7)
+    assert GCStatus.PREPARING is prepared.status
+    assert [(1, GCStatus.PREPARING)] == [(g.number, g.status) for g in store.hot.list_gcs(TASK)]
+    with pytest.raises(FencedWrite, match="older"):
+        store.hot.begin_attempts(TASK, {"coder": 1}, 1, epoch=2)
+    store.hot.begin_attempts(TASK, {"coder": 2, "reviewer": 2}, 1, epoch=2)

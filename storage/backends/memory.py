@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
@@ -80,6 +80,21 @@ class MemoryHotStore:
             if current is not None and current > wanted:
                 raise FencedWrite(f"attempt {wanted} is older than {current}")
             self._attempts[(task, agent)] = wanted
+
+    def begin_attempts(
+        self,
+        task: str,
+        attempts: Mapping[str, int],
+        superstep: int,
+        *,
+        epoch: int,
+        prepare: GCEntry | None = None,
+        owner: int | None = None,
+    ) -> None:
+        if prepare is not None:
+            self.prepare_gc(prepare, owner)
+        for agent, attempt in attempts.items():
+            self.begin_attempt(task, agent, superstep, attempt, epoch=epoch)
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
@@ -207,6 +222,12 @@ class MemoryHotStore:
                 return False
             counted[(agent, attempt)] = usage
             return True
+
+    def send_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> Callable[[], bool]:
+        counted = self.record_spend(task, agent, epoch, superstep, attempt, usage)
+        return lambda: counted
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:
         check_name("task", task)

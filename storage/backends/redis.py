@@ -11,7 +11,7 @@ import importlib.util
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from importlib import resources
 from typing import Any, cast
 
@@ -119,8 +119,10 @@ class _Lua:
         self._sha = hashlib.sha1(self._source.encode(), usedforsecurity=False).hexdigest()
 
     def __call__(self, *, keys: Sequence[str], args: Sequence[object]) -> object:
-        client = self._held()
-        command = ("EVALSHA", self._sha, len(keys), *keys, *args)
+        return self.run(self._held(), self.command(keys, args))
+
+    def run(self, client: redis.Redis, command: tuple[object, ...]) -> object:
+        """Send `command` (this script's, from `command`) on `client`; return the reply."""
         try:
             return self._send(client, command)
         except redis.ConnectionError:
@@ -129,12 +131,118 @@ class _Lua:
             # replaced. Every script is idempotent, so sending it again is harmless.
             return self._send(client, command)
 
+    def command(self, keys: Sequence[str], args: Sequence[object]) -> tuple[object, ...]:
+        """The EVALSHA that runs this script on `keys` and `args`."""
+        return ("EVALSHA", self._sha, len(keys), *keys, *args)
+
+    def load(self, client: redis.Redis) -> None:
+        """Send the script's source to a Redis that lost it."""
+        client.script_load(self._source)
+
+    def send(self, *, keys: Sequence[str], args: Sequence[object]) -> _Pending:
+        """Send the script now; its reply is read when the caller (or the next script) asks.
+
+        The command is in Redis's hands once this returns, so the caller overlaps the
+        round trip with its own work instead of waiting for it.
+        """
+        client = self._held()
+        try:
+            connection = cast(Connection, client.connection)
+            connection.send_command(*self.command(keys, args))  # type: ignore[no-untyped-call]
+        except redis.ConnectionError:
+            return _Pending.settled(self(keys=keys, args=args))  # sent again, and waited for
+        return _Pending(self, client, keys, args)
+
     def _send(self, client: redis.Redis, command: tuple[object, ...]) -> object:
         try:
             return client.execute_command(*command)  # type: ignore[no-untyped-call]
         except NoScriptError:
-            client.script_load(self._source)
+            self.load(client)
             return client.execute_command(*command)  # type: ignore[no-untyped-call]
+
+
+def _pipelined(
+    client: redis.Redis, scripts: Sequence[tuple[_Lua, tuple[object, ...]]]
+) -> list[object]:
+    """Run each (script, its command) in order in one round trip; return their replies.
+
+    A refusal is returned as its `ResponseError`, for the caller to judge. A connection
+    lost on the way (a held one is not checked before use), or a Redis that lost a script,
+    gets the whole batch again: every script is idempotent.
+    """
+    try:
+        replies = _batch(client, [command for _, command in scripts])
+    except redis.ConnectionError:
+        replies = _batch(client, [command for _, command in scripts])
+    lost = {id(lua): lua for (lua, _), reply in zip(scripts, replies, strict=True)
+            if isinstance(reply, NoScriptError)}  # fmt: skip
+    if not lost:
+        return replies
+    for lua in lost.values():
+        lua.load(client)
+    return _batch(client, [command for _, command in scripts])
+
+
+def _batch(client: redis.Redis, commands: Iterable[tuple[object, ...]]) -> list[object]:
+    """Send `commands` in one pipeline (not a transaction); their replies, errors as values."""
+    pipe = client.pipeline(transaction=False)
+    for command in commands:
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+    return cast(list[object], pipe.execute(raise_on_error=False))
+
+
+class _Pending:
+    """A script sent on a thread's held connection whose reply is not read yet.
+
+    The reply is read by `result()`, or before the thread's next script (`settle`): a
+    held connection has one reply in flight at most, so no script reads another's.
+    """
+
+    def __init__(
+        self,
+        lua: _Lua | None,
+        client: redis.Redis | None,
+        keys: Sequence[str] = (),
+        args: Sequence[object] = (),
+    ) -> None:
+        self._lua, self._client, self._keys, self._args = lua, client, keys, args
+        self._value: object = None
+        self._error: Exception | None = None
+        self._done = lua is None
+
+    @classmethod
+    def settled(cls, value: object) -> _Pending:
+        """A reply already read."""
+        pending = cls(None, None)
+        pending._value = value
+        return pending
+
+    def settle(self) -> None:
+        """Read the reply off the connection (once); keep it, or the error, for `result`."""
+        if self._done:
+            return
+        self._done = True
+        lua, client = cast(_Lua, self._lua), cast(redis.Redis, self._client)
+        connection = cast(Connection, client.connection)
+        try:
+            try:
+                self._value = connection.read_response()
+            except (redis.ConnectionError, redis.TimeoutError):
+                # The reply was lost with the connection: the script is idempotent, so it
+                # is sent again (on a new connection) and waited for.
+                connection.disconnect()  # type: ignore[no-untyped-call]
+                self._value = lua(keys=self._keys, args=self._args)
+            except NoScriptError:  # a Redis that lost the script ran nothing
+                self._value = lua(keys=self._keys, args=self._args)
+        except Exception as exc:  # noqa: BLE001 - kept for `result` to raise
+            self._error = exc
+
+    def result(self) -> object:
+        """The script's reply, waiting for it if need be; its error raised."""
+        self.settle()
+        if self._error is not None:
+            raise self._error
+        return self._value
 
 
 def translating(call: Callable[[], object]) -> object:
@@ -229,6 +337,11 @@ class RedisHotStore:
             pool = self.redis.connection_pool
             held.client = redis.Redis(connection_pool=pool, single_connection_client=True)
             held.pid = os.getpid()
+            held.pending = None
+        pending: _Pending | None = held.pending
+        if pending is not None:  # a reply still on the connection is read first
+            held.pending = None
+            pending.settle()
         return cast(redis.Redis, held.client)
 
     def read_audit(self, task: str) -> list[dict[str, str]]:
@@ -270,6 +383,34 @@ class RedisHotStore:
                 args=[agent, superstep, attempt, self._audit_flag, "" if epoch is None else epoch],
             )
         )
+
+    def begin_attempts(
+        self,
+        task: str,
+        attempts: Mapping[str, int],
+        superstep: int,
+        *,
+        epoch: int,
+        prepare: GCEntry | None = None,
+        owner: int | None = None,
+    ) -> None:
+        # A pipeline, not a transaction: Redis runs every script even after one refused.
+        # That is harmless: an attempt only moves forward and a stale epoch is refused, so
+        # a fence that runs after a refused prepare hands no step back to an older attempt,
+        # and the caller enqueues no step job unless every reply is good.
+        scripts: list[tuple[_Lua, tuple[object, ...]]] = []
+        if prepare is not None:
+            scripts.append((self._prepare_gc, self._prepare_command(prepare, owner)))
+        fence = (keys.attempts(task), keys.epoch(task), keys.audit(task))
+        flag = self._audit_flag
+        scripts += [
+            (self._begin_attempt,
+             self._begin_attempt.command(fence, [agent, superstep, attempt, flag, epoch]))
+            for agent, attempt in attempts.items()
+        ]  # fmt: skip
+        for reply in _pipelined(self._held(), scripts):
+            if isinstance(reply, redis.ResponseError):
+                raise translated(reply)
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
@@ -389,12 +530,18 @@ class RedisHotStore:
     def record_spend(
         self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
     ) -> bool:
-        counted = self._spend(
+        return self.send_spend(task, agent, epoch, superstep, attempt, usage)()
+
+    def send_spend(
+        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+    ) -> Callable[[], bool]:
+        pending = self._spend.send(
             keys=[keys.spend(task), keys.attempt_spend(task, epoch, superstep)],
             args=[agent, attempt, usage.prompt_tokens, usage.completion_tokens,
                   usage.cached_tokens, repr(usage.cost_usd), ATTEMPT_SPEND_TTL_S],
         )  # fmt: skip
-        return bool(counted)
+        self._threads.pending = pending  # read before this thread's next script
+        return lambda: bool(pending.result())
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:
         self.redis.set(keys.doc(task, name), data)
@@ -409,21 +556,18 @@ class RedisHotStore:
         translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
 
     def prepare_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+        command = self._prepare_command(entry, owner)
+        client = self._held()
+        translating(lambda: self._prepare_gc.run(client, command))
+
+    def _prepare_command(self, entry: GCEntry, owner: int | None) -> tuple[object, ...]:
         gc = entry.record
         t = gc.task
-        translating(
-            lambda: self._prepare_gc(
-                keys=[keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t), keys.owner(t)],
-                args=[
-                    gc.number,
-                    gc.epoch,
-                    entry.sealed.data,
-                    entry.sealed.checksum,
-                    gc.superstep,
-                    _token(owner),
-                ],
-            )
-        )
+        return self._prepare_gc.command(
+            [keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t), keys.owner(t)],
+            [gc.number, gc.epoch, entry.sealed.data, entry.sealed.checksum, gc.superstep,
+             _token(owner)],
+        )  # fmt: skip
 
     def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
