@@ -15,6 +15,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import redis
+
 from agents.logs import get_logger
 from coordinator.runs import RunState
 from storage.archive import archive_gc, trim_cold, trim_hot
@@ -54,7 +56,7 @@ def archive(store: CheckpointStore, job: ArchiveJob) -> bool:
         # 64 agents at cold_keep=50): let a few GCs beyond cold_keep gather, then trim.
         if len(store.cold.list_gcs(job.task)) > job.cold_keep + cold_slack(job.cold_keep):
             trim_cold(store, job.task, job.cold_keep)
-    except CairnError as exc:  # ArchiveError included: a full or read-only disk
+    except (CairnError, redis.RedisError) as exc:  # a full disk, a Redis gone: tried again later
         log.warning(
             "archiving failed; the GC stays in Redis", task=job.task, gc=job.number, error=str(exc)
         )
