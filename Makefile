@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml constraints.txt
 	@PYTHON='$(PYTHON)' sh $(SYSTEM_DEPS) venv
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph,mcp]'
+	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph,mcp,console]'
 	touch $(STAMP)
 
 # The `bench` extra (DBOS, the peer part's contestant) on top, for `make bench` only. If it

@@ -32,6 +32,7 @@ from coordinator.views import (
     Decision,
     Export,
     Lineage,
+    PendingCall,
     RestoreResult,
     TaskStatus,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "Export",
     "GCStatus",
     "Lineage",
+    "PendingCall",
     "Price",
     "RestoreResult",
     "Settings",

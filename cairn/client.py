@@ -28,10 +28,18 @@ from coordinator.settings import Settings, display_url, load_settings, open_stor
 from coordinator.spec import TaskSpec, load_spec
 from coordinator.tasks import Tasks
 from coordinator.timeline import Timeline, gather
-from coordinator.views import CheckpointInfo, Decision, Export, RestoreResult, TaskStatus
+from coordinator.views import (
+    CheckpointInfo,
+    Decision,
+    Export,
+    PendingCall,
+    RestoreResult,
+    TaskStatus,
+)
 from storage import keys
 from storage.archive import ArchiveReport, archive_gc
 from storage.errors import Timeout, Unavailable
+from storage.records import AgentStatus as AgentState
 from storage.records import GCStatus
 
 P = ParamSpec("P")
@@ -134,6 +142,21 @@ class Client:
     def tasks(self) -> list[TaskStatus]:
         """The status of every task Redis knows, the most recently submitted first."""
         return self.control.list()
+
+    @_redis_errors
+    def approvals(self) -> list[PendingCall]:
+        """Every tool call waiting for a person, across the tasks that have not ended.
+
+        Newest task first, its agents in team order: the approval queue a person works
+        through with `Task.approve` and `Task.reject`.
+        """
+        return [
+            call
+            for status in self.tasks()
+            if not status.ended
+            and any(a.status is AgentState.WAITING_APPROVAL for a in status.agents)
+            for call in views.pending_approvals(self.store, status.task_id)
+        ]
 
     @_redis_errors
     def has_coordinator(self) -> bool:
@@ -267,6 +290,11 @@ class Task:
     def timeline(self) -> Timeline:
         """Steps, checkpoints, retries and restores, as the HTML timeline draws them."""
         return gather(self.client.redis, self.client.store, self.id)
+
+    @_redis_errors
+    def approvals(self) -> list[PendingCall]:
+        """The task's tool calls waiting for a person (agents in team order)."""
+        return views.pending_approvals(self.client.store, self.id)
 
     @_redis_errors
     def approve(self, agent: str, call: str | None = None) -> Decision:

@@ -15,6 +15,9 @@
 | mcp_config | `CAIRN_MCP_CONFIG` | none: a worker's MCP servers (an `mcpServers` JSON file) |
 | worker_concurrency | `CAIRN_WORKER_CONCURRENCY` | 1: steps one worker process runs at once |
 | prices | `CAIRN_PRICES` | none: a price table (YAML or JSON) for tasks submitted here |
+| console_host | `CAIRN_CONSOLE_HOST` | `127.0.0.1`: where `cairn console` listens |
+| console_port | `CAIRN_CONSOLE_PORT` | 8737 |
+| console_token | `CAIRN_CONSOLE_TOKEN` | none: required for a console on a non-loopback address |
 
 This is the one module that reads the process environment. Every process reads its
 settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
@@ -27,7 +30,8 @@ of `Settings`, read from `CAIRN_<FIELD>`.
 what names its variables elsewhere (a model's API key: `CAIRN_OPENAI_API_KEY`, else
 `OPENAI_API_KEY`). The signing key has no flag on purpose: a flag would show it in every
 process listing. Worker and coordinator processes the CLI starts get the resolved values
-as `CAIRN_*` variables (the Redis URL among them, never on their command line).
+as `CAIRN_*` variables (the Redis URL among them, never on their command line), except the
+console's: no worker needs its token, and agents' commands run there.
 """
 
 from __future__ import annotations
@@ -76,6 +80,9 @@ class Settings(BaseSettings):
     mcp_config: Path | None = None
     worker_concurrency: int = Field(default=1, ge=1, le=256)
     prices: Path | None = None
+    console_host: str = "127.0.0.1"
+    console_port: int = Field(default=8737, ge=1, le=65_535)
+    console_token: SecretStr | None = None
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
 
     @field_validator("redis_url")
@@ -154,7 +161,7 @@ class Settings(BaseSettings):
         """The environment of a worker or coordinator process the CLI starts.
 
         Every setting, as resolved here (flags included), as its `CAIRN_*` variable: the
-        Redis at `url`, directories as absolute paths.
+        Redis at `url`, directories as absolute paths; the console's settings left out.
         """
         env = dict(self._environ)
         resolved: dict[str, object] = {
@@ -165,7 +172,9 @@ class Settings(BaseSettings):
             "cache_dir": self.cache.resolve(),
         }
         for name, value in resolved.items():
-            if value is not None:
+            if name.startswith("console_"):
+                env.pop(f"CAIRN_{name.upper()}", None)
+            elif value is not None:
                 env[f"CAIRN_{name.upper()}"] = _as_variable(value)
         return env
 

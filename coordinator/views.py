@@ -11,7 +11,7 @@ out one that is not).
 from __future__ import annotations
 
 import os
-from datetime import datetime
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
 
@@ -102,6 +102,11 @@ class TaskStatus(View):
     forked_from: Lineage | None = None
     usage: Spending = Field(default_factory=Spending)  # the agents' together
     budget: Budget | None = None
+    submitted_at: datetime | None = None  # None for a task whose submit is still under way
+
+    @field_serializer("submitted_at")
+    def _iso(self, value: datetime | None) -> str | None:
+        return None if value is None else value.isoformat()
 
     @property
     def ended(self) -> bool:
@@ -146,6 +151,16 @@ class Decision(View):
     arguments: dict[str, Any]
     approved: bool
     reason: str
+
+
+class PendingCall(View):
+    """A tool call an agent waits on a person for (`cairn approvals --json`)."""
+
+    task_id: str
+    agent: str
+    call: str
+    tool: str
+    arguments: dict[str, Any]
 
 
 class Export(View):
@@ -219,7 +234,13 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         else None,
         usage=_together([a.usage for a in agents]),
         budget=Budget.model_validate_json(run["budget"]) if "budget" in run else None,
+        submitted_at=_instant(run.get("submitted_at")),
     )
+
+
+def _instant(seconds: str | None) -> datetime | None:
+    """A Unix time as Redis keeps it, as an aware datetime."""
+    return None if not seconds else datetime.fromtimestamp(float(seconds), tz=UTC)
 
 
 class _Member(Record):
@@ -451,6 +472,26 @@ def pending_approval(
         if call.id == call_id:
             return ref.id, call
     raise InvalidSpec(f"{agent} has no pending call {call_id!r}; pending: {[c.id for c in calls]}")
+
+
+def pending_approvals(store: CheckpointStore, task: str) -> list[PendingCall]:
+    """Every tool call of the task's agents that waits for a person, in team order.
+
+    Read at the latest committed GC, where a waiting agent waits; none before the first.
+    """
+    gc = store.latest_gc(task)
+    if gc is None:
+        return []
+    found: list[PendingCall] = []
+    for agent, ref in gc.members.items():
+        if gc.statuses.get(agent, AgentState.ACTIVE) is not AgentState.WAITING_APPROVAL:
+            continue
+        messages = store.read_state(task, agent, ref.id, ref.checksum).messages
+        found.extend(
+            PendingCall(task_id=task, agent=agent, call=c.id, tool=c.name, arguments=c.args)
+            for c in pending_calls(messages)
+        )
+    return found
 
 
 def record_decision(

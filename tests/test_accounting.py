@@ -261,7 +261,9 @@ def test_a_spend_sent_ahead_is_answered_in_order_and_counted_once(
     assert hot.send_spend("t", "a", 1, 1, 2, used)() is True  # the script sent again
     lost = hot.send_spend("t", "a", 1, 1, 3, used)
     hot.redis.client_kill_filter(_type="normal", skipme=True)  # the held connection too
-    assert lost() is True
+    # The answer is read, or, lost with the connection, the script is sent again; which
+    # one depends on timing, and the second answers "counted already". Once, either way:
+    lost()
     assert hot.send_spend("t", "a", 1, 1, 3, used)() is False
     raw = hot.redis.hgetall("cairn:{t}:spend")
     assert (b"21", b"3") == (raw[b"a:prompt_tokens"], raw[b"a:calls"])

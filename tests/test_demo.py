@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -48,6 +49,10 @@ def test_the_demos_workers_get_their_redis_url_from_the_environment(
     workers = Workers(redis_server.url, tmp_path)
     try:
         process = workers.start()
+        for _ in range(1000):  # until it has exec'd: before that /proc shows nothing
+            if "worker" in cmdline(process.pid):
+                break
+            time.sleep(0.01)
         assert redis_server.url not in cmdline(process.pid)
         environ = Path(f"/proc/{process.pid}/environ").read_bytes().split(b"\0")
         assert f"CAIRN_REDIS_URL={redis_server.url}".encode() in environ

@@ -31,7 +31,7 @@ from storage.errors import (
     Unavailable,
 )
 
-PROCESS_COMMANDS = frozenset({"worker", "coordinator", "up", "demo"})
+PROCESS_COMMANDS = frozenset({"worker", "coordinator", "up", "demo", "console"})
 BAD_INPUT_ERRORS = (InvalidSpec, InvalidName, TaskNotFound, RedisServerError, ValidationError)
 
 
@@ -70,21 +70,21 @@ def _run(args: argparse.Namespace) -> int:
         handler: Handler = args.handler
         return handler(args, session)
     except BAD_INPUT_ERRORS as exc:
-        say(_one_line(exc))
+        say(one_line(exc))
         return Exit.BAD_INPUT
     except (Unavailable, redis.ConnectionError, redis.TimeoutError) as exc:
-        say(_one_line(exc) if str(exc) else "Redis did not answer")
+        say(one_line(exc) if str(exc) else "Redis did not answer")
         return Exit.UNAVAILABLE
     except Timeout as exc:
-        say(_one_line(exc))
+        say(one_line(exc))
         return Exit.TIMED_OUT
     except (CairnError, redis.RedisError, OSError) as exc:
-        say(_one_line(exc))
+        say(one_line(exc))
         return Exit.FAILED
     except Exception as exc:  # noqa: BLE001 - a bug: still one line, the traceback on demand
         if session is not None and session.settings.log_level == "debug":
             traceback.print_exc()
-        say(f"unexpected {type(exc).__name__}: {_one_line(exc)} (--log-level debug shows where)")
+        say(f"unexpected {type(exc).__name__}: {one_line(exc)} (--log-level debug shows where)")
         return Exit.FAILED
     finally:
         if session is not None:
@@ -96,6 +96,7 @@ def settings_from(args: argparse.Namespace) -> Settings:
     return load_settings(**{name: getattr(args, name, None) for name in GLOBAL_OPTIONS})
 
 
-def _one_line(exc: BaseException) -> str:
+def one_line(exc: BaseException) -> str:
+    """What `cairn` says of an error: the first line of its message (else its type's name)."""
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]

@@ -25,6 +25,7 @@ from cairn.cli.exits import Exit
 from cairn.cli.processes import run_coordinator, run_up, run_workers
 from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client, Task
+from cairn.console.launch import run_console  # Starlette and uvicorn only once it serves
 from coordinator.runs import TaskState
 from coordinator.settings import Settings
 from coordinator.spec import load_spec
@@ -231,6 +232,12 @@ def _number(text: str) -> int:
     return int(text)
 
 
+def approvals(args: argparse.Namespace, session: Session) -> int:
+    """The tool calls waiting for a person: of one task, or of every task not ended."""
+    waiting = session.task(args.task).approvals() if args.task else session.client.approvals()
+    return _show(args, session.console, waiting, render.show_approvals)
+
+
 def decide(args: argparse.Namespace, session: Session) -> int:
     """Approve or reject an agent's tool call that waits for a person."""
     task = session.task(args.task)
@@ -317,6 +324,15 @@ def demo(args: argparse.Namespace, session: Session) -> int:
         base_url=args.base_url,
         settings=settings,
     )
+
+
+def console(args: argparse.Namespace, session: Session) -> int:
+    """Serve the web console until interrupted (see docs/console.md)."""
+
+    def say(line: str) -> None:
+        session.console.print(line, markup=False, highlight=False)
+
+    return run_console(session.settings, args.host, args.port, lambda: session.client, say)
 
 
 def up(args: argparse.Namespace, session: Session) -> int:

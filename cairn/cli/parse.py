@@ -130,10 +130,9 @@ def build_parser() -> Parser:
     cmd.add_argument("task")
     cmd.add_argument("--agent", help="only this agent")
     cmd.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
-    cmd = command(
+    command(
         "watch", commands.watch, "follow a task live until it ends (exit 0 if it succeeded)"
-    )
-    cmd.add_argument("task")
+    ).add_argument("task")
     cmd = command("workspace", commands.workspace, "write a checkpoint's files into a directory")
     cmd.add_argument("task")
     cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")
@@ -162,6 +161,10 @@ def build_parser() -> Parser:
     )
     cmd.add_argument("--model", help="openai:<name>: the same team on a real model")
     cmd.add_argument("--base-url", help="with --model: an OpenAI-compatible endpoint")
+    _people_options(
+        command("approvals", commands.approvals, "tool calls waiting for a person"),
+        command("console", commands.console, "serve the web console", json=False),
+    )
     cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
     _concurrency_option(cmd)
@@ -181,6 +184,13 @@ def _lineage_options(
     budget.add_argument("task")
     budget.add_argument("--tokens", type=int, help="prompt + completion tokens")
     budget.add_argument("--cost-usd", type=float, help="US dollars, at the task's prices")
+
+
+def _people_options(approvals: argparse.ArgumentParser, console: argparse.ArgumentParser) -> None:
+    """What shows people the approval queue, and the console they steer tasks from."""
+    approvals.add_argument("task", nargs="?", help="only this task's (default: every task's)")
+    console.add_argument("--host", help="the address to listen on (CAIRN_CONSOLE_HOST, 127.0.0.1)")
+    console.add_argument("--port", type=_port, help="the port (CAIRN_CONSOLE_PORT, 8737)")
 
 
 def _worker_options(cmd: argparse.ArgumentParser) -> None:
@@ -206,6 +216,13 @@ def _concurrency_option(cmd: argparse.ArgumentParser) -> None:
         metavar="N",
         help="steps each worker process runs at once (CAIRN_WORKER_CONCURRENCY, default 1)",
     )
+
+
+def _port(text: str) -> int:
+    value = int(text)
+    if not 1 <= value <= 65_535:  # noqa: PLR2004 - the port numbers TCP has
+        raise argparse.ArgumentTypeError(f"must be a port number (1-65535), not {value}")
+    return value
 
 
 def _positive(text: str) -> int:

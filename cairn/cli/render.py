@@ -242,6 +242,20 @@ def show_tasks(console: Console, statuses: Sequence[JSON]) -> None:
     console.print(table)
 
 
+def show_approvals(console: Console, calls: Sequence[JSON]) -> None:
+    """One line per tool call waiting for a person, with the command that decides it."""
+    if not calls:
+        console.print("no tool call waits for a person")
+        return
+    table = Table("task", "agent", "call", "tool", "arguments")
+    for call in plain(calls):
+        # Text, not markup: the arguments are the model's, brackets and all.
+        table.add_row(call["task_id"], call["agent"], call["call"], call["tool"],
+                      Text(_short(call["arguments"])))  # fmt: skip
+    console.print(table)
+    console.print("decide with `cairn approve|reject TASK AGENT CALL`")
+
+
 # `cairn watch` ---------------------------------------------------------------------------
 WATCHED = ("task_id", "status", "superstep", "epoch", "latest_checkpoint", "agents", "reason")
 
