@@ -8,15 +8,16 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
-# Install the project with the pinned versions, then drop the sources: the processes
-# (and the worker processes they start) import the installed packages only.
+# Install the project (with the web console's extra) at the pinned versions, then drop the
+# sources: the processes (and the worker processes they start) import the installed
+# packages only.
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY storage ./storage
 COPY agents ./agents
 COPY coordinator ./coordinator
 COPY cairn ./cairn
-RUN pip install -c constraints.txt . && cd / && rm -rf /src
+RUN pip install -c constraints.txt '.[console]' && cd / && rm -rf /src
 
 # A fixed uid, so every host mounting a shared archive agrees on who owns its files.
 # /data/archive is the volume the coordinator and every worker share; the workspace

@@ -84,3 +84,11 @@ def test_the_compose_services_run_real_cairn_commands_and_share_the_archive() ->
         assert "container_name" not in service  # `--scale worker=N` needs none
     assert {"redis-data", "archive"} == set(compose["volumes"])
     assert 'CMD ["cairn", "coordinator"]' in (ROOT / "Dockerfile").read_text()
+    console = services["console"]
+    assert "console" == build_parser().parse_args(console["command"][1:]).command
+    assert ["console"] == console["profiles"]  # started only when asked for
+    assert ["127.0.0.1:8737:8737"] == console["ports"]
+    assert "CAIRN_CONSOLE_TOKEN" in console["environment"]
+    assert "redis://redis:6379/0" == console["environment"]["CAIRN_REDIS_URL"]
+    assert "CAIRN_CONSOLE_TOKEN" not in services["worker"]["environment"]
+    assert "'.[console]'" in (ROOT / "Dockerfile").read_text()
