@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # root on Debian/Ubuntu, else one line naming what is missing and how to install it.
 SYSTEM_DEPS := scripts/system-deps
 
-.PHONY: install test lint bench demo chaos clean system-test system-demo system-bench system-chaos
+.PHONY: install test lint bench demo chaos soak clean system-test system-demo system-bench system-chaos
 
 system-test system-demo system-bench system-chaos:
 	@sh $(SYSTEM_DEPS) $(@:system-%=%)
@@ -49,6 +49,13 @@ SEED ?=
 SEEDS ?= $(if $(SEED),1,200)
 chaos: system-chaos $(STAMP)
 	$(BIN)/python -m chaos --seeds $(SEEDS) --seed $(or $(SEED),1)
+
+# The soak (docs/testing.md): tasks back to back under a fault a minute, a table a minute
+# (Redis memory and keys, RSS, descriptors, archive, steps/s); exits 1 on a failed
+# criterion. SOAK_MINUTES (default 20) sets how long.
+SOAK_MINUTES ?= 20
+soak: system-bench $(STAMP)
+	$(BIN)/python -m bench.soak --minutes $(SOAK_MINUTES)
 
 # The mutation check (docs/testing.md): each critical check, broken on purpose in a scratch
 # copy, must fail a test. MUTANTS="name ..." runs some; not part of `make test` or CI.

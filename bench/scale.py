@@ -64,6 +64,7 @@ START_P99_MS = 250.0
 SPEEDUP = 12.0  # the scaling targets, as throughput
 SAMPLE_EVERY = 0.5  # seconds between memory samples
 POLL = 0.5  # seconds between looks at whether the tasks have ended
+READ_EVERY = 20  # looks between reads of the steps' RQ jobs (kept a minute once ended)
 MiB = 1024 * 1024
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -287,25 +288,33 @@ class Step:
     ended: float
 
 
-def read_steps(client: redis.Redis, tasks: list[str]) -> list[Step]:
-    """Every step job of `tasks` (`cairn-<task>-<epoch>-<superstep>-<agent>-<attempt>`)."""
-    wanted, names = set(tasks), []
+def read_steps(
+    client: redis.Redis, tasks: list[str], seen: dict[bytes, Step] | None = None
+) -> list[Step]:
+    """Every step job of `tasks` (`cairn-<task>-<epoch>-<superstep>-<agent>-<attempt>`).
+
+    RQ keeps a finished job a minute (the coordinator's `result_ttl`), so a run longer than
+    that reads as it goes: with `seen`, jobs read before are not read again, the ones found
+    ended are added to it, and all of it is returned.
+    """
+    wanted, names, seen = set(tasks), [], {} if seen is None else seen
     for raw in cast(Iterator[bytes], client.scan_iter(match="rq:job:cairn-*", count=10_000)):
         parts = raw.decode().removeprefix("rq:job:cairn-").rsplit("-", 4)
-        if len(parts) == 5 and parts[0] in wanted and parts[2].isdigit() and parts[4].isdigit():
+        if raw in seen or not (len(parts) == 5 and parts[0] in wanted):
+            continue
+        if parts[2].isdigit() and parts[4].isdigit():
             names.append((raw, parts[0], int(parts[2]), int(parts[4])))
     pipe = client.pipeline(transaction=False)
     for raw, *_ in names:
         pipe.hmget(raw, "enqueued_at", "started_at", "ended_at")
-    found = []
-    for (_, task, superstep, attempt), stamps in zip(
+    for (raw, task, superstep, attempt), stamps in zip(
         names, cast(list[list[bytes | None]], pipe.execute()), strict=True
     ):
-        if not all(stamps):  # a retried attempt's job, canceled before it started
+        if not all(stamps):  # running, or a retried attempt's job canceled before it started
             continue
         when = [utcparse(cast(bytes, s).decode()).timestamp() for s in stamps]
-        found.append(Step(task, superstep, attempt, *when))
-    return found
+        seen[raw] = Step(task, superstep, attempt, *when)
+    return list(seen.values())
 
 
 def coordinator_events(log: Path) -> dict[tuple[str, str, int], float]:
@@ -447,6 +456,8 @@ def play(
     busy_before, total_before = machine_cpu()
     stats_before = RedisStats.read(c.client)
     started = time.monotonic()
+    seen: dict[bytes, Step] = {}
+    looks = 0
     with sampled(c, cairn, server):
         for i in range(tasks):
             ids.append(submit(spec(f"{name}{i}", agents, supersteps, latency)))
@@ -458,6 +469,9 @@ def play(
                 raise RuntimeError(f"run {name}: the coordinator exited; its log ends:\n{last}")
             if time.monotonic() - started > timeout:
                 raise RuntimeError(f"run {name}: tasks did not end in {timeout:g} s; see {c.root}")
+            looks += 1
+            if looks % READ_EVERY == 0:
+                read_steps(c.client, ids, seen)
             time.sleep(POLL)
         wall = time.monotonic() - started
     stats = RedisStats.read(c.client).since(stats_before)
@@ -468,7 +482,7 @@ def play(
     for task in ids:
         pipe.hget(keys.run(task), "status")
     ended = [(s or b"").decode() for s in cast(list[bytes | None], pipe.execute())]
-    steps = read_steps(c.client, ids)
+    steps = read_steps(c.client, ids, seen)
     firsts = sum(1 for s in steps if s.attempt == 1)
     if any(s != "succeeded" for s in ended) or firsts != tasks * agents * supersteps:
         raise RuntimeError(f"run {name}: statuses {sorted(set(ended))}, {firsts} first attempts")

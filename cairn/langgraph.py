@@ -15,6 +15,7 @@ from typing import Any
 import redis
 
 from coordinator.settings import load_settings
+from storage.backends.redis import connect
 from storage.codec import Codec
 
 try:
@@ -32,12 +33,15 @@ class CairnSaver(_StorageSaver):
 
     def __init__(
         self,
-        client: redis.Redis,
+        client: redis.Redis | str,
         archive: str | Path | None = None,
         *,
         codec: Codec | None = None,
         **options: Any,  # noqa: ANN401 - the storage saver's keyword options, as they are
     ) -> None:
+        """`client` is a Redis client, or a URL (redis://, rediss://, unix://, redis+sentinel://)."""
+        if isinstance(client, str):
+            client = connect(client)
         super().__init__(
             client, archive, codec=codec or Codec(signing_key=load_settings().key()), **options
         )

@@ -6,7 +6,9 @@
 2. `lost_commit`: every GC acknowledged as committed stays restorable: it reads back whole
    (every member's state, the manifest, every file). Under `durability: sync` the
    acknowledgement is the archive's (a GC committed but not yet archived may go with a
-   FLUSHALL); under `async` it is the commit itself (this Redis fsyncs every write). A GC
+   FLUSHALL); under `replicated` a replica's or the archive's; under `async` it is the
+   commit itself (the lone Redis fsyncs every write), but a failover takes the GCs only
+   the old primary held, so across one only the archive's counts. A GC
    that fails only because the harness corrupted one of its archived files, and the
    failure was detected as corruption, is not lost: it is refused, as it must be.
 3. `fenced_write`: no LC write was accepted from a fenced epoch or attempt. Replayed from
@@ -107,17 +109,21 @@ def acknowledged(history: History, durability: str) -> tuple[dict[int, int], lis
     Also a violation for each acknowledged GC whose number was later given to another
     (it was lost).
 
-    Under `async` a commit is its acknowledgement; under `sync` an archive through N
-    acknowledges every GC up to N committed since, and a FLUSHALL forgets the GCs not
-    acknowledged before it (they may go with it, and their numbers be given again).
+    An archive through N makes every GC up to N committed since durable; so does a
+    replica holding N under `replicated`. Under `async` a commit is also acknowledged;
+    under `sync` and `replicated` only what is durable is. A FLUSHALL or a failover
+    forgets the GCs not durable before it (they may go with it, and their numbers be
+    given again): under `async` too, which promises nothing more across a failover.
     """
+    replicated = history.replicated if durability == "replicated" else []
     events = sorted(
         [(at, 0, n, epoch) for at, n, epoch in history.commits]
-        + [(at, 1, n, 0) for at, n in history.archives]
-        + [(at, 2, 0, 0) for at in history.flushes]
+        + [(at, 1, n, 0) for at, n in [*history.archives, *replicated]]
+        + [(at, 2, 0, 0) for at in [*history.flushes, *history.failovers]]
     )
     latest: dict[int, int] = {}
     acked: dict[int, int] = {}
+    durable: dict[int, int] = {}
     found = []
     for _, kind, number, epoch in events:
         if kind == 0:
@@ -128,11 +134,13 @@ def acknowledged(history: History, durability: str) -> tuple[dict[int, int], lis
                     f"went to another GC (epoch {epoch}): the first was lost",
                 ))  # fmt: skip
             latest[number] = epoch
-            if durability != "sync":
+            if durability == "async":
                 acked[number] = epoch
         elif kind == 1:
-            acked |= {n: e for n, e in latest.items() if n <= number}
+            durable |= {n: e for n, e in latest.items() if n <= number}
+            acked |= durable
         else:
+            acked = {n: e for n, e in acked.items() if durable.get(n) == e}
             latest = {n: e for n, e in latest.items() if acked.get(n) == e}
     return acked, found
 

@@ -22,8 +22,17 @@ KINDS = {
     "full_archive": "fill the archive's small filesystem for a while, then free it",
     "slow_redis": "delay every request to Redis through a proxy for a while",
     "manual_restore": "`cairn restore` by hand, to the latest or an older checkpoint",
+    "partition_worker": "cut a worker running a step off Redis for a while, then reconnect it",
+    "maxmemory": "hold Redis at `maxmemory` (noeviction) for a while: writes fail with OOM",
+    "failover": "SIGKILL the Redis primary; Sentinel promotes a replica, every process follows",
 }
-ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive"))
+ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive", "failover"))
+# Faults that need the lone redis-server behind the harness's proxies: a run with replicas
+# has no proxy to slow or cut (every process asks the Sentinels for the primary's own
+# address), and restarting, flushing or filling a primary is a fault of its own there.
+SINGLE_REDIS = ("restart_redis", "flushall", "slow_redis", "partition_worker", "maxmemory")
+WITH_REPLICAS = tuple(k for k in ALWAYS_POSSIBLE if k not in SINGLE_REDIS)
+REPLICA_SHARE = 0.25  # of the seeds run on replicas, with one `failover` (startup: ~7 s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,6 +54,11 @@ class Plan:
     faults: list[Fault] = field(default_factory=list)
     concurrency: int = 1
 
+    @property
+    def replicas(self) -> bool:
+        """Whether the run needs Redis with replicas and Sentinels (it fails one over)."""
+        return any(f.kind == "failover" for f in self.faults)
+
 
 def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
     """The schedule of `seed`: 2 to 5 faults within `horizon` seconds of the submission.
@@ -53,17 +67,22 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
     so one kill or pause hits them all), drawn last so the rest of a schedule is the one
     the seed always drew. `flushall` only under `durability: sync` (under async a GC not
     yet archived may be lost with Redis, as documented); `full_archive` only when a small
-    filesystem can be mounted (root).
+    filesystem can be mounted (root). A share of the seeds run on replicas: exactly one
+    of their faults is a `failover`, the others among `WITH_REPLICAS`, and their
+    durability is any of the three (`replicated` needs replicas, so only there).
     """
     rng = random.Random(seed)
-    durability = rng.choice(("sync", "async"))
-    kinds = list(ALWAYS_POSSIBLE)
-    if durability == "sync":
+    replicas = rng.random() < REPLICA_SHARE
+    durability = rng.choice(("replicated", "async", "sync") if replicas else ("sync", "async"))
+    kinds = list(WITH_REPLICAS if replicas else ALWAYS_POSSIBLE)
+    if durability == "sync" and not replicas:
         kinds.append("flushall")
     if can_mount:
         kinds.append("full_archive")
     faults = []
-    for _ in range(rng.randint(2, 5)):
+    if replicas:
+        faults.append(Fault("failover", round(rng.uniform(0.5, horizon), 2)))
+    for _ in range(rng.randint(2, 5) - len(faults)):
         kind = rng.choice(kinds)
         at = round(rng.uniform(0.5, horizon), 2)
         value = {
@@ -71,6 +90,8 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
             "restart_redis": rng.uniform(0.2, 1.5),  # seconds down
             "full_archive": rng.uniform(1.0, 4.0),  # seconds full
             "slow_redis": rng.uniform(0.005, 0.03),  # seconds per request
+            "partition_worker": rng.uniform(1.0, 10.0),  # seconds cut off
+            "maxmemory": rng.uniform(2.0, 5.0),  # seconds out of memory
         }.get(kind, rng.random())
         faults.append(Fault(kind, at, round(value, 4)))
     workers = rng.randint(2, 4)

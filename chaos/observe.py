@@ -46,6 +46,8 @@ class History:
     commits: list[tuple[str, int, int]] = field(default_factory=list)  # (at, gc, epoch)
     archives: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     flushes: list[str] = field(default_factory=list)  # when Redis lost everything
+    failovers: list[str] = field(default_factory=list)  # when a replica was promoted
+    replicated: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     restores: list[Restore] = field(default_factory=list)
     fenced: int = 0  # attempts refused because a newer epoch or attempt owned the step
     faults: Counter[str] = field(default_factory=Counter)  # injected, by kind
@@ -67,6 +69,8 @@ class History:
             self.commits.append((at, restore.gc, restore.epoch))
         elif name == "checkpoints archived":
             self.archives.append((at, int(event["through"])))
+        elif name == "checkpoints replicated":
+            self.replicated.append((at, int(event["through"])))
         elif name == "attempt fenced":
             self.fenced += 1
         elif name == "fault injected":
@@ -75,6 +79,8 @@ class History:
                 self.corrupted.append(str(event["file"]))
             if event["fault"] == "flushall":
                 self.flushes.append(str(event.get("flushed_at", at)))
+            if event["fault"] == "failover":
+                self.failovers.append(str(event.get("promoted_at", at)))
 
 
 def read_history(logs: Path, task: str) -> History:

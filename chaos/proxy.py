@@ -1,9 +1,12 @@
-"""A TCP proxy in front of Redis that can slow every request down (the slow-Redis fault).
+"""A TCP proxy in front of Redis that can slow every request down, or cut its clients off.
 
 Each client connection gets its own upstream connection and two pump threads. While
 `delay` is above zero, every chunk from a client waits that long before it is forwarded,
-so every command's round trip grows by it. An upstream that is down closes the client's
-connection, as a dead Redis would.
+so every command's round trip grows by it (the slow-Redis fault). While the proxy is `cut`,
+nothing is forwarded either way and nothing is closed: what was sent waits, as it waits in
+the kernels' buffers and retransmissions when a network partition drops every packet, and
+is delivered late when the proxy is mended (the partition fault). An upstream that is down
+closes the client's connection, as a dead Redis would.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class DelayProxy:
         self._listener = socket.create_server(("127.0.0.1", 0))
         self.port = int(self._listener.getsockname()[1])
         self._closed = threading.Event()
+        self._flowing = threading.Event()  # clear while cut: the pumps hold what they read
+        self._flowing.set()
         self._sockets: list[socket.socket] = []
         self._lock = threading.Lock()
 
@@ -33,9 +38,23 @@ class DelayProxy:
         threading.Thread(target=self._accept, name="proxy-accept", daemon=True).start()
         return self
 
+    def cut(self) -> None:
+        """Stop forwarding both ways, closing nothing: the clients stall as in a partition."""
+        self._flowing.clear()
+
+    def mend(self) -> None:
+        """Forward again, what was held first: late, as a healed partition delivers it."""
+        self._flowing.set()
+
+    @property
+    def is_cut(self) -> bool:
+        """Whether the proxy forwards nothing now."""
+        return not self._flowing.is_set()
+
     def close(self) -> None:
         """Stop accepting and close every connection."""
         self._closed.set()
+        self._flowing.set()  # a pump held by a cut ends with its sockets
         with contextlib.suppress(OSError):
             self._listener.close()
         with self._lock:
@@ -63,6 +82,7 @@ class DelayProxy:
     def _pump(self, source: socket.socket, target: socket.socket, slowed: bool) -> None:
         try:
             while data := source.recv(CHUNK):
+                self._flowing.wait()
                 if slowed and self.delay > 0:
                     time.sleep(self.delay)
                 target.sendall(data)

@@ -2,7 +2,10 @@
 
 A run starts its own redis-server (AOF, fsync on every write) behind a delaying proxy,
 two coordinator processes (one leads, one stands by), and the plan's worker processes, all
-reaching Redis through the proxy. It submits the team with `cairn submit`, injects the
+reaching Redis through the proxy; each worker through a link of its own too (a proxy the
+partition fault cuts). A plan that fails Redis over runs instead on a primary, two
+replicas and three Sentinels, every process given their `redis+sentinel://` URL and no
+proxy. It submits the team with `cairn submit`, injects the
 plan's faults on a thread while the main loop keeps the worker pool and a standby alive
 (as a supervisor would), and stops when the task ends or the time bound passes. Then it
 reads the history and the stored checkpoints, and checks them.
@@ -35,11 +38,18 @@ from chaos.team import AGENTS, team
 from coordinator.settings import load_settings, open_store
 from storage import keys
 from storage.backends.redis import connect
+from storage.errors import RedisServerError
 from storage.redis_server import RedisServer
+from storage.replicas import ReplicaSet
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
 ARCHIVE_FS_BYTES = 32 * 1024 * 1024
+# The headroom the `maxmemory` fault leaves above what Redis uses, and the key filling it.
+MAXMEMORY_MARGIN = 64 * 1024
+MEMORY_FILLER = "chaos:maxmemory-filler"
+# What a fault that could not be injected raises (a promotion that never came, too).
+FAULT_ERRORS = (OSError, redis.RedisError, subprocess.SubprocessError, RedisServerError)
 
 
 @dataclass
@@ -72,11 +82,19 @@ class ChaosRun:
         self.archive = directory / "archive"
         # The harness reads what the processes wrote, with their settings (the archive here).
         self.settings = load_settings(archive_dir=self.archive)
-        self.server = RedisServer(directory / "redis", appendonly=True, fsync="always")
+        # One of the two: a lone server (behind the proxies), or replicas to fail over.
+        self.server: RedisServer | None = None
+        self.replica_set: ReplicaSet | None = None
+        if plan.replicas:
+            self.replica_set = ReplicaSet(directory / "redis", replicas=2)
+        else:
+            self.server = RedisServer(directory / "redis", appendonly=True, fsync="always")
         self.proxy: DelayProxy | None = None
         self.client: redis.Redis | None = None  # straight to Redis, for the harness alone
         self.workers: list[subprocess.Popen[bytes]] = []
+        self.links: dict[int, DelayProxy] = {}  # worker pid → its own link to the proxy
         self.paused: set[int] = set()
+        self.cut: set[int] = set()  # workers partitioned off Redis now
         self.coordinators: dict[str, subprocess.Popen[bytes]] = {}
         self.handles: list[IO[bytes]] = []
         self.task = ""
@@ -113,20 +131,36 @@ class ChaosRun:
                 ["mount", "-t", "tmpfs", "-o", f"size={ARCHIVE_FS_BYTES}", "tmpfs",
                  str(self.archive)], check=True, capture_output=True,
             )  # fmt: skip
-        self.server.start()
-        self.client = connect(self.server.url)
-        self.proxy = DelayProxy(self.server.port).start()
+        if self.replica_set is not None:
+            self.client = connect(self.replica_set.start().url)
+        else:
+            server = self.server_started()
+            self.client = connect(server.url)
+            self.proxy = DelayProxy(server.port).start()
         for _ in range(2):
             self._start_coordinator()
         for _ in range(self.plan.workers):
             self.workers.append(self._start_worker())
 
-    def _env(self, name: str) -> dict[str, str]:
+    def server_started(self) -> RedisServer:
+        """The lone redis-server, started unless it runs (a run without replicas only)."""
+        assert self.server is not None
+        if self.server.process is None:
+            self.server.start()
+        return self.server
+
+    def _url(self, port: int | None) -> str:
+        """Redis's URL for a process: the Sentinels', else the proxy's (or a link's `port`)."""
+        if self.replica_set is not None:
+            return self.replica_set.url
         assert self.proxy is not None
+        return f"redis://127.0.0.1:{port or self.proxy.port}/0"
+
+    def _env(self, name: str, port: int | None = None) -> dict[str, str]:
         return {
             **os.environ,
             "PYTHONPATH": str(ROOT),
-            "CAIRN_REDIS_URL": f"redis://127.0.0.1:{self.proxy.port}/0",
+            "CAIRN_REDIS_URL": self._url(port),
             "CAIRN_ARCHIVE_DIR": str(self.archive),
             "CAIRN_CACHE_DIR": str(self.dir / "cache" / name),
             "CAIRN_LOG_FORMAT": "json",
@@ -134,12 +168,14 @@ class ChaosRun:
             "CAIRN_AUDIT": "1",  # fences and accepted writes, in Redis's order, for the checker
         }
 
-    def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], name: str, port: int | None = None
+    ) -> subprocess.Popen[bytes]:
         handle = (self.logs / f"{name}.log").open("ab")
         self.handles.append(handle)
         return subprocess.Popen(
-            [sys.executable, "-m", *args], env=self._env(name), stdout=handle, stderr=handle,
-            stdin=subprocess.DEVNULL,
+            [sys.executable, "-m", *args], env=self._env(name, port), stdout=handle,
+            stderr=handle, stdin=subprocess.DEVNULL,
         )  # fmt: skip
 
     def _start_coordinator(self) -> None:
@@ -151,11 +187,21 @@ class ChaosRun:
         )
 
     def _start_worker(self) -> subprocess.Popen[bytes]:
+        """Start a worker whose every connection goes through a link of its own.
+
+        With replicas there is no proxy to link to: the worker asks the Sentinels.
+        """
         self._spawned += 1
         name = f"worker-{self._spawned}"
-        url = self._env(name)["CAIRN_REDIS_URL"]
         concurrency = ["--concurrency", str(self.plan.concurrency)]
-        return self._spawn(["coordinator.worker", url, *concurrency], name)
+        if self.proxy is None:
+            url = self._env(name)["CAIRN_REDIS_URL"]
+            return self._spawn(["coordinator.worker", url, *concurrency], name)
+        link = DelayProxy(self.proxy.port).start()
+        url = self._env(name, link.port)["CAIRN_REDIS_URL"]
+        worker = self._spawn(["coordinator.worker", url, *concurrency], name, link.port)
+        self.links[worker.pid] = link
+        return worker
 
     def _cairn(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run a `cairn` command as a person would, its log lines kept with the others."""
@@ -197,6 +243,10 @@ class ChaosRun:
         """Start a worker for each that died, and a standby when fewer than two coordinate."""
         for n, worker in enumerate(self.workers):
             if worker.poll() is not None:
+                link = self.links.pop(worker.pid, None)
+                if link is not None:
+                    link.close()
+                self.cut.discard(worker.pid)
                 self.workers[n] = self._start_worker()
         for name, process in list(self.coordinators.items()):
             if process.poll() is not None:
@@ -211,9 +261,12 @@ class ChaosRun:
                 os.kill(pid, signal.SIGCONT)
         if self.proxy is not None:
             self.proxy.delay = 0.0
+        for link in self.links.values():
+            link.mend()
+        self._free_memory()
         (self.archive / "filler").unlink(missing_ok=True)
-        if self.server.process is None:
-            self.server.start()
+        if self.server is not None:
+            self.server_started()
 
     def _verdict(self, reference: Observed | None, ended: bool, seconds: float) -> RunResult:
         assert self.client is not None
@@ -235,11 +288,16 @@ class ChaosRun:
             process.wait()
         for handle in self.handles:
             handle.close()
+        for link in self.links.values():
+            link.close()
         if self.proxy is not None:
             self.proxy.close()
         if self.client is not None:
             self.client.close()
-        self.server.kill()
+        if self.server is not None:
+            self.server.kill()
+        if self.replica_set is not None:
+            self.replica_set.stop()
         if self.mount:
             subprocess.run(["umount", "-l", str(self.archive)], check=False, capture_output=True)
 
@@ -257,7 +315,7 @@ class ChaosRun:
                 continue
             try:
                 detail = getattr(self, f"_{fault.kind}")(fault)
-            except (OSError, redis.RedisError, subprocess.SubprocessError) as exc:
+            except FAULT_ERRORS as exc:
                 self._event(event="fault failed", fault=fault.kind, error=str(exc))
                 self.skipped.append(f"{fault.kind}: {exc}")
                 continue
@@ -277,7 +335,8 @@ class ChaosRun:
         )
         running = {int(b.decode().split(":")[1]): a for a, b in zip(AGENTS, beats, strict=True)
                    if b is not None}  # fmt: skip
-        live = [w for w in self.workers if w.poll() is None and w.pid not in self.paused]
+        live = [w for w in self.workers
+                if w.poll() is None and w.pid not in self.paused | self.cut]  # fmt: skip
         busy = [w for w in live if w.pid in running]
         if not live:
             return None
@@ -367,10 +426,25 @@ class ChaosRun:
         return None
 
     def _restart_redis(self, fault: Fault) -> dict[str, object] | None:
+        assert self.server is not None
         self.server.kill()
         time.sleep(fault.value)
         self.server.start()
         return {"down_s": fault.value}
+
+    def _failover(self, fault: Fault) -> dict[str, object] | None:
+        """SIGKILL the primary; return once every Sentinel names the replica promoted.
+
+        The old primary stays dead, so the one replica left is the one `replicated` waits
+        for. `promoted_at` (on the processes' clock) is when the checker counts what a GC
+        only the old primary held as lost: no write reaches a primary in between.
+        """
+        assert self.replica_set is not None
+        old = self.replica_set.primary()
+        killed_at = utc_now()
+        new = self.replica_set.failover()
+        return {"old_port": old.port, "new_port": new.port, "killed_at": killed_at,
+                "promoted_at": utc_now()}  # fmt: skip
 
     def _flushall(self, fault: Fault) -> dict[str, object] | None:
         assert self.client is not None
@@ -437,3 +511,46 @@ class ChaosRun:
         to = [] if fault.value < 0.5 or not committed else ["--to", str(self.rng.choice(committed))]
         done = self._cairn("restore", self.task, *to, "--json")
         return {"to": to[1] if to else "latest", "exit": done.returncode}
+
+    def _partition_worker(self, fault: Fault) -> dict[str, object] | None:
+        """Cut a busy worker's link to Redis for `fault.value` s, then mend it.
+
+        Its sockets stay open and stall: its heartbeat lapses, the coordinator retries its
+        step elsewhere, and what it sent meanwhile reaches Redis late, to be refused.
+        """
+        found = self._busy_worker()
+        if found is None:
+            return None
+        worker, agent = found
+        link = self.links[worker.pid]
+        link.cut()
+        self.cut.add(worker.pid)
+
+        def mend() -> None:
+            link.mend()
+            self.cut.discard(worker.pid)
+
+        threading.Timer(fault.value, mend).start()
+        return {"pid": worker.pid, "agent": agent, "seconds": fault.value}
+
+    def _maxmemory(self, fault: Fault) -> dict[str, object] | None:
+        """Hold Redis at `maxmemory` (noeviction) for `fault.value` s, then free it.
+
+        The limit is set just above what Redis uses, and a filler key takes the headroom
+        (as another tenant's data would): until both go, every write that needs memory
+        fails with OOM. Nothing is evicted, so the fault itself loses nothing stored.
+        """
+        assert self.client is not None
+        used = int(cast(dict[str, int], self.client.info("memory"))["used_memory"])
+        threading.Timer(fault.value, self._free_memory).start()  # whatever fails below
+        self.client.set(MEMORY_FILLER, b"\0" * 2 * MAXMEMORY_MARGIN)
+        self.client.config_set("maxmemory-policy", "noeviction")
+        self.client.config_set("maxmemory", used + MAXMEMORY_MARGIN)
+        return {"used_memory": used, "seconds": fault.value}
+
+    def _free_memory(self) -> None:
+        """Drop the filler and lift the limit (deleting needs no memory: it works at the limit)."""
+        if self.client is not None:
+            with contextlib.suppress(redis.RedisError):
+                self.client.delete(MEMORY_FILLER)
+                self.client.config_set("maxmemory", 0)

@@ -33,6 +33,7 @@ from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
+from coordinator.replication import Replication
 from coordinator.restore import Restorer
 from coordinator.runs import TERMINAL, Look, RunState, StepRun, TaskState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, Limits
@@ -51,6 +52,7 @@ HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
+UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,14 +209,21 @@ class Coordinator:
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
         self.archiver = Archiver(store, self._archived)
         self.archived = ArchiveFloor(store)  # a GC number is never reused: see numbering.py
+        self.replication = Replication(self.runs)
 
     # the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll: float = 0.05) -> None:
         """Drive tasks until `stop` is set, acting only while holding the leader lease."""
         try:
             while not stop.is_set():
-                if self.lease.acquire():
-                    self.tick()
+                try:
+                    if self.lease.acquire():
+                        self.tick()
+                except (redis.ConnectionError, redis.TimeoutError) as exc:
+                    # Redis restarting or failing over: every write is fenced by the lease
+                    # token, so this coordinator waits and asks again instead of exiting.
+                    log.warning("Redis unreachable; trying again", error=str(exc))
+                    stop.wait(UNREACHABLE_PAUSE)
                 stop.wait(poll)
         finally:
             self.archiver.drain()
@@ -253,6 +262,10 @@ class Coordinator:
             self.redis.srem(keys.ACTIVE_TASKS, task)
             self._forget(task)  # ended by a person (`Tasks.cancel`), not by this loop
             return
+        if status == TaskState.PAUSED and self.replication.resume_if_replicated(
+            task, seen.run, seen.latest
+        ):
+            status = TaskState.RUNNING
         if int(seen.run.get("superstep", "0")):
             self._watch(task, seen)
         elif status == TaskState.RUNNING:
@@ -331,7 +344,9 @@ class Coordinator:
                     args=(task, agent, superstep, epoch, attempt),
                     job_id=jobs[agent],
                     timeout=int(limits.step_timeout) + 60,
-                    result_ttl=3_600,
+                    # A step's result is its vote and LC; RQ's copy of a finished job
+                    # only costs Redis two keys a step for as long as it is kept.
+                    result_ttl=60,
                     failure_ttl=86_400,
                 )
                 for agent, attempt in attempts.items()
@@ -479,12 +494,14 @@ class Coordinator:
         """Close the superstep whose GC is committed and start the next one at once.
 
         Forget its steps, archive per policy, and, if the task is still running (a person
-        may have paused or cancelled it meanwhile), begin the next superstep from
-        `committed` rather than a tick later.
+        may have paused or cancelled it meanwhile) and, under `durability: replicated`, a
+        replica holds `committed`, begin the next superstep from it rather than a tick later.
         """
         self.runs.write(task, {"superstep": 0}, clear_steps=True)
         self._archive(task, committed)
-        self._begin(task, committed)  # which does nothing unless the task is still running
+        policy = self._limits(task).checkpoints
+        if self.replication.after_commit(task, committed.number, policy):
+            self._begin(task, committed)  # which does nothing unless the task is still running
 
     def _archive(self, task: str, gc: GlobalCheckpoint) -> None:
         """Archive per policy: inline under `durability: sync`, else on the archiver's thread.
@@ -592,6 +609,7 @@ class Coordinator:
         self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
         self._checked.pop(task, None)
         self.archived.forget(task)
+        self.replication.forget(task)
 
     def _finish(self, task: str, status: TaskState, reason: str) -> None:
         # A task that ended has every GC it committed on disk, whatever `archive_every` says.

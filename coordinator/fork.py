@@ -20,6 +20,7 @@ from agents.logs import get_logger
 from agents.spec import TaskRecord
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
+from coordinator.replication import require
 from coordinator.runs import RunState, TaskState
 from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from coordinator.spend import inherit
@@ -120,6 +121,8 @@ def fork_task(
         store, ArchiveJob(new, 0, policy.hot_keep, policy.cold_keep)
     ):
         acknowledge(runs, new, 0)
+    elif policy.durability == "replicated":  # as a submit: only once a replica holds it
+        require(runs, store.hot, new, 0, policy.replica_timeout)
     lineage = json.dumps({"task_id": source, "checkpoint": gc.number})
     run: dict[str, object] = {"status": TaskState.RUNNING, "superstep": 0,
                               "submitted_at": time.time(), "forked_from": lineage}  # fmt: skip

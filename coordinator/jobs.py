@@ -8,6 +8,7 @@ crash, and a restore a refused agent from a slow one.
 
 from __future__ import annotations
 
+import contextlib
 import json
 
 import redis
@@ -55,6 +56,8 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
 
     A fenced attempt (a zombie, or one the coordinator gave up on) stops quietly. A model
     error or any other Cairn error is recorded, then raised, so RQ marks the job failed.
+    A Redis at `maxmemory` refusing the step's writes is retryable: recorded when Redis
+    takes the record (else the coordinator sees the heartbeat lapse), then raised.
     """
     env = environment()
     where = (env.redis, task, agent, superstep, epoch, attempt)
@@ -81,6 +84,11 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
         raise
     except ToolUnreachable as exc:  # an MCP server down for now: another attempt may reach it
         record_outcome(*where, "retryable", str(exc))
+        raise
+    except redis.OutOfMemoryError as exc:  # Redis full for now: memory may be freed
+        log.warning("step failed: Redis is out of memory", task=task, agent=agent, error=str(exc))
+        with contextlib.suppress(redis.RedisError):  # a full Redis may refuse this too
+            record_outcome(*where, "retryable", f"Redis is out of memory (maxmemory): {exc}")
         raise
     except CairnError as exc:
         record_outcome(*where, "fatal", f"{type(exc).__name__}: {exc}")

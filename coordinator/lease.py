@@ -2,6 +2,8 @@
 
 Each holder gets a fencing token from a counter that only rises, so a coordinator that
 paused past its lease and resumed can tell (and be told) that it is no longer the leader.
+A Redis at `maxmemory` refuses the writes that take a lease (renewing one still works): a
+standby then stays a standby, and asks again on its next poll.
 """
 
 from __future__ import annotations
@@ -10,7 +12,10 @@ from typing import cast
 
 import redis
 
+from agents.logs import get_logger
 from storage import keys
+
+log = get_logger(__name__)
 
 # Renew only while the lease still names us: compare and extend in one step.
 _RENEW = """
@@ -33,6 +38,7 @@ class Lease:
         self.holder = holder
         self.ttl_ms = ttl_ms
         self.token: int | None = None
+        self._refused = False  # the last take was refused for memory: said once a streak
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
 
@@ -44,11 +50,20 @@ class Lease:
         """Take the lease if it is free; True when this coordinator now leads."""
         if self.token is not None and self.renew():
             return True
-        token = int(self._redis.incr(keys.LEASE_TOKEN))
-        if self._redis.set(keys.LEASE, f"{self.holder}:{token}", nx=True, px=self.ttl_ms):
+        self.token = None
+        try:
+            token = int(self._redis.incr(keys.LEASE_TOKEN))
+            taken = self._redis.set(keys.LEASE, f"{self.holder}:{token}", nx=True, px=self.ttl_ms)
+        except redis.OutOfMemoryError as exc:
+            # Not leading is the safe reading: a token drawn but not used only goes unused.
+            if not self._refused:
+                log.warning("lease not taken: Redis is out of memory", error=str(exc))
+            self._refused = True
+            return False
+        self._refused = False
+        if taken:
             self.token = token
             return True
-        self.token = None
         return False
 
     def renew(self) -> bool:

@@ -30,6 +30,7 @@ from agents.spec import TaskRecord
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
+from coordinator.replication import confirm
 from coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
 from coordinator.spec import CheckpointPolicy, read_policy
 from coordinator.staging import stage
@@ -107,7 +108,8 @@ class Restorer:
             gc = self.store.read_gc(task, target)
             refused = self._stage_all(task, record, gc, epoch, reason, wait)
             if refused is None:
-                self._promote_workspace(task, gc)
+                refused = self._promote_workspace(task, gc)
+            if refused is None:
                 restored = gc.model_copy(update={"number": number, "epoch": epoch})
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored, self.runs.token())
@@ -138,7 +140,14 @@ class Restorer:
         As every GC of such a task: acknowledged means archived, so a Redis that loses its
         data afterwards cannot take the restore with it (nor hand its number out again).
         A failed archive (a full disk) is logged and leaves the GC in Redis, as for any GC.
+        Under `replicated`, the GC is acknowledged if a replica holds it in time; if not,
+        the next GC's acknowledgement covers it.
         """
+        if policy.durability == "replicated":
+            try:
+                confirm(self.runs, self.store.hot, task, number, policy.replica_timeout)
+            except redis.RedisError as exc:  # the restore is committed: only its ack waits
+                log.warning("restore not acknowledged by a replica", task=task, error=str(exc))
         if policy.durability != "sync":
             return
         if archive(self.store, ArchiveJob(task, number, policy.hot_keep, policy.cold_keep)):
@@ -197,11 +206,19 @@ class Restorer:
             time.sleep(0.02)
         return f"no vote from every agent within {wait:g} s"
 
-    def _promote_workspace(self, task: str, gc: GlobalCheckpoint) -> None:
-        """Make sure the target's manifest and files are hot (copy cold ones back)."""
-        manifest = self.store.read_manifest(task, gc.workspace)
-        for sha in [gc.workspace, *manifest.files.values()]:
-            self.store.put_blob(task, self.store.get_blob(task, sha))
+    def _promote_workspace(self, task: str, gc: GlobalCheckpoint) -> str | None:
+        """Make the target's manifest and files hot (copying cold ones back); else why not.
+
+        A file damaged or gone in both tiers refuses the target as a damaged LC does: the
+        restore falls back to an older GC, every agent and file together.
+        """
+        try:
+            manifest = self.store.read_manifest(task, gc.workspace)
+            for sha in [gc.workspace, *manifest.files.values()]:
+                self.store.put_blob(task, self.store.get_blob(task, sha))
+        except (CorruptCheckpoint, RecordNotFound) as exc:
+            return f"its workspace cannot be read: {exc}"
+        return None
 
     def _lock(self, task: str, token: str, wait: float) -> None:
         deadline = time.monotonic() + wait

@@ -42,7 +42,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Literal
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
 from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
@@ -51,13 +51,16 @@ from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 from coordinator.metrics import MeteredHotStore, MeteredStore
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore
+from storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
+from storage.backends.sentinel import parse as parse_sentinel_url
 from storage.chain import DEFAULT_FULL_EVERY
 from storage.codec import Codec
 from storage.errors import InvalidSpec
 from storage.store import CheckpointStore
 
 URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs
-SCHEMES = ("redis", "rediss", "unix")
+SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
+SECRET_OPTIONS = ("password", "sentinel_password")  # URL options that display_url masks
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 
@@ -93,6 +96,9 @@ class Settings(BaseSettings):
         parts = urlsplit(value)
         if parts.scheme not in SCHEMES:
             raise ValueError(f"must start with one of {', '.join(s + '://' for s in SCHEMES)}")
+        if parts.scheme == SENTINEL_SCHEME:
+            parse_sentinel_url(value)  # its ValueError says what is wrong
+            return value
         if parts.scheme != "unix" and not parts.hostname:
             raise ValueError("names no host")
         if parts.scheme == "unix" and not parts.path:
@@ -247,10 +253,17 @@ def process_settings() -> Settings:
 
 
 def display_url(url: str) -> str:
-    """`url` with its password masked, for messages and logs."""
+    """`url` with its passwords masked, for messages and logs.
+
+    The password before the host, and a `password` or `sentinel_password` option.
+    """
     parts = urlsplit(url)
-    if parts.password is None:
-        return url
-    user = parts.username or ""
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"{user}:***@{host}"))
+    if parts.password is not None:
+        user = parts.username or ""
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"{user}:***@{host}")
+    options = parse_qsl(parts.query, keep_blank_values=True)
+    if any(name in SECRET_OPTIONS for name, _ in options):
+        masked = [(name, "***" if name in SECRET_OPTIONS else value) for name, value in options]
+        parts = parts._replace(query=urlencode(masked, safe="*"))
+    return urlunsplit(parts)

@@ -40,7 +40,9 @@ class CheckpointPolicy(Strict):
     hot_keep: int = Field(default=3, ge=1, le=10_000)
     cold_keep: int = Field(default=50, ge=1, le=1_000_000)
     archive_every: int = Field(default=1, ge=1, le=1_000)
-    durability: Literal["async", "sync"] = "async"
+    durability: Literal["async", "sync", "replicated"] = "async"
+    # Under `replicated`: how long a commit waits for a Redis replica to hold its GC.
+    replica_timeout: float = Field(default=1.0, gt=0, le=60)
     tool_level: Literal["none", "side_effects", "all"] = "side_effects"
     full_every: int = Field(default=20, ge=1, le=10_000)
     model_reply: bool = False

@@ -22,6 +22,7 @@ from agents.task import start_task
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.fork import fork_task
+from coordinator.replication import require
 from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
 from coordinator.spend import budget_of
@@ -65,6 +66,8 @@ class Tasks:
             # on disk (a full or read-only archive fails the submit, with the reason).
             archive_gc(self.store, task, 0)
             acknowledge(self.runs, task, 0)
+        elif spec.checkpoints.durability == "replicated":  # only once a replica holds it
+            require(self.runs, self.store.hot, task, 0, spec.checkpoints.replica_timeout)
         run: dict[str, object] = {"status": TaskState.RUNNING, "superstep": 0,
                                   "submitted_at": time.time()}  # fmt: skip
         if spec.budget is not None:  # where `status` and each barrier read it

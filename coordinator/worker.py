@@ -30,6 +30,12 @@ they hop to threads anyway. The heartbeats are beaten by one thread of the proce
 from the lanes, so a step busy on the CPU delays the beats by the interpreter's switch
 interval (5 ms), not by its work.
 
+A Redis at `maxmemory` refuses writes for a while: the worker does not quit over it. Its
+own bookkeeping waits (the liveness beat and the suspension check are skipped, taking a
+job is tried again after `OOM_PAUSE`, a job it took but could not mark started, or whose
+end it could not record, is left for the coordinator to retry), and a step that fails on
+it is retried like any other failed attempt.
+
 SIGTERM (or SIGINT) stops taking jobs; the running ones get `DRAIN_SECONDS` to finish,
 then those still running are handed back (their RQ jobs marked `stopped`, so the
 coordinator retries them at once) and the process exits, within the 10 s `cairn worker`
@@ -51,7 +57,7 @@ import contextlib
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from types import FrameType
 from typing import Any
@@ -79,6 +85,7 @@ from storage.errors import InvalidSpec, RefusedJob
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
 DRAIN_SECONDS = 8.0  # after SIGTERM: the steps running get this long, then are handed back
 HANDED_BACK = "the worker stopped before the job ended: handed back"
+OOM_PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes (maxmemory)
 
 
 class CairnJob(Job):
@@ -133,6 +140,7 @@ class CairnWorker(SimpleWorker):
         self._interruptible = False  # the main thread waits (for Redis or a lane): a stop may raise
         self._stop_at: float | None = None
         self._force = threading.Event()
+        self._short_of_memory = False  # Redis refused a write for memory: said once a streak
         super().__init__(*args, **kwargs)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
@@ -155,9 +163,31 @@ class CairnWorker(SimpleWorker):
         last = self.last_heartbeat
         if last is not None and (now() - last).total_seconds() < BEAT_EVERY:
             return
-        with self.connection.pipeline() as batch:
+        # RQ's own beat is bookkeeping (the worker key lives 420 s): Redis at maxmemory
+        # refusing it is no reason for the worker to quit, which RQ does on any error.
+        with self._refusing_memory("worker beat skipped"), self.connection.pipeline() as batch:
             super().heartbeat(None, batch)
             batch.execute()
+
+    @contextlib.contextmanager
+    def _refusing_memory(self, what: str) -> Iterator[None]:
+        """Log, once a streak, and swallow an OOM refusal of the block's writes."""
+        try:
+            yield
+        except redis.OutOfMemoryError as exc:
+            if not self._short_of_memory:
+                self.log.warning("Worker %s: Redis is out of memory: %s (%s)", self.name, what, exc)
+            self._short_of_memory = True
+        else:
+            self._short_of_memory = False
+
+    def check_for_suspension(self, burst: bool) -> None:
+        """Wait while RQ's workers are suspended; not at all while Redis refuses the check.
+
+        RQ beats in the check's own round trip: a write, refused at maxmemory.
+        """
+        with self._refusing_memory("suspension not checked"):
+            super().check_for_suspension(burst)
 
     # lanes ---------------------------------------------------------------------------------
     def dequeue_job_and_maintain_ttl(
@@ -166,10 +196,15 @@ class CairnWorker(SimpleWorker):
         """Wait for a free lane, then take the next job (control queue first)."""
         self._interruptible = True
         try:
-            self._wait_for_lane()
-            if self._stop_requested:
-                raise StopRequested
-            return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+            while True:
+                self._wait_for_lane()
+                if self._stop_requested:
+                    raise StopRequested
+                with self._refusing_memory("taking jobs paused"):
+                    # A job taken just before a refusal is not lost: the coordinator sees
+                    # it taken and never started, and retries it.
+                    return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
+                time.sleep(OOM_PAUSE)
         finally:
             self._interruptible = False
 
@@ -188,16 +223,21 @@ class CairnWorker(SimpleWorker):
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Start `job` on a lane of its own and return (the main thread takes the next)."""
-        with self._lanes:
+        with self._lanes, self._refusing_memory(f"job {job.id} left for a retry"):
             execution = self.prepare_execution(job)  # BUSY, and in the StartedJobRegistry
             self._running[job.id] = (job, queue, execution)
+        if job.id not in self._running:  # not marked started: the coordinator retries it
+            return
         threading.Thread(
             target=self._run_lane, args=(job, queue, execution), name=f"lane-{job.id}", daemon=True
         ).start()
 
     def _run_lane(self, job: Job, queue: Queue, execution: Execution) -> None:
         try:
-            self.perform_job(job, queue, execution)
+            # The job's end unrecorded: still started, its step's heartbeat gone, it is
+            # retried by the coordinator as a step whose worker died.
+            with self._refusing_memory(f"the end of job {job.id} not recorded"):
+                self.perform_job(job, queue, execution)
         finally:
             with self._lanes:
                 self._running.pop(job.id, None)

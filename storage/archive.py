@@ -129,8 +129,9 @@ def trim_hot(
     """Drop from Redis the GCs older than the newest `hot_keep` committed ones.
 
     The latest GC and every GC not yet decided stay. A GC leaves only once it is in the
-    archive, and with it go the LCs and blobs that no kept GC needs; a blob put after the
-    oldest kept GC committed (by a step still running) is never dropped.
+    archive, and with it go the LCs that no kept GC needs and every blob of the task that
+    no GC staying names; a blob put after the oldest kept GC committed (less
+    `skew_margin`: by a step still running) is never dropped.
     """
     if hot_keep < 1:
         raise ValueError("hot_keep must be at least 1")
@@ -160,17 +161,22 @@ def trim_hot(
     dropping = [n for n in droppable if n not in unarchived]
     kept_gcs = [store.read_gc(task, n) for n in sorted(keep)]
     needed_lcs = hot.walk_chains(task, _heads(kept_gcs))
-    needed_blobs = _blobs_of(store, task, kept_gcs)
+    # The committed GCs that stay in Redis unarchived need their blobs there too.
+    staying = [store.read_gc(task, n) for n in unarchived if n not in keep]
+    needed_blobs = _blobs_of(store, task, [*kept_gcs, *staying])
     read = (store.read_gc(task, n) for n in dropping)
     dropped_gcs = [gc for gc in read if gc.status is GCStatus.COMMITTED]
     # The kept chains are closed under "parent of": a walk from a dropped GC that reaches
     # one of their LCs would find only kept LCs beyond it, so it stops there.
     lcs_out = hot.walk_chains(task, _heads(dropped_gcs), known=needed_lcs)
-    blobs_out = _blobs_of(store, task, dropped_gcs) - needed_blobs
     # Blobs put after this moment may belong to a change set not yet committed.
     cutoff = min(gc.committed_at or gc.created_at for gc in kept_gcs).timestamp() - skew_margin
+    # Every blob of the task older than that and named by no GC that stays goes, not only
+    # the dropped GCs' own: one too young to leave with its GC (supersteps shorter than the
+    # margin) would otherwise stay until the task leaves Redis. A blob no GC names is not
+    # in the archive either: nothing reads it once its superstep is over.
     times = hot.blob_times(task)
-    blobs_out = {s for s in blobs_out if times.get(s, 0.0) < cutoff}
+    blobs_out = {s for s, written in times.items() if written < cutoff and s not in needed_blobs}
     hot.delete_lcs(task, lcs_out)
     hot.delete_blobs(task, blobs_out)
     for n in dropping:

@@ -216,6 +216,14 @@ class HotStore(Protocol):
         member LC is missing or has another checksum. Committing twice is a no-op.
         """
 
+    def confirm_replicas(self, task: str, number: int, replicas: int, timeout_ms: int) -> int:
+        """Wait until `replicas` replicas hold committed GC `number` of `task`; say how many do.
+
+        Waits at most `timeout_ms` (> 0) and returns the replicas that hold the GC and every
+        write before it: fewer than asked when the time ran out, 0 when this store has no
+        such committed GC or no replicas at all.
+        """
+
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         """Mark a GC ABORTED and delete the superstep's tentative LCs and votes.
 

@@ -143,6 +143,11 @@ def owner(task: str) -> str:
     return task_prefix(task) + "owner"
 
 
+def replica_probe(task: str) -> str:
+    """String: the GC number last confirmed on a replica; writing it is what WAIT waits for."""
+    return task_prefix(task) + "replica-probe"
+
+
 def restore_lock(task: str) -> str:
     """String with a TTL: held while a restore of the task runs (restores are serialized)."""
     return task_prefix(task) + "restore-lock"

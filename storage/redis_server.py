@@ -47,7 +47,8 @@ class RedisServer:
     `fsync` is the AOF's `appendfsync` (`everysec`, `always` or `no`). With `username`,
     that ACL user (with `password`, allowed every key, channel and command) is the only
     one: the `default` user is switched off. Without it, `password` is `requirepass`.
-    With `tls`, the port serves TLS only (`rediss://`, plain port off).
+    With `tls`, the port serves TLS only (`rediss://`, plain port off). With `replicaof`
+    (host, port) it starts as a replica of that primary (`password` is the primary's too).
     """
 
     def __init__(
@@ -61,6 +62,7 @@ class RedisServer:
         username: str | None = None,
         tls: TLSFiles | None = None,
         fsync: str = "everysec",
+        replicaof: tuple[str, int] | None = None,
     ) -> None:
         if username and not password:
             raise ValueError("an ACL user needs a password")
@@ -72,6 +74,7 @@ class RedisServer:
         self.username = username
         self.tls = tls
         self.port = port or free_port()
+        self.replicaof = replicaof
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -109,6 +112,12 @@ class RedisServer:
             args += ["--user", "default", "off"]
         elif self.password:
             args += ["--requirepass", self.password]
+        if self.replicaof is not None:
+            args += ["--replicaof", self.replicaof[0], str(self.replicaof[1])]
+            if self.password:
+                args += ["--masterauth", self.password]
+                if self.username:
+                    args += ["--masteruser", self.username]
         self.process = subprocess.Popen(  # noqa: S603 - fixed arguments, binary from PATH
             args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
         )

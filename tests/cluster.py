@@ -24,6 +24,7 @@ from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
 from storage.codec import Codec
 from storage.redis_server import RedisServer
+from storage.replicas import ReplicaSet
 from storage.store import CheckpointStore
 from tests.agent_harness import files_of
 
@@ -33,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 class Cluster:
     """A private Redis, N worker processes and a coordinator driven by the test."""
 
-    def __init__(self, server: RedisServer, tmp: Path) -> None:
+    def __init__(self, server: RedisServer | ReplicaSet, tmp: Path) -> None:
         self.server, self.tmp = server, tmp
         self.client = connect(server.url)
         self.store = CheckpointStore(

@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 from chaos.checker import INVARIANTS, check
-from chaos.faults import draw
+from chaos.faults import SINGLE_REDIS, draw
 from chaos.ledger import record
 from chaos.observe import GCView, History, MemberView, Observed, Restore, read_history
 from chaos.proxy import DelayProxy
@@ -105,6 +105,24 @@ def test_a_number_given_again_is_a_loss_only_if_its_first_gc_was_acknowledged() 
     assert set() == found(history, observed, "sync")
     history.archives.insert(-1, ("t4.1", 4))  # but GC 4 of epoch 2 had been archived
     assert {"lost_commit"} == found(history, observed, "sync")
+
+
+def test_across_a_failover_each_durability_keeps_what_it_acknowledged() -> None:
+    """GC 4, committed and not archived, is gone after a failover.
+
+    Under `async` that is allowed (it was acknowledged as committed, not as durable);
+    under `replicated` it is a loss once a replica held it, and allowed before.
+    """
+    history, observed = clean()
+    history.archives.pop()
+    history.failovers.append("t5")
+    observed.gcs[4].error = "gone with the old primary"
+    assert "lost_commit" not in found(history, observed, "async")
+    assert "lost_commit" not in found(history, observed, "replicated")
+    history.replicated.append(("t4.2", 4))
+    assert "lost_commit" in found(history, observed, "replicated")
+    history.failovers = []  # with no failover, async acknowledged it at its commit
+    assert "lost_commit" in found(history, observed, "async")
 
 
 def test_a_restore_is_checked_only_against_the_gcs_it_saw() -> None:
@@ -247,16 +265,22 @@ def test_the_ledger_applies_a_key_once_and_refuses_a_call_without_one(tmp_path: 
 def test_a_seed_draws_one_schedule() -> None:
     """The same seed gives the same plan; FLUSHALL only under sync; a full disk only as root.
 
-    Part of the seeds run their workers several steps at a time.
+    Part of the seeds run their workers several steps at a time; part on replicas, failing
+    over once, with `replicated` durability only there and no fault needing a lone Redis.
     """
     assert draw(7, 8.0, True) == draw(7, 8.0, True)
     plans = [draw(seed, 8.0, False) for seed in range(200)]
     kinds = {f.kind for p in plans for f in p.faults}
     assert "full_archive" not in kinds
     assert all(p.durability == "sync" for p in plans for f in p.faults if f.kind == "flushall")
-    assert {"kill_worker", "flushall", "manual_restore"} <= kinds
+    assert {"kill_worker", "flushall", "manual_restore", "partition_worker", "maxmemory"} <= kinds
     assert all(0.5 <= f.at <= 8.0 for p in plans for f in p.faults)
     assert {1, 2, 4} == {p.concurrency for p in plans}
+    on_replicas = [p for p in plans if p.replicas]
+    assert on_replicas, "no seed fails Redis over"
+    assert all(1 == [f.kind for f in p.faults].count("failover") for p in on_replicas)
+    assert not {f.kind for p in on_replicas for f in p.faults} & set(SINGLE_REDIS)
+    assert all(p.replicas for p in plans if p.durability == "replicated")
 
 
 def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path) -> None:

@@ -155,6 +155,37 @@ def test_an_inline_restore_with_one_corrupt_agent_of_three_falls_back_for_every_
     assert "succeeded" == cluster.drive(task)["status"]
 
 
+def test_a_damaged_workspace_file_makes_the_restore_fall_back_for_every_agent(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A file only the latest GC names, damaged in Redis and on disk: one GC back, together.
+
+    Found by `make chaos` (a corrupted archive, then FLUSHALL): the restore stopped at the
+    damaged file and left the task `restoring` instead of trying an older GC.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    assert cluster.coordinator.archiver.drain()  # no copy lands on disk after the damage
+    before = cluster.store.read_gc(task, latest.number - 1)
+    files = cluster.store.read_manifest(task, latest.workspace).files
+    older = set(cluster.store.read_manifest(task, before.workspace).files.values())
+    sha = next(sha for sha in files.values() if sha not in older)
+    data = bytearray(cast(bytes, cluster.client.get(keys.blob(task, sha))))
+    data[-1] ^= 1
+    cluster.client.set(keys.blob(task, sha), bytes(data))
+    archived = tmp_path / "archive" / "blobs" / "sha256" / sha[:2] / f"{sha}.rec"
+    if archived.exists():
+        archived.write_bytes(bytes(data))
+    restored = Restorer(cluster.client, cluster.store, workers=False).restore(task)
+    assert before.number == restored.restored_to
+    now = cluster.store.latest_gc(task)
+    assert now is not None
+    assert before.workspace == now.workspace
+    statuses = {g.number: g.status for g in cluster.store.list_gcs(task)}
+    assert GCStatus.ABORTED == statuses[restored.number - 1]  # the try at the latest GC
+
+
 def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -> None:
     """With durability sync, a GC acknowledged is on disk: FLUSHALL, restore, and it is back."""
     cluster.start_worker()

@@ -94,6 +94,26 @@ def test_blobs_in_use_by_a_running_step_are_not_dropped(real_store: CheckpointSt
     assert real_store.hot.get_blob(TASK, readme) is not None  # still named by GC 4
 
 
+def test_blobs_too_young_to_leave_with_their_gc_leave_at_a_later_trim(
+    real_store: CheckpointStore,
+) -> None:
+    """A blob spared by the skew margin when its GC left Redis goes once it is old enough."""
+    run_task(real_store, TASK, supersteps=4)
+    for n in range(1, 5):
+        archive_gc(real_store, TASK, n)
+    assert [1, 2, 3] == trim_hot(real_store, TASK, hot_keep=1, skew_margin=3600).gcs
+    named = {real_store.read_gc(TASK, 4).workspace}
+    named |= set(
+        real_store.read_manifest(TASK, real_store.read_gc(TASK, 4).workspace).files.values()
+    )
+    assert set(real_store.hot.blob_times(TASK)) - named  # spared: too young a moment ago
+    report = trim_hot(real_store, TASK, hot_keep=1, skew_margin=0)
+    assert [] == report.gcs
+    assert named == set(real_store.hot.blob_times(TASK))
+    assert report.blobs > 0
+    read_gc_whole(real_store, TASK, 4)
+
+
 def test_trim_cold_then_sweep_keeps_the_kept_whole(real_store: CheckpointStore) -> None:
     """cold_keep bounds the archive; the GCs that stay read whole from disk alone."""
     real_store = _short_chains(real_store)

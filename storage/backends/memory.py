@@ -298,6 +298,9 @@ class MemoryHotStore:
         hot = self._gcs.get((task, number))
         return None if hot is None else hot.entry.record.status
 
+    def confirm_replicas(self, task: str, number: int, replicas: int, timeout_ms: int) -> int:
+        return 0  # one process's memory has no replicas
+
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record
         with self._lock:

@@ -26,8 +26,10 @@ from redis.connection import (
     UnixDomainSocketConnection,
 )
 from redis.exceptions import NoScriptError
+from redis.sentinel import SentinelManagedConnection
 
 from storage import keys
+from storage.backends.sentinel import is_sentinel_url, sentinel_pool
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC
@@ -87,8 +89,30 @@ class _Unix(_PythonPackerMixin, UnixDomainSocketConnection):
     pass
 
 
+class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
+    """A connection to the primary the Sentinels name each time it connects."""
+
+    connection_pool: Any
+
+    def connect_check_health(
+        self, check_health: bool = True, retry_socket_connect: bool = True
+    ) -> None:
+        # redis-py 8's send path reconnects a dropped connection here, to the address it
+        # had, not through `connect`, which asks the Sentinels: after a failover that is
+        # the dead primary. So a connection asks them here, whichever way it connects.
+        if not self._sock and self.connection_pool.is_master:
+            self.host, self.port = self.connection_pool.get_master_address()
+        super().connect_check_health(check_health, retry_socket_connect)
+
+
 def connect(url: str, **kwargs: object) -> redis.Redis:
-    """Return a client for `url` (redis://, rediss://, unix://) with the hybrid packer."""
+    """Return a client for `url` with the hybrid packer.
+
+    `url` is redis://, rediss://, unix://, or redis+sentinel:// (see `storage.backends.
+    sentinel`), whose connections follow the primary the Sentinels name across failovers.
+    """
+    if is_sentinel_url(url):
+        return redis.Redis.from_pool(sentinel_pool(url, _Sentinel, **kwargs))
     scheme = url.split("://", 1)[0]
     connection_class = {"rediss": _TLS, "unix": _Unix}.get(scheme, _TCP)
     pool = ConnectionPool.from_url(url, connection_class=connection_class, **kwargs)
@@ -584,6 +608,7 @@ class RedisHotStore:
                     keys.votes(t, gc.epoch, gc.superstep),
                     keys.progress(t, gc.epoch, gc.superstep),
                     keys.owner(t),
+                    keys.attempt_spend(t, gc.epoch, gc.superstep),
                 ],
                 args=[
                     gc.number,
@@ -598,6 +623,26 @@ class RedisHotStore:
                 ],
             )
         )
+
+    def confirm_replicas(self, task: str, number: int, replicas: int, timeout_ms: int) -> int:
+        # WAIT counts the replicas holding its connection's last write. The probe makes that
+        # a write after GC `number`, on the Redis found holding the GC, whichever connection
+        # committed it: the three go out together on one connection, so a failover between
+        # them fails the call instead of asking a new primary about an old one's write.
+        connection = cast(Connection, self._held().connection)
+        commands = [
+            ("HGET", keys.gc(task, number), "status"),
+            ("SET", keys.replica_probe(task), number),
+            ("WAIT", replicas, timeout_ms),
+        ]
+        packed = connection.pack_commands(commands)  # type: ignore[no-untyped-call]
+        try:
+            connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+            status, _, count = [connection.read_response() for _ in commands]
+        except Exception:
+            connection.disconnect()  # type: ignore[no-untyped-call]  # no reply left behind
+            raise
+        return int(count) if status == GCStatus.COMMITTED.value.encode() else 0
 
     def abort_gc(self, entry: GCEntry, owner: int | None = None) -> None:
         gc = entry.record

@@ -1,6 +1,6 @@
 -- Commit a global checkpoint: the single write that is the commit point of the 2PC.
 -- KEYS: 1 epoch, 2 gc, 3 gcs, 4 latest, 5 workspace manifest blob, 6 tentative LCs,
---       7 votes, 8 progress, 9 owner
+--       7 votes, 8 progress, 9 owner, 10 the superstep's per-attempt spend
 -- ARGV: 1 number, 2 epoch, 3 sealed bytes, 4 checksum, 5 superstep, 6 lc key prefix,
 --       7 owner token or "", 8 members, a line "lc_id\tchecksum\tagent\n" each,
 --       9 how many lines ARGV[8] holds
@@ -153,8 +153,10 @@ redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
 -- nothing to sweep, exactly when it is as long. An ancestor a member rests on, a tool
 -- LC, a refused retry: each is one entry more.
 if redis.call('HLEN', KEYS[6]) ~= #found then sweep(ids) end
--- UNLINK: a team's votes and tentative entries are freed off Redis's main thread.
-redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[8])
+-- UNLINK: a team's votes and tentative entries are freed off Redis's main thread. The
+-- per-attempt spend is read only while its superstep is in flight; committed, the LCs'
+-- usage holds it, and the task's spend hash counted it.
+redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[8], KEYS[10])
 local latest = tonumber(redis.call('GET', KEYS[4]) or '-1')
 if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[4], ARGV[1]) end
 return 'OK'

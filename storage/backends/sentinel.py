@@ -1,0 +1,138 @@
+"""Redis behind Sentinel: `redis+sentinel://` URLs, and a pool that follows the primary.
+
+The URL names the Sentinels and the service they watch, not a Redis server:
+
+    redis+sentinel://[USER:PASSWORD@]HOST[:PORT][,HOST[:PORT]...]/SERVICE[/DB][?OPTIONS]
+
+- `HOST:PORT`, comma-separated: the Sentinels (port 26379 when left out); any one that
+  answers is enough.
+- `SERVICE`: the name the Sentinels monitor (`sentinel monitor SERVICE ...`); `DB` the
+  database number (0 when left out).
+- `USER:PASSWORD`: the credentials of the Redis servers (the primary and its replicas).
+- `sentinel_password` (and `sentinel_username`): the Sentinels' own credentials, when
+  they have any (`requirepass` in a Sentinel's configuration).
+- Any other option is one of redis-py's URL options (`socket_timeout`, ...) and applies
+  to the connections to the primary, as in a `redis://` URL.
+
+This is the spelling of Prefect's and the `Redis-Sentinel-Url` package's `redis+sentinel`
+scheme (kombu and celery spell a list of `sentinel://` URLs and take the service name
+apart); redis-py has Sentinel support but no URL for it.
+
+Every connection of the pool asks the Sentinels for the primary's address when it
+connects. After a failover a connection to the old primary fails (it is gone, or it is a
+replica now: redis-py turns its READONLY reply into a connection error), and the next
+command on it connects again, to the primary the Sentinels name then.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
+
+from redis.backoff import NoBackoff
+from redis.connection import parse_url
+from redis.retry import Retry
+from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
+
+SCHEME = "redis+sentinel"
+DEFAULT_PORT = 26379
+# A Sentinel answers at once or is down (then the next one is asked): a short timeout
+# keeps a dead one from holding every new connection up.
+SENTINEL_TIMEOUT = 1.0  # seconds
+SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
+SERVICE_AND_DB = 2  # path segments at most: /SERVICE/DB
+MAX_PORT = 65_535
+
+
+@dataclass(frozen=True, slots=True)
+class SentinelURL:
+    """A `redis+sentinel://` URL taken apart.
+
+    `redis` holds the keyword arguments of a connection to the primary (credentials,
+    `db`, options); `sentinel` those of a connection to a Sentinel (its credentials).
+    """
+
+    sentinels: tuple[tuple[str, int], ...]
+    service: str
+    redis: Mapping[str, Any] = field(default_factory=dict)
+    sentinel: Mapping[str, Any] = field(default_factory=dict)
+
+
+def is_sentinel_url(url: str) -> bool:
+    """True when `url` names Redis through Sentinels (`redis+sentinel://`)."""
+    return url.split("://", 1)[0].lower() == SCHEME
+
+
+def parse(url: str) -> SentinelURL:
+    """Take a `redis+sentinel://` URL apart; `ValueError` saying what is wrong with it."""
+    parts = urlsplit(url)
+    if parts.scheme.lower() != SCHEME:
+        raise ValueError(f"must start with {SCHEME}://")
+    userinfo, _, hosts = parts.netloc.rpartition("@")
+    if not hosts:
+        raise ValueError("names no Sentinel (HOST:PORT[,HOST:PORT...])")
+    sentinels = tuple(_address(host) for host in hosts.split(","))
+    path = [unquote(p) for p in parts.path.split("/") if p]
+    if not path or len(path) > SERVICE_AND_DB:
+        raise ValueError("must name the service the Sentinels watch: .../SERVICE[/DB]")
+    if len(path) == SERVICE_AND_DB and not path[1].isdigit():
+        raise ValueError(f"the database must be a number, not {path[1]!r}")
+    query = parse_qs(parts.query, keep_blank_values=True)
+    sentinel = {name.removeprefix("sentinel_"): query.pop(name)[-1]
+                for name in SENTINEL_OPTIONS if name in query}  # fmt: skip
+    # The primary's options are read by redis-py's own parser, as for a redis:// URL.
+    netloc = f"{userinfo}@sentinel" if userinfo else "sentinel"
+    db = path[1] if len(path) == SERVICE_AND_DB else "0"
+    plain = urlunsplit(("redis", netloc, f"/{db}", urlencode(query, doseq=True), ""))
+    parsed: dict[str, Any] = parse_url(plain)  # type: ignore[no-untyped-call]
+    options = {k: v for k, v in parsed.items() if k not in ("host", "port")}
+    return SentinelURL(sentinels, path[0], options, sentinel)
+
+
+def _address(text: str) -> tuple[str, int]:
+    """A Sentinel's `HOST[:PORT]` (an IPv6 host in brackets) as (host, port)."""
+    host, port = text, str(DEFAULT_PORT)
+    if text.startswith("["):
+        host, _, rest = text[1:].partition("]")
+        if rest:
+            port = rest.removeprefix(":")
+    elif ":" in text:
+        host, _, port = text.rpartition(":")
+    if not host or not port.isdigit() or not 0 < int(port) <= MAX_PORT:
+        raise ValueError(f"{text!r} is not a Sentinel's HOST:PORT")
+    return unquote(host), int(port)
+
+
+class _Pool(SentinelConnectionPool):
+    """A Sentinel-managed pool that also closes its connections to the Sentinels."""
+
+    def disconnect(self, inuse_connections: bool = True) -> None:
+        """Close the pool's connections; closing them all closes the Sentinels' too."""
+        super().disconnect(inuse_connections)
+        if inuse_connections:  # not when a new primary only retires idle connections
+            self.sentinel_manager.close()
+
+
+def sentinel_pool(
+    url: str, connection_class: type[SentinelManagedConnection], **kwargs: object
+) -> SentinelConnectionPool:
+    """A pool of `connection_class` connections to the primary the URL's Sentinels name.
+
+    `kwargs` (timeouts, retries) apply to the connections to the primary, over the URL's
+    options; the Sentinels are asked with `SENTINEL_TIMEOUT` and no retry (the next one
+    is asked instead).
+    """
+    found = parse(url)
+    manager = Sentinel(  # type: ignore[no-untyped-call]
+        found.sentinels,
+        sentinel_kwargs={
+            "socket_connect_timeout": SENTINEL_TIMEOUT,
+            "socket_timeout": SENTINEL_TIMEOUT,
+            "retry": Retry(NoBackoff(), 0),
+            **found.sentinel,
+        },
+    )
+    options = {**found.redis, **kwargs, "connection_class": connection_class}
+    return _Pool(found.service, manager, **options)  # type: ignore[no-untyped-call]

@@ -1,0 +1,172 @@
+"""Redis with replicas behind Sentinel: real primaries, replicas, Sentinels and workers.
+
+Every process reaches Redis by a `redis+sentinel://` URL; a failover SIGKILLs the primary
+and Sentinel promotes a replica; `durability: replicated` acknowledges a GC only once a
+replica holds it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+from langgraph.checkpoint.base import empty_checkpoint
+
+from cairn import Client
+from cairn.langgraph import CairnSaver
+from coordinator.replication import REPLICATION_REASON
+from coordinator.settings import display_url
+from coordinator.spec import TaskSpec
+from storage.replicas import ReplicaSet
+from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
+from tests.cluster import Cluster, team_spec
+
+PASSWORD = "s3cret-pw"  # noqa: S105 - the test server's own
+
+
+def replicated(spec: TaskSpec, timeout: float = 1.0) -> TaskSpec:
+    """`spec` under `durability: replicated`, waiting `timeout` s for a replica."""
+    policy = spec.checkpoints.model_copy(
+        update={"durability": "replicated", "replica_timeout": timeout}
+    )
+    return spec.model_copy(update={"checkpoints": policy})
+
+
+def tick_until(cluster: Cluster, check: Callable[[], bool], timeout: float = 60) -> None:
+    """Tick the coordinator until `check()` holds; Redis errors (a failover) are waited out."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        with contextlib.suppress(redis.RedisError):
+            cluster.coordinator.tick()
+            if check():
+                return
+        time.sleep(0.02)
+    raise AssertionError("timed out")
+
+
+def run_field(cluster: Cluster, task: str, name: str) -> str | None:
+    """One field of the task's run state."""
+    value = cluster.client.hget(f"cairn:{{{task}}}:run", name)
+    return None if value is None else bytes(value).decode()  # type: ignore[arg-type]
+
+
+@pytest.fixture(scope="module")
+def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaSet]:
+    """A password-protected primary with one replica and three Sentinels, for this module."""
+    with ReplicaSet(tmp_path_factory.mktemp("guarded"), replicas=1, password=PASSWORD) as rs:
+        yield rs
+
+
+def test_no_acknowledged_gc_is_lost_across_a_failover(tmp_path: Path) -> None:
+    """A task on a Sentinel URL survives a SIGKILLed primary, losing no acknowledged GC.
+
+    Every GC acknowledged under `replicated` before the kill reads back whole after it,
+    and the task succeeds.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=2) as rs:
+        cluster = Cluster(rs, tmp_path)
+        try:
+            for _ in range(2):
+                cluster.start_worker()
+            task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger", slow=1.0)))
+            tick_until(cluster, lambda: int(run_field(cluster, task, "replicated") or -1) >= 1)
+            acknowledged = int(run_field(cluster, task, "replicated") or -1)
+            before = {n: cluster.store.read_gc(task, n) for n in range(acknowledged + 1)}
+            old = rs.primary()
+            new = rs.failover()
+            assert old is not new
+            tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
+            assert "succeeded" == cluster.status(task)["status"]
+            for number, gc in before.items():  # hot, else from the archive: checked either way
+                assert gc.checksum == cluster.store.read_gc(task, number).checksum
+            assert int(run_field(cluster, task, "replicated") or -1) > acknowledged
+        finally:
+            cluster.close()
+
+
+def test_a_gc_no_replica_holds_pauses_the_task_until_one_does(
+    guarded: ReplicaSet, tmp_path: Path
+) -> None:
+    """With its replica gone, a `replicated` GC is not acknowledged and the task pauses.
+
+    Its reason is `replication`; once the replica is back and in sync, the task goes on
+    and succeeds.
+    """
+    cluster = Cluster(guarded, tmp_path)
+    replica = guarded.servers[1]
+    try:
+        cluster.start_worker()
+        task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger"), timeout=0.3))
+        assert "0" == run_field(cluster, task, "replicated")  # GC 0, before submit returned
+        replica.kill()
+        tick_until(cluster, lambda: cluster.status(task)["status"] == "paused")
+        reason = str(cluster.status(task)["reason"])
+        assert reason.startswith(REPLICATION_REASON), reason
+        assert "0" == run_field(cluster, task, "replicated")  # committed, not acknowledged
+        latest = cluster.store.hot.latest_gc(task)
+        assert latest is not None
+        assert latest >= 1
+        replica.start()
+        guarded.wait_in_sync(replica)
+        tick_until(cluster, lambda: cluster.tasks.status(task).ended)
+        assert "succeeded" == cluster.status(task)["status"]
+        assert int(run_field(cluster, task, "replicated") or -1) >= latest
+    finally:
+        if replica.process is None:
+            replica.start()
+        cluster.close()
+
+
+def test_cli_client_and_saver_work_on_a_sentinel_url(
+    guarded: ReplicaSet,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """`cairn list`/`status`, `cairn.Client` and the LangGraph saver take a Sentinel URL."""
+    env = {"CAIRN_REDIS_URL": guarded.url, "CAIRN_ARCHIVE_DIR": str(tmp_path / "archive")}
+    with Client(redis_url=guarded.url, archive_dir=tmp_path / "archive") as client:
+        task = client.submit(team_spec(tmp_path / "ledger"))
+        assert "running" == task.status().state.value
+        assert task.id in [t.task_id for t in client.tasks()]
+    with cli_runner(env, monkeypatch, capsys) as run:
+        code, out, err = run("status", task.id, "--json")
+        assert 0 == code, err
+        assert task.id in out
+        code, out, err = run("list", "--json")
+        assert (0, True) == (code, task.id in out), err
+    saver = CairnSaver(guarded.url, tmp_path / "saver")
+    config = {"configurable": {"thread_id": "t", "checkpoint_ns": ""}}
+    checkpoint = empty_checkpoint()
+    stored = saver.put(config, checkpoint, {"source": "input", "step": -1}, {})  # type: ignore[arg-type]
+    found = saver.get_tuple(stored)
+    assert found is not None
+    assert checkpoint["id"] == found.checkpoint["id"]
+
+
+def test_the_password_of_a_sentinel_url_is_never_shown(guarded: ReplicaSet, tmp_path: Path) -> None:
+    """A Sentinel URL's passwords are masked and kept off command lines.
+
+    `display_url` masks both; workers the CLI starts get the URL in their environment.
+    """
+    url = guarded.url + "&" if "?" in guarded.url else guarded.url + "?"
+    url += "sentinel_password=other-secret"
+    shown = display_url(url)
+    assert PASSWORD not in shown
+    assert "other-secret" not in shown
+    assert shown.startswith("redis+sentinel://:***@")
+    assert repr(Client(redis_url=guarded.url)).count("***") == 1
+    env = {**os.environ, "CAIRN_REDIS_URL": guarded.url,
+           "CAIRN_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
+    supervisor = spawn(["worker", "--count", "1"], env, tmp_path / "workers.log")
+    try:
+        wait_until(lambda: 1 == len(children(supervisor.pid, "coordinator.worker")))
+        pids = [supervisor.pid, *children(supervisor.pid, "coordinator.worker")]
+        assert [] == [cmdline(pid) for pid in pids if PASSWORD in cmdline(pid)]
+    finally:
+        stop(supervisor)
