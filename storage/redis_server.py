@@ -32,6 +32,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def redis_server_binary() -> str:
+    """The `redis-server` on PATH, or `RedisServerError` saying how to install it."""
+    binary = shutil.which("redis-server")
+    if binary is None:
+        raise RedisServerError(
+            "redis-server is not on PATH: install it (apt-get install redis-server)"
+        )
+    return binary
+
+
 @dataclass(frozen=True, slots=True)
 class TLSFiles:
     """PEM files for a server that serves TLS only: its certificate, its key, the CA."""
@@ -90,11 +100,7 @@ class RedisServer:
 
     def start(self) -> RedisServer:
         """Start the server (again, on the same port and data) and wait until it answers."""
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RedisServerError(
-                "redis-server is not on PATH: install it (apt-get install redis-server)"
-            )
+        binary = redis_server_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         args = [
             binary,

@@ -11,7 +11,6 @@ stopped by `stop()` (or the `with` block's end).
 from __future__ import annotations
 
 import contextlib
-import shutil
 import signal
 import subprocess
 import time
@@ -25,7 +24,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from storage.errors import RedisServerError
-from storage.redis_server import START_TIMEOUT, RedisServer, free_port
+from storage.redis_server import START_TIMEOUT, RedisServer, free_port, redis_server_binary
 
 HOST = "127.0.0.1"
 DOWN_AFTER_MS = 1_000  # a primary silent this long is down for a Sentinel
@@ -92,11 +91,7 @@ class SentinelServer:
 
     def start(self) -> SentinelServer:
         """Start the Sentinel and wait until it answers."""
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise RedisServerError(
-                "redis-server is not on PATH: install it (apt-get install redis-server)"
-            )
+        binary = redis_server_binary()
         self.directory.mkdir(parents=True, exist_ok=True)
         config = self.directory / "sentinel.conf"
         config.write_text(self._config())
