@@ -47,6 +47,7 @@ TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
 ARCHIVE_FS_BYTES = 32 * 1024 * 1024
 # The headroom the `maxmemory` fault leaves above what Redis uses, and the key filling it.
 MAXMEMORY_MARGIN = 64 * 1024
+FLUSHALL_RESTORE_FOR = 30.0  # seconds the operator keeps trying a refused restore
 MEMORY_FILLER = "chaos:maxmemory-filler"
 # What a fault that could not be injected raises (a promotion that never came, too).
 FAULT_ERRORS = (OSError, redis.RedisError, subprocess.SubprocessError, RedisServerError)
@@ -451,8 +452,17 @@ class ChaosRun:
         flushed_at = utc_now()  # on the clock the processes' log lines carry
         self.client.flushall()
         time.sleep(0.5)
-        done = self._cairn("restore", self.task, "--json")  # the operator brings it back
-        return {"restore_exit": done.returncode, "flushed_at": flushed_at}
+        # The operator brings it back, and tries again a while when the restore is refused
+        # for a reason that passes (the archive's disk full: its epoch floor must be on
+        # disk before an epoch is used), as a person reading the one-line error would.
+        deadline, tries = time.monotonic() + FLUSHALL_RESTORE_FOR, 0
+        while True:
+            done = self._cairn("restore", self.task, "--json")
+            tries += 1
+            if done.returncode == 0 or time.monotonic() > deadline or self.done.is_set():
+                break
+            time.sleep(1.0)
+        return {"restore_exit": done.returncode, "tries": tries, "flushed_at": flushed_at}
 
     def _corrupt_archive(self, fault: Fault) -> dict[str, object] | None:
         """Flip a byte of an archived LC, GC or file that GC 0 (the last fallback) lacks."""
