@@ -37,10 +37,9 @@ from coordinator.views import (
     TaskStatus,
 )
 from storage import keys
-from storage.archive import ArchiveReport, archive_gc
+from storage.archive import ArchiveReport
 from storage.errors import Timeout, Unavailable
 from storage.records import AgentStatus as AgentState
-from storage.records import GCStatus
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -339,12 +338,14 @@ class Task:
     @_redis_errors
     def archive(self) -> list[ArchiveReport]:
         """Archive every committed checkpoint still only in Redis, oldest first."""
-        store = self.client.store
-        self.client.control.require(self.id)
-        on_disk = set(store.cold.list_gcs(self.id))
-        due = [
-            info.number
-            for info in store.hot.list_gcs(self.id)
-            if info.status is GCStatus.COMMITTED and info.number not in on_disk
-        ]
-        return [archive_gc(store, self.id, number) for number in due]
+        return self.client.control.archive(self.id)
+
+    @_redis_errors
+    def forget(self) -> int:
+        """Remove this ended task from Redis, archived first; return how many keys went.
+
+        Its checkpoints stay in the archive (`workspace`, `export` and `Task.fork` read
+        them there); `status` then raises `TaskNotFound`. Refused (`InvalidSpec`) while the
+        task runs; nothing is removed when a checkpoint cannot be archived (`ArchiveError`).
+        """
+        return self.client.control.forget(self.id)

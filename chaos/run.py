@@ -121,6 +121,11 @@ class ChaosRun:
             self.done.set()
             injector.join(timeout=120)
             self._calm()
+            # A restore under way as the task ended runs it again from the restored GC: the
+            # end that counts is the one after the last fault.
+            if ended and self._run_state().get("status") not in TERMINAL:
+                ended = self._wait()
+                seconds = time.monotonic() - self.started
             return self._verdict(reference, ended, seconds)
         finally:
             self._stop()

@@ -8,6 +8,7 @@ token), so they land whichever coordinator leads.
 
 from __future__ import annotations
 
+import builtins
 import re
 import time
 from pathlib import Path
@@ -28,9 +29,10 @@ from coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
 from coordinator.spend import budget_of
 from coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from storage import keys
-from storage.archive import archive_gc
+from storage.archive import ArchiveReport, archive_gc
 from storage.errors import InvalidSpec, TaskNotFound
 from storage.ids import new_id
+from storage.records import GCStatus
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -150,6 +152,46 @@ class Tasks:
         self.runs.write(task, {"status": TaskState.CANCELLED, "reason": CANCELLED_REASON})
         self.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=TaskState.CANCELLED.value, reason=CANCELLED_REASON)
+
+    def archive(self, task: str) -> builtins.list[ArchiveReport]:  # `list` is a method here
+        """Archive every committed GC of `task` still only in Redis, oldest first.
+
+        Raises `ArchiveError` (a full or read-only disk) at the first that cannot be
+        written; those before it stay archived.
+        """
+        self.require(task)
+        on_disk = set(self.store.cold.list_gcs(task))
+        due = [
+            info.number
+            for info in self.store.hot.list_gcs(task)
+            if info.status is GCStatus.COMMITTED and info.number not in on_disk
+        ]
+        return [archive_gc(self.store, task, number) for number in due]
+
+    def forget(self, task: str) -> int:
+        """Remove an ended task from Redis, archived first; return how many keys went.
+
+        What it committed stays in the archive (`cairn workspace` and `fork` read it there);
+        its run state, hot checkpoints, spend and trace leave Redis, so `status` finds only
+        the archive. Raises `InvalidSpec` for a task that has not ended, `ArchiveError` when
+        a GC could not be archived (then nothing is removed), `TaskNotFound` for an unknown
+        task or one forgotten already.
+        """
+        status = self._run(task).get("status", "")
+        if status not in TERMINAL:
+            raise InvalidSpec(
+                f"task {task} is {status or 'unknown'}: only an ended task can be forgotten "
+                "(cancel it first)"
+            )
+        self.archive(task)
+        # A task name holds no glob character (`keys.check_name`), and `{}` is none either.
+        pattern = keys.task_prefix(task) + "*"
+        found = [cast(bytes, k) for k in self.redis.scan_iter(match=pattern, count=1_000)]
+        for start in range(0, len(found), 500):
+            self.redis.unlink(*found[start : start + 500])
+        self.redis.srem(keys.ACTIVE_TASKS, task)
+        log.info("task forgotten", task=task, keys=len(found))
+        return len(found)
 
     def _run(self, task: str) -> dict[str, str]:
         run = self.runs.read(task)

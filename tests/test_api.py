@@ -251,6 +251,36 @@ def test_pause_resume_cancel_and_a_wait_that_runs_out(stack: Stack, client: Clie
     assert cancelled.ended
 
 
+def test_forget_removes_an_ended_task_from_redis_and_its_archive_stays(
+    stack: Stack, client: Client
+) -> None:
+    """`forget`: refused while the task runs; after, no key of it is left in Redis.
+
+    What it committed is read from the archive, and a fork of it runs to the same end.
+    """
+    task = client.submit(stack.spec("forgotten", slow=0.5))
+    with pytest.raises(InvalidSpec, match="only an ended task can be forgotten"):
+        task.forget()
+    final = task.wait(timeout=60)
+    assert TaskState.SUCCEEDED == final.state
+    files = task.workspace()
+    raw = redis.Redis.from_url(stack.url)
+    prefix = f"cairn:{{{task.id}}}:*"
+    assert raw.exists(f"cairn:{{{task.id}}}:run")
+    removed = task.forget()
+    assert removed > 10  # run state, GCs, LCs, blobs, spend, trace, ...
+    assert [] == list(raw.scan_iter(match=prefix, count=1_000))
+    assert task.id not in [s.task_id for s in client.tasks()]
+    with pytest.raises(TaskNotFound, match="only its archive is left"):
+        task.status()
+    assert files == task.workspace(final.latest_checkpoint)
+    fork = client.task(task.id).fork(at=final.latest_checkpoint)
+    assert TaskState.SUCCEEDED == fork.wait(timeout=60).state
+    assert files == fork.workspace()
+    with pytest.raises(TaskNotFound):
+        task.forget()
+
+
 def test_a_spec_as_a_model_or_a_mapping_and_the_list_of_tasks(stack: Stack, client: Client) -> None:
     """`submit` takes a `TaskSpec` or a dict; `tasks()` lists the newest first."""
     fields = {

@@ -374,9 +374,12 @@ def test_restore_with_no_sound_checkpoint_exits_1(
 
 
 def test_pause_resume_and_cancel(stack: Stack, run: Run) -> None:
-    """A running task pauses, resumes and is cancelled; each only from the right state."""
+    """A task pauses, resumes, is cancelled and forgotten, each only from the right state."""
     code, out, _ = run("submit", str(stack.spec("paused", slow=1.0)), "--json")
     task = json.loads(out)["task_id"]
+    code, _, err = run("forget", task)
+    assert (2, 1) == (code, len(err.strip().splitlines()))
+    assert "only an ended task can be forgotten" in err
     code, out, _ = run("pause", task, "--json")
     assert (0, {"task_id": task, "status": "paused"}) == (code, json.loads(out))
     assert 2 == run("pause", task)[0]
@@ -387,6 +390,12 @@ def test_pause_resume_and_cancel(stack: Stack, run: Run) -> None:
     assert "cancelled" == status_of(run, task)["status"]
     assert 2 == run("cancel", task)[0]
     assert 2 == run("resume", task)[0]
+    code, out, _ = run("forget", task, "--json")
+    assert (0, task) == (code, json.loads(out)["task_id"])
+    assert json.loads(out)["keys_removed"] > 0
+    code, _, err = run("status", task)
+    assert (2, 1) == (code, len(err.strip().splitlines()))
+    assert "only its archive is left" in err
 
 
 def test_approve_and_reject_a_tool_call(stack: Stack, run: Run, tmp_path: Path) -> None:

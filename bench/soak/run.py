@@ -10,11 +10,11 @@ standby starts), `cairn restore` by hand of a running task. Redis and the proces
 sampled every 10 s; a minute's row (`bench.soak.verdict.Minute`) holds their means, the
 archive's size at its end and its steps/s.
 
-Cairn keeps an ended task's run state and hot checkpoints in Redis for as long as Redis
-keeps its data (docs/operations.md), and no command removes them. The soak does what an
-operator must: once a task ended and its latest GC is in the archive, it counts what the
-task left in Redis, by kind (`bench.soak.verdict.Ended`), then deletes those keys. So the
-key count measures the running system, and what an ended task leaves is judged apart.
+Cairn keeps an ended task's run state and hot checkpoints in Redis until it is forgotten
+(`cairn forget`, docs/operations.md). The soak does what an operator does: once a task
+ended and its latest GC is in the archive, it counts what the task left in Redis, by kind
+(`bench.soak.verdict.Ended`), then forgets it. So the key count measures the running
+system, and what an ended task leaves is judged apart.
 """
 
 from __future__ import annotations
@@ -249,8 +249,7 @@ class Soak(ChaosRun):
         where = self.archive / "tasks" / task
         self.ended.append(Ended(task, live.latest, live.status, kinds, tree_bytes(where),
                                 len(self.store.cold.list_gcs(task))))  # fmt: skip
-        for start in range(0, len(found), 500):
-            self.client.unlink(*found[start : start + 500])
+        Tasks(self.client, self.store).forget(task)
         del self.live[task]
 
     def _calls(self, task: str) -> int:

@@ -288,6 +288,17 @@ def archive(args: argparse.Namespace, session: Session) -> int:
     return _show(args, console, reports, render.show_archived)
 
 
+def forget(args: argparse.Namespace, session: Session) -> int:
+    """Remove an ended task from Redis once everything it committed is in the archive."""
+    task = session.task(args.task)
+    removed = task.forget()
+    if args.json:
+        render.emit_json({"task_id": task.id, "keys_removed": removed})
+    else:
+        session.console.print(f"{task.id}: {removed} keys removed from Redis; its archive stays")
+    return Exit.OK
+
+
 def worker(args: argparse.Namespace, session: Session) -> int:
     """Run worker processes in the foreground, with the tools and MCP servers asked for.
 

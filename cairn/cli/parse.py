@@ -108,6 +108,7 @@ def build_parser() -> Parser:
         ("status", commands.status, "a task's status and agents"),
         ("checkpoints", commands.checkpoints, "a task's global checkpoints"),
         ("archive", commands.archive, "archive every committed checkpoint not yet on disk"),
+        ("forget", commands.forget, "remove an ended task from Redis (its archive stays)"),
     ):
         command(name, handler, doc).add_argument("task")
     cmd = command("checkpoint", commands.checkpoint, "one global checkpoint in detail")
