@@ -32,6 +32,14 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def sigkill(process: subprocess.Popen[bytes] | None) -> None:
+    """SIGKILL `process` if it runs, as a crash would, and reap it (up to 10 s)."""
+    if process is not None and process.poll() is None:
+        process.send_signal(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=10)
+
+
 def redis_server_binary() -> str:
     """The `redis-server` on PATH, or `RedisServerError` saying how to install it."""
     binary = shutil.which("redis-server")
@@ -177,10 +185,7 @@ class RedisServer:
 
     def kill(self) -> None:
         """Kill the server with SIGKILL, as a crash would."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=10)
+        sigkill(self.process)
         self.process = None
 
     def __enter__(self) -> RedisServer:

@@ -11,7 +11,6 @@ stopped by `stop()` (or the `with` block's end).
 from __future__ import annotations
 
 import contextlib
-import signal
 import subprocess
 import time
 from collections.abc import Callable
@@ -24,7 +23,13 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from storage.errors import RedisServerError
-from storage.redis_server import START_TIMEOUT, RedisServer, free_port, redis_server_binary
+from storage.redis_server import (
+    START_TIMEOUT,
+    RedisServer,
+    free_port,
+    redis_server_binary,
+    sigkill,
+)
 
 HOST = "127.0.0.1"
 DOWN_AFTER_MS = 1_000  # a primary silent this long is down for a Sentinel
@@ -131,10 +136,7 @@ class SentinelServer:
 
     def kill(self) -> None:
         """Kill the Sentinel with SIGKILL."""
-        if self.process is not None and self.process.poll() is None:
-            self.process.send_signal(signal.SIGKILL)
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                self.process.wait(timeout=10)
+        sigkill(self.process)
         self.process = None
 
 

@@ -174,17 +174,6 @@ class Soak(ChaosRun):
         concurrency = ["--concurrency", str(self.plan.concurrency)]
         return self._spawn(["coordinator.worker", *concurrency], name)
 
-    def _supervise(self) -> None:
-        """Start a worker for each that died, and a standby when fewer than two coordinate."""
-        for n, worker in enumerate(self.workers):
-            if worker.poll() is not None:
-                self.workers[n] = self._start_worker()
-        for name, process in list(self.coordinators.items()):
-            if process.poll() is not None:
-                del self.coordinators[name]
-        while len(self.coordinators) < 2:
-            self._start_coordinator()
-
     def cairn_processes(self) -> list[Process]:
         """Every live Cairn process (coordinators, then workers), measured now."""
         named = [(n, p) for n, p in sorted(self.coordinators.items())]
