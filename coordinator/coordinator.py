@@ -40,7 +40,7 @@ from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
 from coordinator.verify import verify
 from storage import keys
-from storage.errors import CairnError, CommitRefused, RestoreFailed
+from storage.errors import CairnError, CommitRefused, FencedWrite, RestoreFailed
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
@@ -237,13 +237,24 @@ class Coordinator:
         active = sorted(
             t.decode() for t in cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS))
         )
+        above = 0  # the highest task owner token above this lease's
         for task, seen in self.runs.look(active).items():
             try:
                 if isinstance(seen, Exception):
                     raise seen
                 self.advance(task, seen)
+            except FencedWrite as exc:
+                log.warning("task not advanced", task=task, error=str(exc))
+                above = max(above, self._owner_above(task))
             except (CairnError, redis.RedisError) as exc:
                 log.warning("task not advanced", task=task, error=str(exc))
+        if above:
+            self.lease.outrank(above)
+
+    def _owner_above(self, task: str) -> int:
+        """The task's owner token if above this coordinator's lease token, else 0."""
+        owner = int(cast(bytes | None, self.redis.get(keys.owner(task))) or 0)
+        return owner if self.lease.token is not None and owner > self.lease.token else 0
 
     def advance(self, task: str, seen: Look | None = None) -> None:
         """Do what is due for one task: start a superstep, watch one, or finish.

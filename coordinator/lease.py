@@ -24,6 +24,13 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 """
+# Raise the token counter to at least ARGV[1]; it never goes down.
+_OUTRANK = """
+if tonumber(redis.call('GET', KEYS[1]) or '0') < tonumber(ARGV[1]) then
+  redis.call('SET', KEYS[1], ARGV[1])
+end
+return 1
+"""
 _RELEASE = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
 return 0
@@ -41,6 +48,7 @@ class Lease:
         self._refused = False  # the last take was refused for memory: said once a streak
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
+        self._outrank = client.register_script(_OUTRANK)
 
     @property
     def _value(self) -> str:
@@ -80,6 +88,19 @@ class Lease:
         if self.token is not None:
             self._release(keys=[keys.LEASE], args=[self._value])
             self.token = None
+
+    def outrank(self, token: int) -> None:
+        """Give the lease up so that the next one taken, by any coordinator, beats `token`.
+
+        For a task owned by a token above this lease's: a Redis that lost writes (a
+        failover to a replica that lagged, a FLUSHALL) handed out tokens again from a lower
+        count, while a coordinator drawn before it wrote its higher token as a task's owner.
+        The counter rises past that owner, so the task is not refused to every later leader.
+        """
+        self._outrank(keys=[keys.LEASE_TOKEN], args=[token])
+        log.warning("lease given up: a task's owner token is above it", token=self.token,
+                    owner=token)  # fmt: skip
+        self.release()
 
     def holder_now(self) -> str | None:
         """Who holds the lease now (`holder:token`), or None."""

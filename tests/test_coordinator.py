@@ -295,6 +295,32 @@ def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path
     assert "running" == cluster.status(task)["status"]
 
 
+def test_a_leader_whose_token_redis_set_back_outranks_the_tasks_owner(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A task owned by a token above every token drawn since still runs to its end.
+
+    Redis lost the token counter's writes but not the owner's (a lagging replica promoted,
+    or a stale coordinator claiming after a FLUSHALL). The leader raises the counter past
+    the owner and leads again with a token above it, instead of being refused for ever.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.client.set(keys.owner(task), 1000)
+    cluster.client.set(keys.LEASE_TOKEN, 5)
+    coordinator = cluster.start_coordinator("set-back")
+    deadline = time.monotonic() + 60
+    while cluster.status(task)["status"] == "running":
+        assert time.monotonic() < deadline, cluster.status(task)
+        assert coordinator.poll() is None
+        time.sleep(0.05)
+    assert "succeeded" == cluster.status(task)["status"]
+    assert int(cast(bytes, cluster.client.get(keys.owner(task)))) > 1000
+    leader = cast(bytes, cluster.client.get(keys.LEASE)).decode()
+    assert leader.startswith("set-back:")
+    assert int(leader.split(":")[1]) > 1000
+
+
 def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     cluster: Cluster, tmp_path: Path
 ) -> None:
