@@ -253,7 +253,10 @@ class Coordinator:
 
     def _owner_above(self, task: str) -> int:
         """The task's owner token if above this coordinator's lease token, else 0."""
-        owner = int(cast(bytes | None, self.redis.get(keys.owner(task))) or 0)
+        try:
+            owner = int(cast(bytes | None, self.redis.get(keys.owner(task))) or 0)
+        except redis.RedisError:
+            return 0  # asked again on the next refusal
         return owner if self.lease.token is not None and owner > self.lease.token else 0
 
     def advance(self, task: str, seen: Look | None = None) -> None:

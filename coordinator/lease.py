@@ -98,7 +98,7 @@ class Lease:
         The counter rises past that owner, so the task is not refused to every later leader.
         """
         self._outrank(keys=[keys.LEASE_TOKEN], args=[token])
-        log.warning("lease given up: a task's owner token is above it", token=self.token,
+        log.warning("lease given up for a token above a task's owner", token=self.token,
                     owner=token)  # fmt: skip
         self.release()
 

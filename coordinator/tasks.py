@@ -24,6 +24,7 @@ from coordinator import metrics
 from coordinator.archiver import ArchiveJob, acknowledge, archive
 from coordinator.fork import fork_task
 from coordinator.replication import require
+from coordinator.restore import LOCK_TTL_MS
 from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
 from coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
 from coordinator.spend import budget_of
@@ -171,27 +172,48 @@ class Tasks:
     def forget(self, task: str) -> int:
         """Remove an ended task from Redis, archived first; return how many keys went.
 
-        What it committed stays in the archive (`cairn workspace` and `fork` read it there);
-        its run state, hot checkpoints, spend and trace leave Redis, so `status` finds only
-        the archive. Raises `InvalidSpec` for a task that has not ended, `ArchiveError` when
-        a GC could not be archived (then nothing is removed), `TaskNotFound` for an unknown
-        task or one forgotten already.
+        What it committed stays in the archive (`cairn workspace` and `fork` read it there;
+        `restore` brings the task back from it, as after a lost Redis, its spend counted
+        from zero); its run state, hot checkpoints, spend and trace leave Redis, so `status`
+        finds only the archive. A step still running (cancelled, it stops at its next write)
+        may leave a key or two behind it: forgetting the task again removes them. Raises
+        `InvalidSpec` for a task that has not ended or is being restored, `ArchiveError` or
+        `CorruptCheckpoint` when a GC could not be archived (then nothing is removed), and
+        `TaskNotFound` for a task of which Redis holds nothing.
         """
-        status = self._run(task).get("status", "")
-        if status not in TERMINAL:
-            raise InvalidSpec(
-                f"task {task} is {status or 'unknown'}: only an ended task can be forgotten "
-                "(cancel it first)"
-            )
-        self.archive(task)
-        # A task name holds no glob character (`keys.check_name`), and `{}` is none either.
-        pattern = keys.task_prefix(task) + "*"
+        pattern = keys.task_prefix(task) + "*"  # no glob character in a name (`check_name`)
+        stray = next(iter(self.redis.scan_iter(match=pattern, count=1_000)), None)
+        if stray is None:
+            self.require(task)
+            raise TaskNotFound(f"task {task!r} is not in Redis (only its archive is left)")
+        self._ended(task)
+        # The restore lock keeps a restore out until the keys are gone (it then finds only
+        # the archive); one that holds it already makes this refuse.
+        lock = new_id()
+        if not self.redis.set(keys.restore_lock(task), lock, nx=True, px=LOCK_TTL_MS):
+            raise InvalidSpec(f"task {task} is being restored: forget it once that is done")
+        try:
+            self.archive(task)
+            self._ended(task)  # a restore that ended as the lock was taken may have run it
+        except BaseException:
+            if self.redis.get(keys.restore_lock(task)) == lock.encode():
+                self.redis.delete(keys.restore_lock(task))
+            raise
+        self.redis.srem(keys.ACTIVE_TASKS, task)  # first, so no tick claims it back
         found = [cast(bytes, k) for k in self.redis.scan_iter(match=pattern, count=1_000)]
         for start in range(0, len(found), 500):
             self.redis.unlink(*found[start : start + 500])
-        self.redis.srem(keys.ACTIVE_TASKS, task)
-        log.info("task forgotten", task=task, keys=len(found))
-        return len(found)
+        removed = len(found) - 1  # the lock taken here is not one of the task's keys
+        log.info("task forgotten", task=task, keys=removed)
+        return removed
+
+    def _ended(self, task: str) -> None:
+        """Raise `InvalidSpec` unless the task has ended (or left only stray keys)."""
+        status = self.runs.read(task).get("status", "")
+        if status and status not in TERMINAL:
+            raise InvalidSpec(
+                f"task {task} is {status}: only an ended task can be forgotten (cancel it first)"
+            )
 
     def _run(self, task: str) -> dict[str, str]:
         run = self.runs.read(task)

@@ -254,9 +254,10 @@ def test_pause_resume_cancel_and_a_wait_that_runs_out(stack: Stack, client: Clie
 def test_forget_removes_an_ended_task_from_redis_and_its_archive_stays(
     stack: Stack, client: Client
 ) -> None:
-    """`forget`: refused while the task runs; after, no key of it is left in Redis.
+    """`forget`: refused while the task runs or is restored; after, no key of it is left.
 
-    What it committed is read from the archive, and a fork of it runs to the same end.
+    What it committed is read from the archive, and a fork of it runs to the same end. A
+    key a late step wrote afterwards goes when the task is forgotten again.
     """
     task = client.submit(stack.spec("forgotten", slow=0.5))
     with pytest.raises(InvalidSpec, match="only an ended task can be forgotten"):
@@ -267,6 +268,11 @@ def test_forget_removes_an_ended_task_from_redis_and_its_archive_stays(
     raw = redis.Redis.from_url(stack.url)
     prefix = f"cairn:{{{task.id}}}:*"
     assert raw.exists(f"cairn:{{{task.id}}}:run")
+    raw.set(f"cairn:{{{task.id}}}:restore-lock", "someone", px=60_000)
+    with pytest.raises(InvalidSpec, match="is being restored"):
+        task.forget()
+    assert raw.exists(f"cairn:{{{task.id}}}:run")
+    raw.delete(f"cairn:{{{task.id}}}:restore-lock")
     removed = task.forget()
     assert removed > 10  # run state, GCs, LCs, blobs, spend, trace, ...
     assert [] == list(raw.scan_iter(match=prefix, count=1_000))
@@ -277,7 +283,10 @@ def test_forget_removes_an_ended_task_from_redis_and_its_archive_stays(
     fork = client.task(task.id).fork(at=final.latest_checkpoint)
     assert TaskState.SUCCEEDED == fork.wait(timeout=60).state
     assert files == fork.workspace()
-    with pytest.raises(TaskNotFound):
+    assert [] == sorted(raw.scan_iter(match=prefix, count=1_000))
+    raw.hincrby(f"cairn:{{{task.id}}}:spend", "coder:calls", 1)  # a late step's count
+    assert 1 == task.forget()
+    with pytest.raises(TaskNotFound, match="only its archive is left"):
         task.forget()
 
 

@@ -47,6 +47,7 @@ from coordinator.tasks import Tasks
 from storage import keys
 from storage.archive import DEFAULT_SKEW_MARGIN
 from storage.backends.redis import connect
+from storage.errors import InvalidSpec
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
 
@@ -113,6 +114,7 @@ class Live:
     moved: float = field(default_factory=time.monotonic)
     ended: float | None = None
     status: str = ""
+    replaced: bool = False  # another task was submitted when it first ended
 
 
 @dataclass(slots=True)
@@ -207,7 +209,9 @@ class Soak(ChaosRun):
                 live.latest, live.moved = number, now
             if live.ended is None and status is not None and status.decode() in ENDED:
                 live.ended, live.status = now, status.decode()
-                self._submit_one()
+                if not live.replaced:
+                    live.replaced = True
+                    self._submit_one()
             elif live.ended is None and now - live.moved > STUCK_S and task not in self.stuck:
                 self.stuck.append(task)
             if live.ended is not None and now - live.ended >= RETIRE_AFTER:
@@ -238,7 +242,11 @@ class Soak(ChaosRun):
         where = self.archive / "tasks" / task
         self.ended.append(Ended(task, live.latest, live.status, kinds, tree_bytes(where),
                                 len(self.store.cold.list_gcs(task))))  # fmt: skip
-        Tasks(self.client, self.store).forget(task)
+        try:
+            Tasks(self.client, self.store).forget(task)
+        except InvalidSpec:  # a restore ran it again since it ended: watch it to its new end
+            live.ended, live.moved = None, time.monotonic()
+            return
         del self.live[task]
 
     def _calls(self, task: str) -> int:
