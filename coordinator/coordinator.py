@@ -35,7 +35,15 @@ from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
 from coordinator.replication import Replication
 from coordinator.restore import Restorer
-from coordinator.runs import TERMINAL, Look, RunState, StepRun, TaskState, abort_in_flight
+from coordinator.runs import (
+    RESTORING,
+    TERMINAL,
+    Look,
+    RunState,
+    StepRun,
+    TaskState,
+    abort_in_flight,
+)
 from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
 from coordinator.verify import verify
@@ -53,6 +61,7 @@ MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
 UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
+INTERRUPTED_REASON = "a restore stopped half-way"
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,6 +285,9 @@ class Coordinator:
             self.redis.srem(keys.ACTIVE_TASKS, task)
             self._forget(task)  # ended by a person (`Tasks.cancel`), not by this loop
             return
+        if status == RESTORING:
+            self._restore_again(task, seen.latest)
+            return
         if status == TaskState.PAUSED and self.replication.resume_if_replicated(
             task, seen.run, seen.latest
         ):
@@ -284,6 +296,22 @@ class Coordinator:
             self._watch(task, seen)
         elif status == TaskState.RUNNING:
             self._begin(task)
+
+    def _restore_again(self, task: str, latest: int | None) -> None:
+        """Restore a task that a restore left `restoring` when it stopped half-way.
+
+        A restore holds the task's restore lock while it runs; a task `restoring` without
+        it lost its restorer (a process killed, a coordinator fenced mid-way), and nothing
+        else would move it again. Its superstep was aborted and its epoch raised already, so
+        it goes back to its latest committed GC, every agent and file together.
+        """
+        if self.redis.exists(keys.restore_lock(task)):
+            return  # the restore runs still
+        log.warning("a restore stopped half-way; restoring the task again", task=task)
+        if self.archived.behind(task, latest):
+            restore_from_archive(self.restorer, task, latest)
+        else:
+            self.restorer.restore(task, reason=INTERRUPTED_REASON)
 
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str, committed: GlobalCheckpoint | None = None) -> None:

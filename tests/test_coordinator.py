@@ -321,6 +321,32 @@ def test_a_leader_whose_token_redis_set_back_outranks_the_tasks_owner(
     assert int(leader.split(":")[1]) > 1000
 
 
+def test_a_task_a_restore_left_restoring_is_restored_again_and_runs_to_its_end(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A restorer that stopped half-way (killed, or fenced) leaves the task `restoring`.
+
+    With no restore holding the task's lock, the leader restores it to its latest
+    committed GC and the task goes on; while the lock is held it waits.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.client.hset(keys.run(task), "status", "restoring")
+    cluster.client.set(keys.restore_lock(task), "a live restorer", px=1_500)
+    coordinator = cluster.start_coordinator("after-a-restore")
+    time.sleep(1.0)  # the lock holds: nothing is done
+    assert "running" == cluster.status(task)["status"]
+    assert cluster.status(task)["restoring"]
+    assert 1 == cluster.status(task)["epoch"]
+    deadline = time.monotonic() + 60
+    while cluster.status(task)["status"] == "running":
+        assert time.monotonic() < deadline, cluster.status(task)
+        assert coordinator.poll() is None
+        time.sleep(0.05)
+    final = cluster.status(task)
+    assert ("succeeded", 2) == (final["status"], final["epoch"])  # restored once, then ran
+
+
 def test_a_standby_coordinator_process_takes_over_from_a_killed_one(
     cluster: Cluster, tmp_path: Path
 ) -> None:
