@@ -40,7 +40,9 @@ Snapshot = dict[bytes, tuple[int, bytes]]
 def snapshot(client: redis.Redis) -> Snapshot:
     """Every key as DUMP gives it, with its TTL: what Redis's files hold at this moment."""
     names = cast(list[bytes], client.keys("*"))
-    return {k: (client.pttl(k), cast(bytes, client.dump(k))) for k in names}
+    dumped = {k: (client.pttl(k), client.dump(k)) for k in names}
+    # A key that expired between KEYS and DUMP (an RQ key with a TTL) is not in the files.
+    return {k: (ttl, data) for k, (ttl, data) in dumped.items() if data is not None}
 
 
 def roll_back(client: redis.Redis, snap: Snapshot) -> None:
