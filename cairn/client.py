@@ -346,6 +346,7 @@ class Task:
 
         Its checkpoints stay in the archive (`workspace`, `export` and `Task.fork` read
         them there); `status` then raises `TaskNotFound`. Refused (`InvalidSpec`) while the
-        task runs; nothing is removed when a checkpoint cannot be archived (`ArchiveError`).
+        task runs or is being restored; nothing is removed when a checkpoint cannot be
+        archived (`ArchiveError`, `CorruptCheckpoint`).
         """
         return self.client.control.forget(self.id)
