@@ -86,6 +86,11 @@ BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
 DRAIN_SECONDS = 8.0  # after SIGTERM: the steps running get this long, then are handed back
 HANDED_BACK = "the worker stopped before the job ended: handed back"
 OOM_PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes (maxmemory)
+# How long one wait for a job blocks (stock RQ: worker_ttl - 15 s, 405 s). The command that
+# follows it is when a connection notices that the Sentinels named another primary
+# (`storage.backends.sentinel`): a worker blocked on a primary they replaced, which
+# still answers, would take no job of the new one's for minutes.
+DEQUEUE_WAIT = 5
 
 
 class CairnJob(Job):
@@ -119,6 +124,11 @@ class CairnWorker(SimpleWorker):
     # A job's RQ timeout on a lane's thread: SIGALRM, RQ's default, reaches the main
     # thread only. (Cairn's coordinator retries a step past `step_timeout` long before.)
     death_penalty_class = TimerDeathPenalty
+
+    @property
+    def dequeue_timeout(self) -> int:
+        """Seconds one wait for a job blocks (`DEQUEUE_WAIT`); the socket's is 10 s more."""
+        return DEQUEUE_WAIT
 
     def __init__(
         self,

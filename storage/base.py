@@ -48,6 +48,18 @@ class GCEntry:
 
 
 @dataclass(frozen=True, slots=True)
+class NextSuperstep:
+    """The superstep a commit may begin in its own write: its GC to be and first attempts.
+
+    `prepare` is the next GC as PREPARING (its epoch and superstep name the attempts'),
+    `attempts` agent → the attempt fenced in.
+    """
+
+    prepare: GCEntry
+    attempts: Mapping[str, int]
+
+
+@dataclass(frozen=True, slots=True)
 class StepStart:
     """What a step reads to begin: the epoch, the latest GC, its progress, the task spec.
 
@@ -208,12 +220,18 @@ class HotStore(Protocol):
         the task.
         """
 
-    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+    def commit_gc(
+        self, entry: GCEntry, owner: int | None = None, then: NextSuperstep | None = None
+    ) -> bool:
         """Atomically commit a GC and move `latest`, or raise, writing nothing.
 
         `FencedWrite` when the epoch is stale or `owner` no longer owns the task;
         `CommitRefused` when the GC was aborted, the workspace manifest is not hot, or a
         member LC is missing or has another checksum. Committing twice is a no-op.
+        With `then`, the same atomic write also begins the next superstep, as
+        `begin_attempts(..., prepare=then.prepare)` would, if that would not be refused.
+        True when it did; False when it did not (no `then`, a refusal, or a GC committed
+        before: the caller begins it apart).
         """
 
     def confirm_replicas(self, task: str, number: int, replicas: int, timeout_ms: int) -> int:

@@ -134,6 +134,20 @@ class SentinelServer:
         host = found[0].decode() if isinstance(found[0], bytes) else str(found[0])
         return host, int(found[1])
 
+    def watch(self, primary: tuple[str, int]) -> None:
+        """Forget the service's primary and watch `primary` as it, with this set's timings."""
+        client = self.client()
+        try:
+            client.sentinel_remove(self.service)
+            client.sentinel_monitor(self.service, primary[0], primary[1], self.quorum)
+            client.sentinel_set(self.service, "down-after-milliseconds", self.down_after_ms)
+            client.sentinel_set(self.service, "failover-timeout", self.failover_timeout_ms)
+            if self.password:
+                client.sentinel_set(self.service, "auth-pass", self.password)
+        finally:
+            client.close()
+        self.primary = primary
+
     def kill(self) -> None:
         """Kill the Sentinel with SIGKILL."""
         sigkill(self.process)
@@ -261,6 +275,38 @@ class ReplicaSet:
 
         _wait_for(promoted, timeout, "Sentinel to promote a replica")
         return self.primary()
+
+    def split(self, timeout: float = FAILOVER_WAIT) -> tuple[RedisServer, RedisServer]:
+        """Promote a replica while the old primary lives on as a primary; return (old, new).
+
+        What a failover leaves when the Sentinels could not reach the primary to demote it
+        (a slow or cut-off server): they name the new one, the other replicas follow it,
+        and the old one, watched by none of them, still answers writes with no replica of
+        its own. Returns once every Sentinel names the new primary.
+        """
+        old = self.primary()
+        new = next(s for s in self.servers if s is not old and s.process is not None)
+        for server in self.servers:
+            if server is old or server.process is None:
+                continue
+            client = self.client(server)
+            try:
+                if server is new:
+                    client.replicaof("NO", "ONE")
+                else:
+                    client.replicaof(HOST, new.port)
+            finally:
+                client.close()
+        for sentinel in self.sentinels:
+            if sentinel.process is not None:
+                sentinel.watch((HOST, new.port))
+        named = (HOST, new.port)
+        _wait_for(
+            lambda: all(s.master() == named for s in self.sentinels if s.process is not None),
+            timeout,
+            "the Sentinels to name the new primary",
+        )
+        return old, new
 
     def stop(self) -> None:
         """Kill every process of the set (their data is only for the test)."""

@@ -14,7 +14,7 @@ from typing import Generic, TypeVar
 
 from pydantic import ConfigDict
 
-from storage.base import ColdArchive, GCEntry, HotStore, LCEntry
+from storage.base import ColdArchive, GCEntry, HotStore, LCEntry, NextSuperstep
 from storage.chain import (
     DEFAULT_FULL_EVERY,
     AgentState,
@@ -469,6 +469,25 @@ class CheckpointStore:
         committed = gc.model_copy(update={"status": GCStatus.COMMITTED, "committed_at": utcnow()})
         self.hot.commit_gc(self.seal_gc(committed), owner)
         return committed
+
+    def commit_and_begin(
+        self, gc: GlobalCheckpoint, attempts: Mapping[str, int], owner: int | None = None
+    ) -> tuple[GlobalCheckpoint, GlobalCheckpoint | None]:
+        """`commit_gc(gc)`, and the superstep after it begun in the same atomic write.
+
+        The next superstep is what `begin_superstep` would begin: GC `gc.number + 1` of
+        superstep `gc.superstep + 1`, PREPARING, with `attempts` fenced in `gc`'s epoch.
+        Returns the committed record and the prepared one, or None in its place when the
+        next superstep was not begun (`gc` was committed before, or beginning it would be
+        refused): the caller begins it with `begin_superstep`. Raises as `commit_gc` does.
+        """
+        committed = gc.model_copy(update={"status": GCStatus.COMMITTED, "committed_at": utcnow()})
+        intent = _preparing(
+            committed.model_copy(update={"number": gc.number + 1, "superstep": gc.superstep + 1})
+        )
+        then = NextSuperstep(self.seal_gc(intent), attempts)
+        began = self.hot.commit_gc(self.seal_gc(committed), owner, then)
+        return committed, intent if began else None
 
     def abort_gc(self, gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
         """Mark `gc` ABORTED and drop its superstep's tentative LCs; return the record."""

@@ -195,6 +195,14 @@ MUTANTS: tuple[Mutant, ...] = (
         ("tests/test_conformance.py::test_voted_member_whose_lc_was_deleted_is_refused",),
         "a voted member whose LC is gone is refused",
     ),
+    Mutant(
+        "commit-begins-past-a-newer-attempt",
+        "storage/backends/lua/commit_gc.lua",
+        "      if ce > e or (ce == e and (cs > ns or (cs == ns and ca > na))) then return nil end",
+        "      if false then return nil end",
+        (CONFORMANCE + "test_a_commit_whose_next_superstep_would_be_refused_commits_alone",),
+        "a commit's begin never hands a step back to an older attempt (its zombie would write)",
+    ),
     # Coordinator owner tokens.
     Mutant(
         "commit-ignores-the-owner",

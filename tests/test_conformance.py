@@ -9,7 +9,7 @@ import pytest
 
 from storage.backends.memory import MemoryArchive, MemoryHotStore
 from storage.backends.redis import RedisHotStore
-from storage.base import ColdArchive, HotStore, LCEntry
+from storage.base import ColdArchive, HotStore, LCEntry, NextSuperstep
 from storage.chain import cut_lc
 from storage.codec import canonical_bytes
 from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
@@ -527,3 +527,87 @@ def test_a_superstep_begins_in_one_call_and_a_refusal_is_raised(store: Checkpoin
     with pytest.raises(FencedWrite, match="older"):
         store.hot.begin_attempts(TASK, {"coder": 1}, 1, epoch=2)
     store.hot.begin_attempts(TASK, {"coder": 2, "reviewer": 2}, 1, epoch=2)
+
+
+def test_a_commit_begins_the_next_superstep_in_the_same_write(store: CheckpointStore) -> None:
+    """`commit_and_begin` commits GC n and prepares GC n+1 with the next attempts fenced in.
+
+    A step of the next superstep may then write; the superstep just committed is closed to
+    its zombies. Sent again (a lost reply), it is a no-op that begins nothing more.
+    """
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.prepare_gc(gc)
+    committed, prepared = store.commit_and_begin(gc, {"coder": 1}, None)
+    assert prepared is not None
+    assert (1, GCStatus.COMMITTED) == (committed.number, committed.status)
+    assert (2, 2, 1, GCStatus.PREPARING) == (
+        prepared.number,
+        prepared.superstep,
+        prepared.epoch,
+        prepared.status,
+    )
+    listed = [(g.number, g.status, g.superstep) for g in store.hot.list_gcs(TASK)]
+    assert [(1, GCStatus.COMMITTED, 1), (2, GCStatus.PREPARING, 2)] == listed
+    assert 1 == store.hot.latest_gc(TASK)
+    assert prepared.checksum == store.load_gc(TASK, 2)[0].checksum
+    state = store.read_state(TASK, "coder", ref.id, ref.checksum)
+    state.superstep, state.attempt = 2, 1
+    take_step(state, 2)
+    store.write_lc(state, vote=True)  # attempt 1 of superstep 2 is current
+    zombie = store.read_state(TASK, "coder", ref.id, ref.checksum)
+    take_step(zombie, 9)
+    with pytest.raises(FencedWrite, match="stale attempt 1:1:1"):
+        store.write_lc(zombie, vote=True)
+    assert 2 == len(store.hot.list_gcs(TASK))
+
+
+def test_a_commit_and_begin_sent_again_begins_nothing_more(store: CheckpointStore) -> None:
+    """The same commit with its begin sent twice (a lost reply) is a no-op the second time."""
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    entry = store.seal_gc(gc.model_copy(update={"status": GCStatus.COMMITTED}))
+    intent = gc.model_copy(update={"number": 2, "superstep": 2, "status": GCStatus.PREPARING})
+    then = NextSuperstep(store.seal_gc(intent), {"coder": 1})
+    assert store.hot.commit_gc(entry, None, then)
+    store.hot.begin_attempt(TASK, "coder", 2, 2)  # meanwhile its step was retried
+    assert not store.hot.commit_gc(entry, None, then)
+    store.hot.begin_attempt(TASK, "coder", 2, 2)  # still current: not handed back to 1
+    with pytest.raises(FencedWrite, match="older"):
+        store.hot.begin_attempt(TASK, "coder", 2, 1)
+
+
+def test_a_commit_whose_next_superstep_would_be_refused_commits_alone(
+    store: CheckpointStore,
+) -> None:
+    """A begin `begin_superstep` would refuse (an attempt fenced past it) is not made.
+
+    The GC commits, nothing of the next superstep is written, and `prepared` is None.
+    """
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.prepare_gc(gc)
+    store.hot.begin_attempt(TASK, "coder", 2, 3)  # someone fenced superstep 2 to attempt 3
+    committed, prepared = store.commit_and_begin(gc, {"coder": 1}, None)
+    assert prepared is None
+    assert GCStatus.COMMITTED is store.read_gc(TASK, 1).status
+    assert [1] == [g.number for g in store.hot.list_gcs(TASK)]
+    with pytest.raises(FencedWrite, match="older"):
+        store.begin_superstep(
+            committed.model_copy(update={"number": 2, "superstep": 2}), {"coder": 1}
+        )
+
+
+def test_a_refused_commit_begins_nothing(store: CheckpointStore) -> None:
+    """A commit refused for its epoch or its owner writes neither GC n nor GC n+1."""
+    _, ref, ws = _one_agent_gc(store)
+    gc = make_gc(TASK, 1, 1, 1, {"coder": ref}, ws)
+    store.prepare_gc(gc)
+    store.hot.claim(TASK, 7)
+    with pytest.raises(FencedWrite, match="token 5 no longer owns"):
+        store.commit_and_begin(gc, {"coder": 1}, owner=5)
+    store.hot.raise_epoch(TASK, 2)
+    with pytest.raises(FencedWrite, match="stale epoch"):
+        store.commit_and_begin(gc, {"coder": 1}, owner=7)
+    assert [(1, GCStatus.PREPARING)] == [(g.number, g.status) for g in store.hot.list_gcs(TASK)]
+    assert store.hot.latest_gc(TASK) is None

@@ -22,6 +22,8 @@ from cairn.langgraph import CairnSaver
 from coordinator.replication import REPLICATION_REASON
 from coordinator.settings import display_url
 from coordinator.spec import TaskSpec
+from storage import keys
+from storage.backends.redis import connect
 from storage.replicas import ReplicaSet
 from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
 from tests.cluster import Cluster, team_spec
@@ -34,6 +36,12 @@ def replicated(spec: TaskSpec, timeout: float = 1.0) -> TaskSpec:
     policy = spec.checkpoints.model_copy(
         update={"durability": "replicated", "replica_timeout": timeout}
     )
+    return spec.model_copy(update={"checkpoints": policy})
+
+
+def synced(spec: TaskSpec) -> TaskSpec:
+    """`spec` under `durability: sync`: a GC is acknowledged once on disk."""
+    policy = spec.checkpoints.model_copy(update={"durability": "sync"})
     return spec.model_copy(update={"checkpoints": policy})
 
 
@@ -87,6 +95,94 @@ def test_no_acknowledged_gc_is_lost_across_a_failover(tmp_path: Path) -> None:
             assert int(run_field(cluster, task, "replicated") or -1) > acknowledged
         finally:
             cluster.close()
+
+
+def test_a_held_connection_leaves_a_primary_the_sentinels_replaced_while_it_answers(
+    tmp_path: Path,
+) -> None:
+    """A connection kept open follows the Sentinels to a new primary though the old lives on.
+
+    The old primary neither closes the connection nor answers READONLY (the Sentinels
+    never reached it to demote it): the connection moves within seconds of their naming
+    another, and writes nothing more to the old one.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=1) as rs:
+        client = connect(rs.url)
+        held = redis.Redis(connection_pool=client.connection_pool, single_connection_client=True)
+        try:
+            held.set("k", "before")
+            old, new = rs.split()
+            on_old, on_new = rs.client(old), rs.client(new)
+            deadline, n = time.monotonic() + 10, 0
+            while on_new.get("k") != f"write {n}".encode():
+                assert time.monotonic() < deadline, "the connection stayed on the old primary"
+                n += 1
+                held.set("k", f"write {n}")
+                time.sleep(0.05)
+            left_at = on_old.get("k")
+            for m in range(n + 1, n + 20):
+                held.set("k", f"write {m}")
+            assert (f"write {n + 19}".encode(), left_at) == (on_new.get("k"), on_old.get("k"))
+            on_old.close()
+            on_new.close()
+        finally:
+            held.close()
+            client.close()
+
+
+def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
+    tmp_path: Path,
+) -> None:
+    """Coordinator and workers leave an old primary that lives on as one; nothing is lost.
+
+    Under `sync`, what the coordinator committed and archived on the old primary before it
+    moved is acknowledged: the new primary is behind the archive, the task is restored
+    from it and succeeds there, every acknowledged GC reads back, and no process writes to
+    the old primary once it has moved.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=1) as rs:
+        cluster = Cluster(rs, tmp_path)
+        try:
+            for _ in range(2):
+                cluster.start_worker()
+            task = cluster.tasks.submit(synced(team_spec(tmp_path / "ledger", slow=0.5)))
+            tick_until(cluster, lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
+            old, _new = rs.split()
+            tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=120)
+            assert "succeeded" == cluster.status(task)["status"]
+            archived = cluster.store.cold.list_gcs(task)
+            assert archived, "nothing archived"
+            for number in archived:
+                on_disk = cluster.store.cold.get_gc(task, number)
+                assert on_disk is not None
+                assert cluster.store.codec.named_digest(on_disk) == (
+                    cluster.store.read_gc(task, number).checksum
+                )
+            on_old = rs.client(old)
+            try:
+                seen = _snapshot(on_old, task)
+                time.sleep(3)
+                again = _snapshot(on_old, task)
+            finally:
+                on_old.close()
+            # Keys only expire there (a heartbeat's TTL runs out): none is new, rewritten
+            # or given a longer life.
+            assert [] == [k for k in again if k not in seen], "a process writes to the old primary"
+            changed = [k for k, (data, ttl) in again.items()
+                       if data != seen[k][0] or ttl > seen[k][1] >= 0]  # fmt: skip
+            assert [] == changed, "a process still writes to the old primary"
+        finally:
+            cluster.close()
+
+
+def _snapshot(client: redis.Redis, task: str) -> dict[bytes, tuple[bytes | None, int]]:
+    """Every key of `task` on one server: its DUMP and its PTTL (-1: no TTL)."""
+    found: dict[bytes, tuple[bytes | None, int]] = {}
+    for key in client.scan_iter(keys.task_prefix(task) + "*"):
+        data, ttl = client.dump(key), client.pttl(key)
+        if data is not None:  # it did not expire between the two reads
+            found[bytes(key)] = (data, int(ttl))
+    return found
 
 
 def test_a_gc_no_replica_holds_pauses_the_task_until_one_does(

@@ -11,7 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
+from storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
 from storage.errors import ArchiveConflict, CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC, check_name
 from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level, Usage
@@ -264,7 +264,9 @@ class MemoryHotStore:
                 raise CommitRefused(f"GC {gc.number} is already {old.value}")
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)
 
-    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+    def commit_gc(
+        self, entry: GCEntry, owner: int | None = None, then: NextSuperstep | None = None
+    ) -> bool:
         gc = entry.record
         with self._lock:
             self._check_owner(gc.task, owner)
@@ -272,7 +274,7 @@ class MemoryHotStore:
             old = self._gcs.get((gc.task, gc.number))
             if old is not None and old.entry.record.status is GCStatus.COMMITTED:
                 if old.entry.sealed.checksum == entry.sealed.checksum:
-                    return
+                    return False
                 raise CommitRefused(f"GC {gc.number} is already committed")
             if old is not None and old.entry.record.status is GCStatus.ABORTED:
                 raise CommitRefused(f"GC {gc.number} was aborted")
@@ -284,10 +286,32 @@ class MemoryHotStore:
                     raise CommitRefused(f"LC {ref.id} of {agent} is missing")
                 if hot.entry.sealed.checksum != ref.checksum or hot.entry.record.agent != agent:
                     raise CommitRefused(f"LC {ref.id} of {agent} does not match its vote")
+            begin = None if then is None else self._next_attempts(gc, then)
             self._gcs[(gc.task, gc.number)] = _HotGC(entry)
             self._drop_tentative(gc, keep=[ref.id for ref in gc.members.values()])
             if gc.number > self._latest.get(gc.task, -1):
                 self._latest[gc.task] = gc.number
+            if then is None or begin is None:
+                return False
+            self._gcs[(gc.task, then.prepare.record.number)] = _HotGC(then.prepare)
+            for agent, wanted in begin.items():
+                self._attempts[(gc.task, agent)] = wanted
+            return True
+
+    def _next_attempts(
+        self, gc: GlobalCheckpoint, then: NextSuperstep
+    ) -> dict[str, tuple[int, int, int]] | None:
+        """The attempts `then` fences in, or None if its begin would be refused (held lock)."""
+        nxt = then.prepare.record
+        old = self._gc_status(gc.task, nxt.number)
+        if old is not None and old is not GCStatus.PREPARING:
+            return None
+        wanted = {a: (gc.epoch, nxt.superstep, n) for a, n in then.attempts.items()}
+        for agent, at in wanted.items():
+            current = self._attempts.get((gc.task, agent))
+            if current is not None and current > at:
+                return None
+        return wanted
 
     def _check_epoch(self, task: str, epoch: int) -> None:
         current = self._epochs.get(task, 0)

@@ -30,12 +30,14 @@ from redis.sentinel import SentinelManagedConnection
 
 from storage import keys
 from storage.backends.sentinel import is_sentinel_url, sentinel_pool
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink, StepStart
+from storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC
 from storage.records import GCStatus, LCRef, Usage
 
 HIREDIS = importlib.util.find_spec("hiredis") is not None
+if HIREDIS:
+    import hiredis
 # Above this size, hiredis's packer (which copies every argument into one buffer) loses to
 # redis-py's Python packer (which sends large values as chunks of their own).
 LARGE_VALUE = 16 * 1024
@@ -60,10 +62,19 @@ class _HybridPacker:
         self._hiredis = HiredisRespSerializer() if HIREDIS else None
 
     def pack(self, *args: Any) -> list[bytes]:  # noqa: ANN401 - redis-py's argument types
-        if self._hiredis is None or any(
-            isinstance(a, BINARY) and len(a) > LARGE_VALUE for a in args
-        ):
+        if self._hiredis is None:
             return cast(list[bytes], self._python.pack(*args))  # type: ignore[no-untyped-call]
+        plain = isinstance(args[0], str) and " " not in args[0]
+        for arg in args:
+            if isinstance(arg, BINARY):
+                if len(arg) > LARGE_VALUE:
+                    return cast(list[bytes], self._python.pack(*args))  # type: ignore[no-untyped-call]
+                plain = plain and arg.__class__ is bytes
+        if plain:
+            # What redis-py's hiredis packer does for these arguments, without its copies:
+            # it splits a command name holding a space ("SCRIPT LOAD") and copies every
+            # bytearray or memoryview into bytes, and these have neither.
+            return [hiredis.pack_command(args)]
         return cast(list[bytes], self._hiredis.pack(*args))
 
 
@@ -90,9 +101,13 @@ class _Unix(_PythonPackerMixin, UnixDomainSocketConnection):
 
 
 class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
-    """A connection to the primary the Sentinels name each time it connects."""
+    """A connection to the primary the Sentinels name, asked each time it connects.
+
+    It connects again whenever they name another (see `storage.backends.sentinel`).
+    """
 
     connection_pool: Any
+    _connecting = False  # its handshake's commands go to the primary it is connecting to
 
     def connect_check_health(
         self, check_health: bool = True, retry_socket_connect: bool = True
@@ -102,7 +117,23 @@ class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
         # the dead primary. So a connection asks them here, whichever way it connects.
         if not self._sock and self.connection_pool.is_master:
             self.host, self.port = self.connection_pool.get_master_address()
-        super().connect_check_health(check_health, retry_socket_connect)
+            pool = self.connection_pool.connection_pool_ref()
+            if pool is not None:
+                pool.named(self.host, self.port)  # the freshest answer
+        self._connecting = True
+        try:
+            super().connect_check_health(check_health, retry_socket_connect)
+        finally:
+            self._connecting = False
+
+    def send_packed_command(self, command: Any, check_health: bool = True) -> None:  # noqa: ANN401 - redis-py's own
+        # Before a command, not after: nothing of an earlier command waits on the wire.
+        # redis-py hands a connection a proxy of its pool, which holds the pool weakly.
+        if self._sock and not self._connecting and self.connection_pool.is_master:
+            pool = self.connection_pool.connection_pool_ref()
+            if pool is not None and pool.names_another((self.host, self.port)):
+                self.disconnect()
+        super().send_packed_command(command, check_health)  # type: ignore[no-untyped-call]
 
 
 def connect(url: str, **kwargs: object) -> redis.Redis:
@@ -179,10 +210,10 @@ class _Lua:
 
     def _send(self, client: redis.Redis, command: tuple[object, ...]) -> object:
         try:
-            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return _batch(client, [command])[0]
         except NoScriptError:
             self.load(client)
-            return client.execute_command(*command)  # type: ignore[no-untyped-call]
+            return _batch(client, [command])[0]
 
 
 def _pipelined(
@@ -194,25 +225,59 @@ def _pipelined(
     lost on the way (a held one is not checked before use), or a Redis that lost a script,
     gets the whole batch again: every script is idempotent.
     """
+    commands = [command for _, command in scripts]
     try:
-        replies = _batch(client, [command for _, command in scripts])
+        replies = _batch(client, commands, errors=True)
     except redis.ConnectionError:
-        replies = _batch(client, [command for _, command in scripts])
+        replies = _batch(client, commands, errors=True)
     lost = {id(lua): lua for (lua, _), reply in zip(scripts, replies, strict=True)
             if isinstance(reply, NoScriptError)}  # fmt: skip
     if not lost:
         return replies
     for lua in lost.values():
         lua.load(client)
-    return _batch(client, [command for _, command in scripts])
+    return _batch(client, commands, errors=True)
 
 
-def _batch(client: redis.Redis, commands: Iterable[tuple[object, ...]]) -> list[object]:
-    """Send `commands` in one pipeline (not a transaction); their replies, errors as values."""
-    pipe = client.pipeline(transaction=False)
-    for command in commands:
-        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
-    return cast(list[object], pipe.execute(raise_on_error=False))
+def _batch(
+    client: redis.Redis, commands: Sequence[tuple[object, ...]], *, errors: bool = False
+) -> list[object]:
+    """Send `commands` in one write on the held connection of `client`; return their replies.
+
+    The first error reply is raised, or with `errors` every one is returned as its
+    `ResponseError`, in its place. A connection error sends them all again, as often as
+    the connection's retry policy says (redis-py's own, for a held connection too): every
+    command sent here is idempotent. On a held connection, redis-py's `execute_command`
+    and pipelines add a retry closure, a lock and option handling per call, which a
+    step's few commands in a row feel; this sends the same bytes and reads the same
+    replies without them.
+    """
+    connection = cast(Connection, client.connection)
+    packed = (
+        connection.pack_command(*commands[0])  # type: ignore[no-untyped-call]
+        if len(commands) == 1
+        else connection.pack_commands(commands)  # type: ignore[no-untyped-call]
+    )
+
+    def exchange() -> list[object]:
+        connection.send_packed_command(packed)  # type: ignore[no-untyped-call]
+        replies: list[object] = []
+        for _ in commands:
+            try:
+                replies.append(connection.read_response())
+            except redis.ResponseError as exc:  # the next replies are on the wire still
+                replies.append(exc)
+        return replies
+
+    replies = connection.retry.call_with_retry(
+        exchange,
+        lambda _error: connection.disconnect(),  # type: ignore[no-untyped-call]
+    )
+    if not errors:
+        for reply in replies:
+            if isinstance(reply, redis.ResponseError):
+                raise reply
+    return replies
 
 
 class _Pending:
@@ -476,11 +541,11 @@ class RedisHotStore:
 
     def read_lcs(self, task: str, lc_ids: Iterable[str]) -> dict[str, bytes]:
         wanted = list(dict.fromkeys(lc_ids))
+        if not wanted:
+            return {}
         prefix = keys.lc(task, "")
-        pipe = self.redis.pipeline(transaction=False)
-        for lc_id in wanted:
-            pipe.hget(prefix + lc_id, "data")
-        found = cast(list[bytes | None], pipe.execute())
+        commands = [("HGET", prefix + lc_id, "data") for lc_id in wanted]
+        found = cast(list[bytes | None], _batch(self._held(), commands))
         return {i: data for i, data in zip(wanted, found, strict=True) if data is not None}
 
     def lc_link(self, task: str, lc_id: str) -> LCLink | None:
@@ -593,10 +658,20 @@ class RedisHotStore:
              _token(owner)],
         )  # fmt: skip
 
-    def commit_gc(self, entry: GCEntry, owner: int | None = None) -> None:
+    def commit_gc(
+        self, entry: GCEntry, owner: int | None = None, then: NextSuperstep | None = None
+    ) -> bool:
         gc = entry.record
         t = gc.task
-        translating(
+        begin_keys: list[str] = []
+        begin_args: list[object] = []
+        if then is not None:
+            nxt = then.prepare.record
+            begin_keys = [keys.gc(t, nxt.number), keys.attempts(t), keys.audit(t)]
+            lines = "".join(f"{agent}\t{attempt}\n" for agent, attempt in then.attempts.items())
+            begin_args = [nxt.number, then.prepare.sealed.data, then.prepare.sealed.checksum,
+                          nxt.superstep, lines, self._audit_flag]  # fmt: skip
+        reply = translating(
             lambda: self._commit_gc(
                 keys=[
                     keys.epoch(t),
@@ -609,6 +684,7 @@ class RedisHotStore:
                     keys.progress(t, gc.epoch, gc.superstep),
                     keys.owner(t),
                     keys.attempt_spend(t, gc.epoch, gc.superstep),
+                    *begin_keys,
                 ],
                 args=[
                     gc.number,
@@ -620,9 +696,11 @@ class RedisHotStore:
                     _token(owner),
                     _pack_members(gc.members),
                     len(gc.members),
+                    *begin_args,
                 ],
             )
         )
+        return reply == b"BEGUN"
 
     def confirm_replicas(self, task: str, number: int, replicas: int, timeout_ms: int) -> int:
         # WAIT counts the replicas holding its connection's last write. The probe makes that

@@ -22,10 +22,22 @@ Every connection of the pool asks the Sentinels for the primary's address when i
 connects. After a failover a connection to the old primary fails (it is gone, or it is a
 replica now: redis-py turns its READONLY reply into a connection error), and the next
 command on it connects again, to the primary the Sentinels name then.
+
+An old primary can also live on as a primary: the Sentinels promoted another while they
+could not reach it (a slow or cut-off server), and demote it only once they reach it
+again. Its connections neither break nor get READONLY, so each pool also asks the
+Sentinels once a second, on a thread of its own (`PRIMARY_LOOK_EVERY`), and a connection
+about to send a command to a primary they no longer name closes and connects again, to
+the one they name. A Sentinel that does not answer delays no command: the look is off
+the commands' path, and a connection keeps its primary until a look names another.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import threading
+import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -33,6 +45,7 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
+from redis.exceptions import RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
@@ -44,6 +57,10 @@ SENTINEL_TIMEOUT = 1.0  # seconds
 SENTINEL_OPTIONS = ("sentinel_username", "sentinel_password")
 SERVICE_AND_DB = 2  # path segments at most: /SERVICE/DB
 MAX_PORT = 65_535
+# How often a pool asks the Sentinels which primary they name: how long a process may go
+# on writing to a primary they replaced while it still answers as one (the docs advise
+# `min-replicas-to-write` on the servers to bound that from their side too).
+PRIMARY_LOOK_EVERY = 1.0  # seconds
 
 
 @dataclass(frozen=True, slots=True)
@@ -106,13 +123,69 @@ def _address(text: str) -> tuple[str, int]:
 
 
 class _Pool(SentinelConnectionPool):
-    """A Sentinel-managed pool that also closes its connections to the Sentinels."""
+    """A Sentinel-managed pool that knows when the Sentinels name another primary.
+
+    It also closes its connections to the Sentinels with its own.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - redis-py's own
+        super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
+        self._named: tuple[str, int] | None = None  # the primary the last look found
+        self._watching = threading.Lock()
+        self._watcher: tuple[int, threading.Event] | None = None  # (pid, its stop)
+
+    def names_another(self, address: tuple[str, int]) -> bool:
+        """True when the Sentinels' last answer names a primary other than `address`.
+
+        The first call (in each process) starts the looks; until one answers, False.
+        """
+        watcher = self._watcher
+        if watcher is None or watcher[0] != os.getpid():
+            self._watch()
+        named = self._named
+        return named is not None and named != address
+
+    def _watch(self) -> None:
+        with self._watching:
+            if self._watcher is not None and self._watcher[0] == os.getpid():
+                return
+            stop = threading.Event()
+            self._watcher = (os.getpid(), stop)
+            thread = threading.Thread(
+                target=_look_while, args=(weakref.ref(self), stop), daemon=True,
+                name=f"cairn-sentinel-{self.service_name}",
+            )  # fmt: skip
+            thread.start()
+
+    def named(self, host: str, port: int) -> None:
+        """Note the primary the Sentinels just named to a connection that asked them."""
+        self._named = (str(host), int(port))
+
+    def look(self) -> None:
+        """Ask the Sentinels for the primary now (idle connections to an old one close)."""
+        # No Sentinel answered: connections keep their primary until one does.
+        with contextlib.suppress(RedisError, OSError):
+            self.named(*self.get_master_address())  # type: ignore[no-untyped-call]
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         """Close the pool's connections; closing them all closes the Sentinels' too."""
         super().disconnect(inuse_connections)
         if inuse_connections:  # not when a new primary only retires idle connections
             self.sentinel_manager.close()
+            watcher = getattr(self, "_watcher", None)  # None too in a pool half made
+            self._watcher = None
+            if watcher is not None:
+                watcher[1].set()
+
+
+def _look_while(pool: weakref.ref[_Pool], stop: threading.Event) -> None:
+    """Let the pool look every `PRIMARY_LOOK_EVERY` s until it is closed or collected."""
+    while not stop.wait(PRIMARY_LOOK_EVERY):
+        found = pool()
+        if found is None:
+            return
+        found.look()
+        del found  # no reference held while waiting: the pool may be collected
 
 
 def sentinel_pool(
@@ -135,4 +208,4 @@ def sentinel_pool(
         },
     )
     options = {**found.redis, **kwargs, "connection_class": connection_class}
-    return _Pool(found.service, manager, **options)  # type: ignore[no-untyped-call]
+    return _Pool(found.service, manager, **options)

@@ -1,13 +1,22 @@
--- Commit a global checkpoint: the single write that is the commit point of the 2PC.
+-- Commit a global checkpoint: the single write that is the commit point of the 2PC, and
+-- optionally the start of the next superstep in the same atomic step.
 -- KEYS: 1 epoch, 2 gc, 3 gcs, 4 latest, 5 workspace manifest blob, 6 tentative LCs,
---       7 votes, 8 progress, 9 owner, 10 the superstep's per-attempt spend
+--       7 votes, 8 progress, 9 owner, 10 the superstep's per-attempt spend;
+--       to begin the next superstep too: 11 its gc, 12 attempts, 13 audit stream
 -- ARGV: 1 number, 2 epoch, 3 sealed bytes, 4 checksum, 5 superstep, 6 lc key prefix,
 --       7 owner token or "", 8 members, a line "lc_id\tchecksum\tagent\n" each,
---       9 how many lines ARGV[8] holds
+--       9 how many lines ARGV[8] holds; with KEYS 11-13: 10 the next GC's number,
+--       11 its sealed bytes (PREPARING), 12 its checksum, 13 its superstep, 14 the
+--       attempts to fence in, a line "agent\tattempt\n" each, 15 audit "1"/"0"
+-- Replies OK (committed), BEGUN (committed, and the next superstep prepared and fenced
+-- in), EXISTS (committed before: nothing written, nothing begun).
 -- Member LC keys are built here from the prefix; they carry the task's hash tag like KEYS,
 -- so the script touches one cluster slot. Its Redis calls do not grow with the team: only
 -- a member carried over from an earlier superstep is read on its own.
--- Every check runs before the first write, so a refused commit writes nothing.
+-- Every check runs before the first write, so a refused commit writes nothing. The next
+-- superstep begins only if the commit is written and none of its own checks fails (its
+-- GC already decided, an attempt fenced past it): else the commit alone is written, and
+-- the caller begins it apart, where the refusal is reported.
 local CHUNK = 1000 -- arguments per variadic call: unpack() is bounded by Lua's C stack
 local TAB = 9
 local byte, find, sub = string.byte, string.find, string.sub
@@ -147,6 +156,28 @@ if present ~= #found then
   end
 end
 
+-- The attempts of the next superstep, if asked for and none is fenced past already (as
+-- begin_attempt.lua would refuse it): {agent, "epoch:superstep:attempt"} each.
+local function next_attempts()
+  if #KEYS < 13 then return nil end
+  local status = redis.call('HGET', KEYS[11], 'status')
+  if status and status ~= 'PREPARING' then return nil end
+  local e, ns = tonumber(ARGV[2]), tonumber(ARGV[13])
+  local out = {}
+  for agent, attempt in string.gmatch(ARGV[14], '([^\t\n]+)\t(%d+)\n') do
+    local current = redis.call('HGET', KEYS[12], agent)
+    if current then
+      local ce, cs, ca = string.match(current, '^(%d+):(%d+):(%d+)$')
+      ce, cs, ca = tonumber(ce), tonumber(cs), tonumber(ca)
+      local na = tonumber(attempt)
+      if ce > e or (ce == e and (cs > ns or (cs == ns and ca > na))) then return nil end
+    end
+    out[#out + 1] = {agent, ARGV[2] .. ':' .. ARGV[13] .. ':' .. attempt}
+  end
+  return out
+end
+local begin = next_attempts()
+
 redis.call('HSET', KEYS[2], 'data', ARGV[3], 'sum', ARGV[4], 'status', 'COMMITTED', 'superstep', ARGV[5])
 redis.call('ZADD', KEYS[3], ARGV[1], ARGV[1])
 -- Each member found is an entry of its own; the hash holds nothing else, so there is
@@ -159,4 +190,16 @@ if redis.call('HLEN', KEYS[6]) ~= #found then sweep(ids) end
 redis.call('UNLINK', KEYS[6], KEYS[7], KEYS[8], KEYS[10])
 local latest = tonumber(redis.call('GET', KEYS[4]) or '-1')
 if tonumber(ARGV[1]) > latest then redis.call('SET', KEYS[4], ARGV[1]) end
-return 'OK'
+if not begin then return 'OK' end
+
+-- The next superstep, as prepare_gc.lua and begin_attempt.lua write it.
+redis.call('HSET', KEYS[11], 'data', ARGV[11], 'sum', ARGV[12], 'status', 'PREPARING', 'superstep', ARGV[13])
+redis.call('ZADD', KEYS[3], ARGV[10], ARGV[10])
+for _, fenced in ipairs(begin) do
+  redis.call('HSET', KEYS[12], fenced[1], fenced[2])
+  if ARGV[15] == '1' then
+    redis.call('XADD', KEYS[13], 'MAXLEN', '~', '100000', '*', 'kind', 'fence', 'agent', fenced[1],
+      'at', fenced[2])
+  end
+end
+return 'BEGUN'
