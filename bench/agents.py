@@ -167,6 +167,7 @@ class Team:
     model: Model
     gc: GlobalCheckpoint
     tools: ToolRegistry = field(default_factory=builtin_tools)
+    begun: bool = False  # the next superstep is prepared and its attempt fenced in
 
     @classmethod
     def start(
@@ -184,10 +185,16 @@ class Team:
         return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
     def begin(self) -> None:
-        """Prepare the next GC and open attempt 1 of its superstep, as the coordinator does."""
+        """Prepare the next GC and fence in attempt 1 of its superstep, unless the commit did.
+
+        As the coordinator does; its commit under `durability: async` did it in its write.
+        """
+        if self.begun:
+            return
         gc = self.gc
         intent = gc.model_copy(update={"number": gc.number + 1, "superstep": gc.superstep + 1})
         self.store.begin_superstep(intent, {AGENT: 1})
+        self.begun = True
 
     def step(self) -> LCRef:
         """Run the agent's step of the next superstep; return its voted LC."""
@@ -197,7 +204,10 @@ class Team:
                         models=models, tools=self.tools).lc  # fmt: skip
 
     def barrier(self, vote: LCRef) -> None:
-        """Build and commit the superstep's GC (prepared when it began)."""
+        """Build and commit the superstep's GC, beginning the next superstep in its write.
+
+        As the coordinator does under `durability: async`.
+        """
         gc = self.gc
         built = build_gc(
             self.store,
@@ -208,10 +218,11 @@ class Team:
             superstep=gc.superstep + 1,
             epoch=gc.epoch,
         ).gc
-        self.gc = self.store.commit_gc(built)
+        self.gc, prepared = self.store.commit_and_begin(built, {AGENT: 1})
+        self.begun = prepared is not None
 
     def superstep(self) -> None:
-        """Begin, step and commit the next superstep."""
+        """Begin (unless the last commit did), step and commit the next superstep."""
         self.begin()
         self.barrier(self.step())
 
@@ -231,7 +242,7 @@ class Env:
 FLOOR = "floor: MULTI/EXEC RPUSH new bytes + HSET"
 WHOLE = "run_step, whole (zero-latency model)"
 DURABLE = "run_step minus model and tool (durable part)"
-BARRIER = "coordinator: begin (prepare + fence) + build_gc + commit_gc"
+BARRIER = "coordinator: build_gc + commit_gc, which begins the next superstep"
 MODEL_ROW, TOOL_ROW = "  model call (excluded)", "  tool write_file (excluded)"
 SUPERSTEP = "durable part + barrier, per superstep"
 ROWS = (FLOOR, WHOLE, MODEL_ROW, TOOL_ROW, DURABLE, BARRIER, SUPERSTEP)

@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
@@ -352,15 +352,23 @@ def timing(into: list[int], owner: object, *names: str) -> Iterator[None]:
 def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0) -> Drive:
     """Tick every POLL seconds until `task` ends; note when each commit_gc returned."""
     launching, archiving, busy, seen, used = [0], [0], 0, list[int](), list[float]()
-    commit_gc, started = b.store.commit_gc, now_ns()
+    commit_gc, commit_and_begin, started = b.store.commit_gc, b.store.commit_and_begin, now_ns()
 
     def committing(gc: GlobalCheckpoint, owner: int | None = None) -> GlobalCheckpoint:
         done = commit_gc(gc, owner)
         seen.append(now_ns() - started)
         return done
 
+    def beginning(
+        gc: GlobalCheckpoint, attempts: Mapping[str, int], owner: int | None = None
+    ) -> tuple[GlobalCheckpoint, GlobalCheckpoint | None]:
+        done = commit_and_begin(gc, attempts, owner)
+        seen.append(now_ns() - started)
+        return done
+
     with (
         mock.patch.object(b.store, "commit_gc", committing),
+        mock.patch.object(b.store, "commit_and_begin", beginning),
         cpu_used(b, b.cairn, used),
         timing(launching, Coordinator, "_launch"),
         timing(archiving, archiver_module, "archive_gc", "trim_hot", "trim_cold"),

@@ -235,7 +235,7 @@ def postgres_url(stack: contextlib.ExitStack) -> str:
 
 # Cairn -----------------------------------------------------------------------------------
 def cairn_run(team: Team, steps: int) -> Samples:
-    """`steps` supersteps (begin, run_step, barrier), one sample each."""
+    """`steps` supersteps (run_step, then the barrier that begins the next), one sample each."""
     return Samples([clock(team.superstep)[1] for _ in range(steps)])
 
 
@@ -295,7 +295,7 @@ def cairn_profile(team: Team, steps: int, cairn_overhead: float) -> None:
     """Run `steps` more supersteps with their parts timed; print where the time goes."""
     timer = Inclusive()
     parts: list[tuple[object, str, str]] = [
-        (CheckpointStore, "begin_superstep", "coordinator: prepare the GC + fence (pipelined)"),
+        (CheckpointStore, "begin_superstep", "coordinator: prepare the GC + fence (first only)"),
         (RedisHotStore, "step_start", "step_start: fence + claim + first beat (Redis)"),
         (Heartbeat, "__enter__", "heartbeat: schedule its beats"),
         (Heartbeat, "__exit__", "heartbeat: end its beats"),
@@ -310,7 +310,7 @@ def cairn_profile(team: Team, steps: int, cairn_overhead: float) -> None:
         (CheckpointStore, "put_blob", "put_blob"),
         (CheckpointStore, "write_lc", "write_lc: cut, encode, fenced write of LC + vote + blobs"),
         (agents_part, "build_gc", "barrier: build_gc (reads the vote's LC)"),
-        (CheckpointStore, "commit_gc", "barrier: commit_gc"),
+        (CheckpointStore, "commit_and_begin", "barrier: commit_gc + the next begin (one script)"),
     ]
     tool = TOOLS["write_file"]
     team.tools = ToolRegistry(
@@ -533,8 +533,9 @@ def run() -> list[Target]:
             f"{LATENCY * 1000:g} ms, one write_file of {FILE_CHARS} chars a step. Cairn: "
             f"redis-server private (port {server.port}, no AOF, as the agents part), store "
             f"Codec() unsigned, full_every={store.full_every}, logs as JSON into /dev/null; a "
-            "superstep is the coordinator's begin (the GC prepared and the attempt fenced in one "
-            "round trip) + run_step + the barrier's commit"
+            "superstep is run_step + the barrier's commit, whose one script also begins the next "
+            "superstep (the GC prepared and the attempt fenced in), as the coordinator's under "
+            "durability: async"
         )
         variants = {
             PLAIN: Variant(setup.plain),

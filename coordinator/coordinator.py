@@ -14,7 +14,8 @@ import contextlib
 import json
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from enum import Enum
 from pathlib import Path
 from typing import TypeVar, cast
 
@@ -186,6 +187,24 @@ class Barrier:
         return self.running and not (self.epoch != latest.epoch and self.restoring)
 
 
+class Then(str, Enum):
+    """What follows a committed GC when no superstep starts after it (yet)."""
+
+    VERIFY = "verify"  # every agent rests: run the task's verify command
+    WAIT = "wait"  # an agent's tool call waits for a person's approval
+    FAIL = "fail"  # past max_supersteps
+    PAUSE = "pause"  # the budget is reached
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    """What follows a committed GC: the next superstep's agents, else `then` and its reason."""
+
+    agents: tuple[str, ...] = ()
+    then: Then | None = None
+    reason: str = ""
+
+
 class Coordinator:
     """Drives the tasks of one Redis; `run` loops while holding the leader lease.
 
@@ -210,6 +229,8 @@ class Coordinator:
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
+        # (task, job id) → when a look first found that job taken from its queue, not started
+        self._taken: dict[tuple[str, str], float] = {}
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
         # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
@@ -316,7 +337,6 @@ class Coordinator:
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str, committed: GlobalCheckpoint | None = None) -> None:
         """Start the superstep after the latest GC (`committed`, when the caller holds it)."""
-        record = self._record(task)
         limits = self._limits(task)
         latest = self.store.hot.latest_gc(task) if committed is None else committed.number
         if self.archived.behind(task, latest):  # the next number would be an archived one
@@ -331,29 +351,37 @@ class Coordinator:
         barrier = Barrier.read(self.redis, task)
         if not barrier.may_begin(gc):
             return
-        order = [a.name for a in record.agents]
+        plan = self._plan(task, gc, barrier)
+        if plan.agents:
+            superstep, epoch = gc.superstep + 1, barrier.epoch
+            intent = gc.model_copy(
+                update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
+            )
+            self._launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent)
+        elif plan.then is Then.VERIFY:
+            self._verify(task, gc, [a.name for a in self._record(task).agents], limits,
+                         barrier.epoch)  # fmt: skip
+        elif plan.then is Then.FAIL:
+            self._finish(task, TaskState.FAILED, plan.reason)
+        elif plan.then is Then.PAUSE:
+            self.runs.write(task, {"status": TaskState.PAUSED, "reason": BUDGET_REASON})
+            log.info("task paused: budget reached", task=task, spent=plan.reason)
+
+    def _plan(self, task: str, gc: GlobalCheckpoint, barrier: Barrier) -> Plan:
+        """Decide what follows `gc` (the caller does it): the next superstep, or what else."""
+        limits = self._limits(task)
+        order = [a.name for a in self._record(task).agents]
         agents = runnable(self.store, gc, order)
         if not agents:
-            if not any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
-                self._verify(task, gc, order, limits, barrier.epoch)
-            return  # else waiting for a person
+            if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
+                return Plan(then=Then.WAIT)
+            return Plan(then=Then.VERIFY)
         if gc.superstep >= limits.max_supersteps:
-            self._finish(
-                task, TaskState.FAILED, f"reached max_supersteps ({limits.max_supersteps})"
-            )
-            return
+            return Plan(then=Then.FAIL, reason=f"reached max_supersteps ({limits.max_supersteps})")
         why = budget_reached(budget_of(barrier.budget, limits), barrier.spent)
         if why is not None:
-            self.runs.write(task, {"status": TaskState.PAUSED, "reason": BUDGET_REASON})
-            log.info("task paused: budget reached", task=task, spent=why)
-            return
-        superstep, epoch = gc.superstep + 1, barrier.epoch
-        intent = gc.model_copy(
-            update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
-        )
-        self._launch(task, dict.fromkeys(agents, 1), superstep, epoch, limits, intent)
-        self.runs.write(task, {"superstep": superstep, "number": intent.number, "epoch": epoch})
-        log.info("superstep started", task=task, superstep=superstep, agents=agents)
+            return Plan(then=Then.PAUSE, reason=why)
+        return Plan(tuple(agents))
 
     def _launch(
         self,
@@ -363,14 +391,18 @@ class Coordinator:
         epoch: int,
         limits: Limits,
         intent: GlobalCheckpoint | None = None,
+        *,
+        fenced: bool = False,
     ) -> None:
         """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go.
 
-        A new superstep's `intent` (its GC to be) is prepared in the fencing's round trip.
+        A new superstep's `intent` (its GC to be) is prepared in the fencing's round trip,
+        unless `fenced` says the commit before it did both; its run state is then written
+        with the steps, in one write.
         """
         if intent is None:
             self.store.hot.begin_attempts(task, attempts, superstep, epoch=epoch)
-        else:
+        elif not fenced:
             self.store.begin_superstep(intent, attempts, self.lease.token)
         # Logged before the jobs exist: a history checker reads which attempt was current.
         log.info("steps launched", task=task, epoch=epoch, superstep=superstep, attempts=attempts)
@@ -397,7 +429,12 @@ class Coordinator:
         )
         steps = {agent: StepRun(attempt, jobs[agent]).dump() for agent, attempt in attempts.items()}
         pipe.execute()
-        self.runs.write(task, steps=steps)
+        if intent is None:
+            self.runs.write(task, steps=steps)
+            return
+        run = {"superstep": superstep, "number": intent.number, "epoch": epoch}
+        self.runs.write(task, run, steps, clear_steps=True)
+        log.info("superstep started", task=task, superstep=superstep, agents=list(attempts))
 
     def _watch(self, task: str, seen: Look) -> None:
         run, latest = seen.run, seen.latest
@@ -433,8 +470,9 @@ class Coordinator:
         outcomes = cast(
             dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, superstep))
         )
-        jobs = JobState.read_many(self.redis, [s.job for s in watched.values()],
-                                  self.queue.key, self.heartbeat_grace, now)  # fmt: skip
+        ids = [s.job for s in watched.values()]
+        jobs = JobState.read_many(self.redis, ids, self.queue.key, self.heartbeat_grace, now)
+        jobs = self._taken_for_long(task, ids, jobs, now)
         beats = cast(
             list[bytes | None], self.redis.mget([keys.heartbeat(task, a) for a in watched])
         )
@@ -446,6 +484,27 @@ class Coordinator:
                 task, run, agent, step, superstep, failure, now
             ):
                 return
+
+    def _taken_for_long(
+        self, task: str, ids: list[str], jobs: list[JobState | None], now: float
+    ) -> list[JobState | None]:
+        """`jobs`, each seen taken and not started for under the grace counted as waiting.
+
+        A worker takes a job from its queue, then marks it started: a look between the two
+        finds it in neither state, and under load that can last a while. Only a job still
+        taken and not started `heartbeat_grace` s after a look first found it so is one
+        whose worker died in between.
+        """
+        kept = {k: v for k, v in self._taken.items() if k[0] != task}
+        out: list[JobState | None] = []
+        for job_id, job in zip(ids, jobs, strict=True):
+            if job is not None and job.dequeued:
+                first = kept[(task, job_id)] = self._taken.get((task, job_id), now)
+                if now - first < self.heartbeat_grace:
+                    job = replace(job, dequeued=False)  # noqa: PLW2901 - the job as judged
+            out.append(job)
+        self._taken = kept
+        return out
 
     def _ingest(self, task: str, epoch: int, superstep: int, votes: dict[str, LCRef]) -> None:
         """Read the barrier's inputs from LCs as their votes arrive, not all at the last one.
@@ -507,10 +566,16 @@ class Coordinator:
     def _commit(
         self, task: str, superstep: int, run: dict[str, str], votes: dict[str, LCRef]
     ) -> None:
+        """Build the superstep's GC and commit it; begin the next superstep.
+
+        In the commit's own write when it is due now and nothing must come between (see
+        `_then`), else after it, as a superstep begins after a restore.
+        """
         record = self._record(task)
         gc = self.store.latest_gc(task)
         assert gc is not None
         order = [a.name for a in record.agents]
+        epoch = int(run["epoch"])
         barrier = build_gc(
             self.store,
             gc,
@@ -518,11 +583,18 @@ class Coordinator:
             order,
             number=int(run["number"]),
             superstep=superstep,
-            epoch=int(run["epoch"]),
-            outputs=self._read_ahead(task, int(run["epoch"]), superstep, votes),
+            epoch=epoch,
+            outputs=self._read_ahead(task, epoch, superstep, votes),
         )
+        agents = self._then(task, barrier.gc, run)
+        prepared = None
         try:
-            committed = self.store.commit_gc(barrier.gc, self.lease.token)
+            if agents:
+                committed, prepared = self.store.commit_and_begin(
+                    barrier.gc, dict.fromkeys(agents, 1), self.lease.token
+                )
+            else:
+                committed = self.store.commit_gc(barrier.gc, self.lease.token)
         except CommitRefused:
             if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
                 raise
@@ -530,7 +602,37 @@ class Coordinator:
         metrics.GC_COMMITS.inc()
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
                  epoch=committed.epoch, conflicts=len(barrier.conflicts))  # fmt: skip
-        self._after_commit(task, committed)
+        if prepared is None:
+            self._after_commit(task, committed)
+            return
+        self._launch(task, dict.fromkeys(agents, 1), prepared.superstep, epoch,
+                     self._limits(task), prepared, fenced=True)  # fmt: skip
+        self._archive(task, committed)
+
+    def _then(self, task: str, gc: GlobalCheckpoint, run: dict[str, str]) -> list[str]:
+        """The agents of the superstep after `gc` if its commit may begin it; else [].
+
+        Only under `durability: async`, where nothing waits between a commit and the next
+        superstep (`sync` waits for the disk, `replicated` for a replica), and only while
+        the run is `running`. A budget is judged on the spend read now: every step of the
+        superstep counted its spend before it voted. The epoch needs no look: the commit
+        is refused unless it is still `gc`'s, and the next superstep begins in it.
+        """
+        if run.get("status") != TaskState.RUNNING.value:
+            return []
+        limits = self._limits(task)
+        if limits.checkpoints.durability != "async":
+            return []
+        budget = run["budget"].encode() if "budget" in run else None
+        spent: dict[str, Usage] = {}
+        try:
+            if budget_of(budget, limits) is not None:
+                spend = cast(dict[bytes, bytes], self.redis.hgetall(keys.spend(task)))
+                spent = parse_spend(spend)[0]
+            return list(self._plan(task, gc, Barrier(True, gc.epoch, False, budget, spent)).agents)
+        except (CairnError, redis.RedisError) as exc:  # a state unread: the commit goes alone
+            log.info("next superstep not begun with the commit", task=task, why=str(exc))
+            return []
 
     def _after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
         """Close the superstep whose GC is committed and start the next one at once.
@@ -650,6 +752,7 @@ class Coordinator:
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
         self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
         self._checked.pop(task, None)
+        self._taken = {k: v for k, v in self._taken.items() if k[0] != task}
         self.archived.forget(task)
         self.replication.forget(task)
 

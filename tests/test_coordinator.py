@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import threading
@@ -416,6 +417,66 @@ def test_a_retry_of_a_step_whose_job_was_canceled_already_goes_on(
     agent = job.split("-")[-2]
     first = cluster.store.read_gc(task, 1)
     assert 2 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt
+
+
+def test_a_job_a_worker_took_a_moment_ago_is_not_taken_for_dead(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A job taken from its queue and not started yet waits a grace before it counts as lost.
+
+    Under load a worker may take a while between taking a job and marking it started; a
+    look in between, past the grace since the job's enqueue, sees it in neither state. It
+    is retried only if a grace later it is still so; started meanwhile, it runs as attempt 1.
+    """
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.start_superstep(task)
+    queue = f"rq:queue:{STEPS_QUEUE}"
+    job = cast(bytes, cluster.client.lindex(queue, 0)).decode()
+    cluster.client.lmove(queue, f"{queue}:intermediate")  # a worker took it
+    time.sleep(cluster.coordinator.heartbeat_grace + 0.1)  # older than the grace
+    for _ in range(3):  # first found taken, then looked at again within the grace
+        cluster.coordinator.tick()
+        time.sleep(0.25)
+    agent = job.split("-")[-2]
+    steps = cluster.client.hgetall(keys.steps(task))
+    assert 1 == json.loads(steps[agent.encode()])["attempt"]
+    cluster.client.lmove(f"{queue}:intermediate", queue)  # it starts after all
+    cluster.start_worker()
+    assert "succeeded" == cluster.drive(task)["status"]
+    first = cluster.store.read_gc(task, 1)
+    assert 1 == cluster.store.read_lc(task, agent, first.members[agent].id).attempt
+
+
+@pytest.mark.parametrize("durability", ["async", "sync"])
+def test_a_superstep_begins_after_its_predecessor_is_acknowledged(
+    cluster: Cluster, tmp_path: Path, durability: str
+) -> None:
+    """A superstep's steps launch only once the GC before it is acknowledged.
+
+    That is once it committed, and under `sync` once it is on disk too; under `async` the
+    commit's own write begins the next superstep, with nothing refused on the way.
+    """
+    spec = team_spec(tmp_path / "ledger")
+    spec = spec.model_copy(
+        update={"checkpoints": spec.checkpoints.model_copy(update={"durability": durability})}
+    )
+    cluster.start_worker()
+    task = cluster.tasks.submit(spec)
+    with capture_logs() as logs:
+        assert "succeeded" == cluster.drive(task)["status"]
+    events = [e for e in logs if e.get("task") == task]
+    at = {(e["event"], e.get("superstep")): n for n, e in reversed(list(enumerate(events)))}
+    for n, event in enumerate(events):
+        if event["event"] != "steps launched" or event["superstep"] == 1:
+            continue
+        committed = at[("superstep committed", event["superstep"] - 1)]
+        assert committed < n
+        if durability == "sync":
+            archived = [k for k, e in enumerate(events) if e["event"] == "checkpoints archived"
+                        and e["through"] >= event["superstep"] - 1]  # fmt: skip
+            assert archived, f"GC of superstep {event['superstep'] - 1} never archived"
+            assert archived[0] < n
+    assert [] == [e for e in events if e["event"] == "next superstep not begun with the commit"]
 
 
 def test_the_tick_that_commits_a_superstep_begins_the_next(
