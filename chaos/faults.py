@@ -25,8 +25,12 @@ KINDS = {
     "partition_worker": "cut a worker running a step off Redis for a while, then reconnect it",
     "maxmemory": "hold Redis at `maxmemory` (noeviction) for a while: writes fail with OOM",
     "failover": "SIGKILL the Redis primary; Sentinel promotes a replica, every process follows",
+    "split_primary": "promote a replica while the old primary answers on; every process leaves it",
 }
-ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive", "failover"))
+# The faults that move the primary: a run on replicas has exactly one of them.
+PRIMARY_MOVES = ("failover", "split_primary")
+SPLIT_SHARE = 0.5  # of the runs on replicas, whose primary moves by a split, not a kill
+ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive", *PRIMARY_MOVES))
 # Faults that need the lone redis-server behind the harness's proxies: a run with replicas
 # has no proxy to slow or cut (every process asks the Sentinels for the primary's own
 # address), and restarting, flushing or filling a primary is a fault of its own there.
@@ -57,7 +61,7 @@ class Plan:
     @property
     def replicas(self) -> bool:
         """Whether the run needs Redis with replicas and Sentinels (it fails one over)."""
-        return any(f.kind == "failover" for f in self.faults)
+        return any(f.kind in PRIMARY_MOVES for f in self.faults)
 
 
 def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
@@ -68,8 +72,9 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
     the seed always drew. `flushall` only under `durability: sync` (under async a GC not
     yet archived may be lost with Redis, as documented); `full_archive` only when a small
     filesystem can be mounted (root). A share of the seeds run on replicas: exactly one
-    of their faults is a `failover`, the others among `WITH_REPLICAS`, and their
-    durability is any of the three (`replicated` needs replicas, so only there).
+    of their faults moves the primary, the others are among `WITH_REPLICAS`, and their
+    durability is any of the three (`replicated` needs replicas, so only there). Half of
+    those move it by a `split_primary` instead of a `failover`, drawn last too.
     """
     rng = random.Random(seed)
     replicas = rng.random() < REPLICA_SHARE
@@ -96,4 +101,6 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
         faults.append(Fault(kind, at, round(value, 4)))
     workers = rng.randint(2, 4)
     concurrency = rng.choice((1, 1, 2, 4))
+    if replicas and rng.random() < SPLIT_SHARE:
+        faults = [Fault("split_primary", f.at) if f.kind == "failover" else f for f in faults]
     return Plan(seed, durability, workers, sorted(faults, key=lambda f: f.at), concurrency)

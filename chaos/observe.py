@@ -46,7 +46,7 @@ class History:
     commits: list[tuple[str, int, int]] = field(default_factory=list)  # (at, gc, epoch)
     archives: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     flushes: list[str] = field(default_factory=list)  # when Redis lost everything
-    failovers: list[str] = field(default_factory=list)  # when a replica was promoted
+    failovers: list[str] = field(default_factory=list)  # when the old primary's reign ended
     replicated: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     restores: list[Restore] = field(default_factory=list)
     fenced: int = 0  # attempts refused because a newer epoch or attempt owned the step
@@ -79,8 +79,9 @@ class History:
                 self.corrupted.append(str(event["file"]))
             if event["fault"] == "flushall":
                 self.flushes.append(str(event.get("flushed_at", at)))
-            if event["fault"] == "failover":
-                self.failovers.append(str(event.get("promoted_at", at)))
+            if event["fault"] in ("failover", "split_primary"):
+                # After a split the old primary may take writes until every process left it.
+                self.failovers.append(str(event.get("left_by") or event.get("promoted_at", at)))
 
 
 def read_history(logs: Path, task: str) -> History:

@@ -23,7 +23,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import IO, cast
 
@@ -51,6 +51,12 @@ FLUSHALL_RESTORE_FOR = 30.0  # seconds the operator keeps trying a refused resto
 MEMORY_FILLER = "chaos:maxmemory-filler"
 # What a fault that could not be injected raises (a promotion that never came, too).
 FAULT_ERRORS = (OSError, redis.RedisError, subprocess.SubprocessError, RedisServerError)
+BUSY_WAIT = 2.0  # seconds a fault on "a worker running a step" waits for one to run
+TIMESTAMP = "%Y-%m-%dT%H:%M:%S.%fZ"  # structlog's ISO timestamps in UTC, as the logs spell them
+# Seconds after a split within which every process has left the old primary: a pool asks the
+# Sentinels every second (storage.backends.sentinel), a worker's wait for a job ends
+# within 5 s (coordinator.worker.DEQUEUE_WAIT), a commit under way finishes first.
+SPLIT_LEFT_WITHIN = 8.0
 
 
 @dataclass
@@ -68,7 +74,7 @@ class RunResult:
 
 def utc_now() -> str:
     """Now, as structlog's ISO timestamps spell it (UTC): comparable with log lines."""
-    return datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    return datetime.now(UTC).strftime(TIMESTAMP)
 
 
 class ChaosRun:
@@ -333,17 +339,24 @@ class ChaosRun:
     def _busy_worker(self) -> tuple[subprocess.Popen[bytes], str | None] | None:
         """A worker running a step of the task now (by its heartbeat), and its agent.
 
-        With no step running, any live worker, and None for the agent.
+        Between supersteps no step runs for a moment: it waits up to `BUSY_WAIT` s for one.
+        With none running by then, any live worker, and None for the agent.
         """
         assert self.client is not None
-        beats = cast(
-            list[bytes | None], self.client.mget([keys.heartbeat(self.task, a) for a in AGENTS])
-        )
-        running = {int(b.decode().split(":")[1]): a for a, b in zip(AGENTS, beats, strict=True)
-                   if b is not None}  # fmt: skip
-        live = [w for w in self.workers
-                if w.poll() is None and w.pid not in self.paused | self.cut]  # fmt: skip
-        busy = [w for w in live if w.pid in running]
+        deadline = time.monotonic() + BUSY_WAIT
+        while True:
+            beats = cast(
+                list[bytes | None],
+                self.client.mget([keys.heartbeat(self.task, a) for a in AGENTS]),
+            )
+            running = {int(b.decode().split(":")[1]): a for a, b in zip(AGENTS, beats, strict=True)
+                       if b is not None}  # fmt: skip
+            live = [w for w in self.workers
+                    if w.poll() is None and w.pid not in self.paused | self.cut]  # fmt: skip
+            busy = [w for w in live if w.pid in running]
+            if busy or not live or time.monotonic() > deadline or self.done.is_set():
+                break
+            time.sleep(0.02)
         if not live:
             return None
         worker = self.rng.choice(busy or live)
@@ -451,6 +464,22 @@ class ChaosRun:
         new = self.replica_set.failover()
         return {"old_port": old.port, "new_port": new.port, "killed_at": killed_at,
                 "promoted_at": utc_now()}  # fmt: skip
+
+    def _split_primary(self, fault: Fault) -> dict[str, object] | None:
+        """Promote a replica while the old primary lives on; return once the Sentinels agree.
+
+        The old primary keeps answering, with no replica, until the run ends: the
+        processes must leave it on their own (`storage.backends.sentinel`). `left_by` is
+        `SPLIT_LEFT_WITHIN` s after the promotion: a GC only the old primary held may be
+        lost until every process has left it, so the checker counts what was not durable
+        by then as gone with it.
+        """
+        assert self.replica_set is not None
+        old, new = self.replica_set.split()
+        promoted = datetime.now(UTC)
+        left_by = (promoted + timedelta(seconds=SPLIT_LEFT_WITHIN)).strftime(TIMESTAMP)
+        return {"old_port": old.port, "new_port": new.port,
+                "promoted_at": promoted.strftime(TIMESTAMP), "left_by": left_by}  # fmt: skip
 
     def _flushall(self, fault: Fault) -> dict[str, object] | None:
         assert self.client is not None

@@ -15,7 +15,7 @@ from pathlib import Path
 import redis
 
 from chaos.checker import INVARIANTS, check
-from chaos.faults import SINGLE_REDIS, draw
+from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, draw
 from chaos.ledger import record
 from chaos.observe import GCView, History, MemberView, Observed, Restore, read_history
 from chaos.proxy import DelayProxy
@@ -278,7 +278,9 @@ def test_a_seed_draws_one_schedule() -> None:
     assert {1, 2, 4} == {p.concurrency for p in plans}
     on_replicas = [p for p in plans if p.replicas]
     assert on_replicas, "no seed fails Redis over"
-    assert all(1 == [f.kind for f in p.faults].count("failover") for p in on_replicas)
+    assert all(1 == sum(f.kind in PRIMARY_MOVES for f in p.faults) for p in on_replicas)
+    assert {"failover", "split_primary"} == {f.kind for p in on_replicas for f in p.faults
+                                             if f.kind in PRIMARY_MOVES}  # fmt: skip
     assert not {f.kind for p in on_replicas for f in p.faults} & set(SINGLE_REDIS)
     assert all(p.replicas for p in plans if p.durability == "replicated")
 
