@@ -54,11 +54,15 @@ class CairnLogger:
     """A logger of one Cairn module: structlog as the process configured it, else `logging`.
 
     The choice is made at each call, so a process that configures logging after
-    importing Cairn gets every event from then on.
+    importing Cairn gets every event from then on. The logger bound to a configuration is
+    kept while that configuration stands: structlog's own proxy, not caching (a test's
+    `capture_logs` configures anew), binds one anew at each call, about as costly as
+    logging the event.
     """
 
     def __init__(self, name: str) -> None:
         self._configured = structlog.get_logger(name)
+        self._bound: tuple[list[object], Any] | None = None  # (the processors, bound to them)
         self._library = structlog.wrap_logger(
             logging.getLogger(name),
             processors=[
@@ -72,8 +76,15 @@ class CairnLogger:
         )
 
     def __getattr__(self, method: str) -> Any:  # noqa: ANN401 - structlog's loggers are untyped
-        logger = self._configured if structlog.is_configured() else self._library
-        return getattr(logger, method)
+        if not structlog.is_configured():
+            return getattr(self._library, method)
+        # `configure` replaces the processors list, so the same list is the same config; the
+        # list is held here, so its identity is never another's.
+        processors = structlog.get_config()["processors"]
+        bound = self._bound
+        if bound is None or bound[0] is not processors:
+            bound = self._bound = (processors, self._configured.bind())
+        return getattr(bound[1], method)
 
 
 def get_logger(name: str) -> CairnLogger:

@@ -191,6 +191,10 @@ class _Step:
         self.dirty = False  # an external call ran since the last tool-level checkpoint
         self.touched = False  # a tool ran since the tree was last synced or captured
         self.unstored: dict[str, bytes] = {}  # captured contents the next LC write stores
+        # What this attempt's tool-level LCs stored: the step's LC carries what of it its
+        # change set still names, so the LC and every blob it names land on one Redis even
+        # if the connection moved to another primary in between (a failover).
+        self.stored: dict[str, bytes] = {}
         self.ctx = ToolContext(
             workspace=self.workspace,
             agent=agent,
@@ -400,6 +404,7 @@ class _Step:
         self._capture()
         self.dirty = False
         ref = self.store.write_lc(self.state, Level.TOOL, blobs=self.unstored.values())
+        self.stored.update(self.unstored)
         self.unstored.clear()
         log.debug("tool-level checkpoint", lc=ref.id)
 
@@ -411,7 +416,9 @@ class _Step:
         state.workspace_after, manifest = manifest_blob(files)
         self.warm.keep_manifest(self.task, state.workspace_after, files)
         # One fenced write: the LC, its vote, the files it changed and its manifest.
-        blobs = [*self.unstored.values(), manifest]
+        named = set(state.changes.values())
+        again = [content for sha, content in self.stored.items() if sha in named]
+        blobs = [*again, *self.unstored.values(), manifest]
         self._settle()
         ref = self.store.write_lc(state, Level.STEP, vote=True, blobs=blobs)
         for call in self.decided:  # the vote is in: no retry of this step will need them

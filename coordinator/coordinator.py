@@ -49,7 +49,14 @@ from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
 from coordinator.verify import verify
 from storage import keys
-from storage.errors import CairnError, CommitRefused, FencedWrite, RestoreFailed
+from storage.errors import (
+    CairnError,
+    CommitRefused,
+    CorruptCheckpoint,
+    FencedWrite,
+    RecordNotFound,
+    RestoreFailed,
+)
 from storage.ids import new_id
 from storage.keys import SPEC_DOC
 from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
@@ -576,16 +583,20 @@ class Coordinator:
         assert gc is not None
         order = [a.name for a in record.agents]
         epoch = int(run["epoch"])
-        barrier = build_gc(
-            self.store,
-            gc,
-            votes,
-            order,
-            number=int(run["number"]),
-            superstep=superstep,
-            epoch=epoch,
-            outputs=self._read_ahead(task, epoch, superstep, votes),
-        )
+        try:
+            barrier = build_gc(
+                self.store,
+                gc,
+                votes,
+                order,
+                number=int(run["number"]),
+                superstep=superstep,
+                epoch=epoch,
+                outputs=self._read_ahead(task, epoch, superstep, votes),
+            )
+        except (RecordNotFound, CorruptCheckpoint) as exc:  # a vote whose LC Redis lost
+            self._give_up(task, run, f"superstep {superstep} cannot be committed: {exc}")
+            return
         agents = self._then(task, barrier.gc, run)
         prepared = None
         try:
@@ -595,9 +606,12 @@ class Coordinator:
                 )
             else:
                 committed = self.store.commit_gc(barrier.gc, self.lease.token)
-        except CommitRefused:
+        except CommitRefused as exc:
             if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
-                raise
+                # What it names is gone or not what was voted (Redis lost it: a failover,
+                # a FLUSHALL): as a step that failed, the superstep rolls back.
+                self._give_up(task, run, f"superstep {superstep} cannot be committed: {exc}")
+                return
             committed = self.store.read_gc(task, barrier.gc.number)  # another did it first
         metrics.GC_COMMITS.inc()
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,

@@ -479,6 +479,34 @@ def test_a_superstep_begins_after_its_predecessor_is_acknowledged(
     assert [] == [e for e in events if e["event"] == "next superstep not begun with the commit"]
 
 
+def test_a_refused_commit_rolls_the_superstep_back_and_the_task_goes_on(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A superstep whose voted LC Redis no longer holds is a failed superstep.
+
+    It rolls back to the latest committed GC, as an exhausted step does, and the task
+    goes on to its end instead of being refused at every tick.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.start_superstep(task)
+    agents = {bytes(a).decode() for a in cast(list[bytes], cluster.client.hkeys(keys.steps(task)))}
+    deadline = time.monotonic() + 30
+    while (votes := cluster.store.hot.get_votes(task, 1, 1)).keys() != agents:
+        assert time.monotonic() < deadline, "the steps never voted"
+        time.sleep(0.05)
+    lost = sorted(votes)[0]
+    cluster.client.delete(keys.lc(task, votes[lost].id))  # gone with the Redis that held it
+    with capture_logs() as logs:
+        assert "succeeded" == cluster.drive(task)["status"]
+    aborted = [e["reason"] for e in logs if e["event"] == "superstep aborted; rolling back"]
+    assert 1 == len(aborted), aborted
+    assert "superstep 1 cannot be committed" in aborted[0]
+    committed = [(g.number, g.superstep) for g in cluster.store.list_gcs(task)
+                 if g.status is GCStatus.COMMITTED]  # fmt: skip
+    assert [(0, 0), (2, 0)] == committed[:2]  # GC 1 never committed; the restore's is GC 2
+
+
 def test_the_tick_that_commits_a_superstep_begins_the_next(
     cluster: Cluster, tmp_path: Path
 ) -> None:

@@ -70,31 +70,38 @@ def guarded(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ReplicaSet]:
         yield rs
 
 
+@contextlib.contextmanager
+def working(tmp_path: Path, replicas: int) -> Iterator[tuple[ReplicaSet, Cluster]]:
+    """A primary with `replicas` replicas and three Sentinels, and two worker processes."""
+    with ReplicaSet(tmp_path / "redis", replicas=replicas) as rs:
+        cluster = Cluster(rs, tmp_path)
+        try:
+            for _ in range(2):
+                cluster.start_worker()
+            yield rs, cluster
+        finally:
+            cluster.close()
+
+
 def test_no_acknowledged_gc_is_lost_across_a_failover(tmp_path: Path) -> None:
     """A task on a Sentinel URL survives a SIGKILLed primary, losing no acknowledged GC.
 
     Every GC acknowledged under `replicated` before the kill reads back whole after it,
     and the task succeeds.
     """
-    with ReplicaSet(tmp_path / "redis", replicas=2) as rs:
-        cluster = Cluster(rs, tmp_path)
-        try:
-            for _ in range(2):
-                cluster.start_worker()
-            task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger", slow=1.0)))
-            tick_until(cluster, lambda: int(run_field(cluster, task, "replicated") or -1) >= 1)
-            acknowledged = int(run_field(cluster, task, "replicated") or -1)
-            before = {n: cluster.store.read_gc(task, n) for n in range(acknowledged + 1)}
-            old = rs.primary()
-            new = rs.failover()
-            assert old is not new
-            tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
-            assert "succeeded" == cluster.status(task)["status"]
-            for number, gc in before.items():  # hot, else from the archive: checked either way
-                assert gc.checksum == cluster.store.read_gc(task, number).checksum
-            assert int(run_field(cluster, task, "replicated") or -1) > acknowledged
-        finally:
-            cluster.close()
+    with working(tmp_path, replicas=2) as (rs, cluster):
+        task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger", slow=1.0)))
+        tick_until(cluster, lambda: int(run_field(cluster, task, "replicated") or -1) >= 1)
+        acknowledged = int(run_field(cluster, task, "replicated") or -1)
+        before = {n: cluster.store.read_gc(task, n) for n in range(acknowledged + 1)}
+        old = rs.primary()
+        new = rs.failover()
+        assert old is not new
+        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
+        assert "succeeded" == cluster.status(task)["status"]
+        for number, gc in before.items():  # hot, else from the archive: checked either way
+            assert gc.checksum == cluster.store.read_gc(task, number).checksum
+        assert int(run_field(cluster, task, "replicated") or -1) > acknowledged
 
 
 def test_a_held_connection_leaves_a_primary_the_sentinels_replaced_while_it_answers(
@@ -140,39 +147,33 @@ def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
     from it and succeeds there, every acknowledged GC reads back, and no process writes to
     the old primary once it has moved.
     """
-    with ReplicaSet(tmp_path / "redis", replicas=1) as rs:
-        cluster = Cluster(rs, tmp_path)
+    with working(tmp_path, replicas=1) as (rs, cluster):
+        task = cluster.tasks.submit(synced(team_spec(tmp_path / "ledger", slow=0.5)))
+        tick_until(cluster, lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
+        old, _new = rs.split()
+        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=120)
+        assert "succeeded" == cluster.status(task)["status"]
+        archived = cluster.store.cold.list_gcs(task)
+        assert archived, "nothing archived"
+        for number in archived:
+            on_disk = cluster.store.cold.get_gc(task, number)
+            assert on_disk is not None
+            assert cluster.store.codec.named_digest(on_disk) == (
+                cluster.store.read_gc(task, number).checksum
+            )
+        on_old = rs.client(old)
         try:
-            for _ in range(2):
-                cluster.start_worker()
-            task = cluster.tasks.submit(synced(team_spec(tmp_path / "ledger", slow=0.5)))
-            tick_until(cluster, lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
-            old, _new = rs.split()
-            tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=120)
-            assert "succeeded" == cluster.status(task)["status"]
-            archived = cluster.store.cold.list_gcs(task)
-            assert archived, "nothing archived"
-            for number in archived:
-                on_disk = cluster.store.cold.get_gc(task, number)
-                assert on_disk is not None
-                assert cluster.store.codec.named_digest(on_disk) == (
-                    cluster.store.read_gc(task, number).checksum
-                )
-            on_old = rs.client(old)
-            try:
-                seen = _snapshot(on_old, task)
-                time.sleep(3)
-                again = _snapshot(on_old, task)
-            finally:
-                on_old.close()
-            # Keys only expire there (a heartbeat's TTL runs out): none is new, rewritten
-            # or given a longer life.
-            assert [] == [k for k in again if k not in seen], "a process writes to the old primary"
-            changed = [k for k, (data, ttl) in again.items()
-                       if data != seen[k][0] or ttl > seen[k][1] >= 0]  # fmt: skip
-            assert [] == changed, "a process still writes to the old primary"
+            seen = _snapshot(on_old, task)
+            time.sleep(3)
+            again = _snapshot(on_old, task)
         finally:
-            cluster.close()
+            on_old.close()
+        # Keys only expire there (a heartbeat's TTL runs out): none is new, rewritten
+        # or given a longer life.
+        assert [] == [k for k in again if k not in seen], "a process writes to the old primary"
+        changed = [k for k, (data, ttl) in again.items()
+                   if data != seen[k][0] or ttl > seen[k][1] >= 0]  # fmt: skip
+        assert [] == changed, "a process still writes to the old primary"
 
 
 def _snapshot(client: redis.Redis, task: str) -> dict[bytes, tuple[bytes | None, int]]:

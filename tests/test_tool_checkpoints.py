@@ -8,14 +8,16 @@ at most the tool it interrupted: never the model turn again, never a finished co
 from __future__ import annotations
 
 import signal
+import sys
 from pathlib import Path
 
 from agents.task import start_task
 from agents.tools import idempotency_key
-from storage.records import Role
+from storage import keys
+from storage.records import Role, sha256_hex
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
-from tests.agent_harness import record, scripted
+from tests.agent_harness import record, scripted, superstep
 from tests.test_step import run_in_process
 
 
@@ -101,3 +103,33 @@ def test_a_finished_command_is_not_run_again_after_a_kill_in_the_next_tool(
     state = own_store.read_state("after", "coder", vote.id, vote.checksum)
     results = [m.content for m in state.messages if m.role is Role.TOOL]
     assert ["exit code 0\n", "hi\n"] == results
+
+
+def test_a_step_lc_stores_again_the_blobs_its_tool_lcs_stored(
+    own_redis: RedisServer, own_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """A file's blob is stored with the LC before a command, and again with the step's LC.
+
+    So the LC a commit names and every blob it names land on one Redis. The command
+    deletes that blob from Redis, as a write that went to a primary the connection then
+    left (the Sentinels promoted another) would leave it: the GC of the superstep still
+    reads the file back from Redis alone.
+    """
+    content = b"written before the command\n"
+    blob = keys.blob("moved", sha256_hex(content))
+    command = (
+        f"{sys.executable} -c \"import redis; redis.Redis(port={own_redis.port}).delete('{blob}')\""
+    )
+    turn = {
+        "say": "Write, then run.",
+        "tools": [
+            {"name": "write_file", "args": {"path": "notes.txt", "content": content.decode()}},
+            {"name": "run_command", "args": {"command": command}},
+        ],
+    }
+    start_task(own_store, record("moved", scripted("coder", [turn])), {"README.md": b"hi\n"})
+    gc = superstep(own_store, "moved", tmp_path / "cache")
+    assert gc is not None
+    files = own_store.read_manifest("moved", gc.workspace).files
+    assert own_store.hot.get_blob("moved", files["notes.txt"]) is not None  # in Redis again
+    assert content == own_store.get_blob("moved", files["notes.txt"])

@@ -66,10 +66,13 @@ class _HybridPacker:
             return cast(list[bytes], self._python.pack(*args))  # type: ignore[no-untyped-call]
         plain = isinstance(args[0], str) and " " not in args[0]
         for arg in args:
-            if isinstance(arg, BINARY):
+            kind = arg.__class__
+            if kind is bytes or isinstance(arg, BINARY):
                 if len(arg) > LARGE_VALUE:
                     return cast(list[bytes], self._python.pack(*args))  # type: ignore[no-untyped-call]
-                plain = plain and arg.__class__ is bytes
+                plain = plain and kind is bytes
+            elif kind is not str and kind is not int and kind is not float:
+                plain = False  # redis-py's own packer says what it makes of it (a bool: refused)
         if plain:
             # What redis-py's hiredis packer does for these arguments, without its copies:
             # it splits a command name holding a space ("SCRIPT LOAD") and copies every
