@@ -63,7 +63,11 @@ def main(argv: list[str] | None = None) -> int:
         shape = f"{plan.durability}; {plan.workers}x{plan.concurrency} workers"
         print(f"seed {seed}: {verdict} in {result.seconds:.1f} s ({shape}; {kinds})"
               + skipped, flush=True)  # fmt: skip
-        if not result.violations and not args.keep:
+        if result.violations:  # said now, and kept beside the run, not only in the summary
+            found = [f"  {v.invariant}: {v.detail}" for v in result.violations]
+            print("\n".join(found), flush=True)
+            (run.dir / "violations.txt").write_text("\n".join(found) + "\n")
+        elif not args.keep:
             shutil.rmtree(run.dir, ignore_errors=True)
     print()
     print(table(results, "make chaos SEED={seed}"))

@@ -197,12 +197,13 @@ def _fencing(history: History, observed: Observed) -> list[Violation]:
         for agent, member in view.members.items():
             if member.superstep != view.superstep:
                 continue  # carried over from an earlier GC: the agent did not step
-            launched = history.launched.get((view.epoch, view.superstep, agent))
-            if member.epoch != view.epoch or member.attempt != launched:
+            current = history.current((view.epoch, view.superstep, agent))
+            if member.epoch != view.epoch or member.attempt not in current:
                 found.append(Violation(
                     "fenced_write",
                     f"GC {number}: {agent}'s LC is epoch {member.epoch} attempt "
-                    f"{member.attempt}; current were epoch {view.epoch} attempt {launched}",
+                    f"{member.attempt}; current were epoch {view.epoch} attempt "
+                    f"{' or '.join(map(str, sorted(current))) or 'none'}",
                 ))  # fmt: skip
     return found
 

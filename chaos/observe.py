@@ -43,10 +43,12 @@ class History:
     """What the processes and the harness said happened, each event with its time."""
 
     launched: dict[tuple[int, int, str], int] = field(default_factory=dict)  # → latest attempt
+    launches: list[tuple[str, tuple[int, int, str], int]] = field(default_factory=list)
     commits: list[tuple[str, int, int]] = field(default_factory=list)  # (at, gc, epoch)
     archives: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     flushes: list[str] = field(default_factory=list)  # when Redis lost everything
     failovers: list[str] = field(default_factory=list)  # when the old primary's reign ended
+    splits: list[tuple[str, str]] = field(default_factory=list)  # two primaries: (from, to)
     replicated: list[tuple[str, int]] = field(default_factory=list)  # (at, through gc)
     restores: list[Restore] = field(default_factory=list)
     fenced: int = 0  # attempts refused because a newer epoch or attempt owned the step
@@ -60,6 +62,7 @@ class History:
             for agent, attempt in event["attempts"].items():
                 slot = (int(event["epoch"]), int(event["superstep"]), agent)
                 self.launched[slot] = max(self.launched.get(slot, 0), int(attempt))
+                self.launches.append((at, slot, int(attempt)))
         elif name in ("superstep committed", "verify failed; the team goes on"):
             self.commits.append((at, int(event["gc"]), int(event["epoch"])))
         elif name == "task restored":
@@ -82,6 +85,25 @@ class History:
             if event["fault"] in ("failover", "split_primary"):
                 # After a split the old primary may take writes until every process left it.
                 self.failovers.append(str(event.get("left_by") or event.get("promoted_at", at)))
+            if event["fault"] == "split_primary":
+                self.splits.append((str(event["promoted_at"]), str(event["left_by"])))
+
+    def current(self, slot: tuple[int, int, str]) -> set[int]:
+        """The attempts of step `slot` (epoch, superstep, agent) that may have been current.
+
+        The latest launched, if no launch of it fell while two primaries took writes (a
+        split). Else any from the latest launched outside such a window on: which primary
+        a launch in a split reached, no log says (either fenced the attempt it launched
+        on its own), so any of them may be the surviving primary's current attempt. That
+        primary's audit stream, checked apart, records which.
+        """
+        mine = [(at, attempt) for at, s, attempt in self.launches if s == slot]
+        split = {a for at, a in mine if any(lo <= at <= hi for lo, hi in self.splits)}
+        latest = self.launched.get(slot)
+        if not split or latest is None:
+            return set() if latest is None else {latest}
+        floor = max((a for _, a in mine if a not in split), default=0)
+        return {a for _, a in mine if a >= floor}
 
 
 def read_history(logs: Path, task: str) -> History:

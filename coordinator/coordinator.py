@@ -68,6 +68,10 @@ HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
 MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
+# Seconds a look's status and budget are trusted for beginning the next superstep with a
+# commit: the look and the commit of a task are milliseconds apart, unless other tasks of
+# the same tick took long (an inline archive, a rollback).
+FRESH_LOOK = 0.1
 UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
 INTERRUPTED_REASON = "a restore stopped half-way"
 
@@ -238,6 +242,8 @@ class Coordinator:
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
         # (task, job id) → when a look first found that job taken from its queue, not started
         self._taken: dict[tuple[str, str], float] = {}
+        # task → (epoch, superstep) whose commit was refused once: a second refusal rolls back
+        self._refused: dict[str, tuple[int, int]] = {}
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
         # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
@@ -457,7 +463,7 @@ class Coordinator:
         self._ingest(task, epoch, superstep, votes)
         steps = {agent: StepRun.load(raw) for agent, raw in seen.steps.items()}
         if steps and steps.keys() <= votes.keys():
-            self._commit(task, superstep, run, {a: votes[a] for a in steps})
+            self._commit(task, superstep, seen, {a: votes[a] for a in steps})
             return
         limits = self._limits(task)
         now = time.time()
@@ -570,14 +576,16 @@ class Coordinator:
         log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
         return True
 
-    def _commit(
-        self, task: str, superstep: int, run: dict[str, str], votes: dict[str, LCRef]
-    ) -> None:
+    def _commit(self, task: str, superstep: int, seen: Look, votes: dict[str, LCRef]) -> None:
         """Build the superstep's GC and commit it; begin the next superstep.
 
         In the commit's own write when it is due now and nothing must come between (see
-        `_then`), else after it, as a superstep begins after a restore.
+        `_then`), else after it, as a superstep begins after a restore. A refused commit
+        is tried once more at the next tick (what the barrier stored itself, the merged
+        manifest, may have gone to a primary replaced since); refused again, the
+        superstep rolls back.
         """
+        run = seen.run
         record = self._record(task)
         gc = self.store.latest_gc(task)
         assert gc is not None
@@ -597,7 +605,7 @@ class Coordinator:
         except (RecordNotFound, CorruptCheckpoint) as exc:  # a vote whose LC Redis lost
             self._give_up(task, run, f"superstep {superstep} cannot be committed: {exc}")
             return
-        agents = self._then(task, barrier.gc, run)
+        agents = self._then(task, barrier.gc, seen)
         prepared = None
         try:
             if agents:
@@ -610,9 +618,15 @@ class Coordinator:
             if (self.store.hot.latest_gc(task) or -1) < barrier.gc.number:
                 # What it names is gone or not what was voted (Redis lost it: a failover,
                 # a FLUSHALL): as a step that failed, the superstep rolls back.
+                if self._refused.get(task) != (epoch, superstep):
+                    self._refused[task] = (epoch, superstep)
+                    log.info("commit refused; tried again", task=task, superstep=superstep,
+                             why=str(exc))  # fmt: skip
+                    return
                 self._give_up(task, run, f"superstep {superstep} cannot be committed: {exc}")
                 return
             committed = self.store.read_gc(task, barrier.gc.number)  # another did it first
+        self._refused.pop(task, None)
         metrics.GC_COMMITS.inc()
         log.info("superstep committed", task=task, superstep=superstep, gc=committed.number,
                  epoch=committed.epoch, conflicts=len(barrier.conflicts))  # fmt: skip
@@ -623,23 +637,29 @@ class Coordinator:
                      self._limits(task), prepared, fenced=True)  # fmt: skip
         self._archive(task, committed)
 
-    def _then(self, task: str, gc: GlobalCheckpoint, run: dict[str, str]) -> list[str]:
+    def _then(self, task: str, gc: GlobalCheckpoint, seen: Look) -> list[str]:
         """The agents of the superstep after `gc` if its commit may begin it; else [].
 
         Only under `durability: async`, where nothing waits between a commit and the next
         superstep (`sync` waits for the disk, `replicated` for a replica), and only while
-        the run is `running`. A budget is judged on the spend read now: every step of the
-        superstep counted its spend before it voted. The epoch needs no look: the commit
-        is refused unless it is still `gc`'s, and the next superstep begins in it.
+        the run is `running`. Its status and budget are the look's when the look is at
+        most `FRESH_LOOK` old, else read again: a pause or budget set before that is
+        obeyed by this superstep's commit, one set later by the next barrier, as one set
+        between a barrier's read and its begin. A budget is judged on the spend read now:
+        every step of the superstep counted its spend before it voted. The epoch needs no
+        look: the commit is refused unless it is still `gc`'s, and the next superstep
+        begins in it.
         """
-        if run.get("status") != TaskState.RUNNING.value:
-            return []
         limits = self._limits(task)
         if limits.checkpoints.durability != "async":
             return []
-        budget = run["budget"].encode() if "budget" in run else None
-        spent: dict[str, Usage] = {}
+        run, spent = seen.run, dict[str, Usage]()
         try:
+            if time.monotonic() - seen.taken > FRESH_LOOK:  # other tasks of the tick first
+                run = self.runs.read(task)
+            if run.get("status") != TaskState.RUNNING.value:
+                return []
+            budget = run["budget"].encode() if "budget" in run else None
             if budget_of(budget, limits) is not None:
                 spend = cast(dict[bytes, bytes], self.redis.hgetall(keys.spend(task)))
                 spent = parse_spend(spend)[0]
@@ -766,6 +786,7 @@ class Coordinator:
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
         self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
         self._checked.pop(task, None)
+        self._refused.pop(task, None)
         self._taken = {k: v for k, v in self._taken.items() if k[0] != task}
         self.archived.forget(task)
         self.replication.forget(task)

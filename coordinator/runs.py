@@ -14,6 +14,7 @@ running task: its status reports it as `running`, with `restoring` set).
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
@@ -83,13 +84,15 @@ class Look:
     """A task as the coordinator's look at it found it: what `advance` decides from.
 
     `run` is the run state, `latest` the number of the latest committed GC, `steps` the
-    steps in flight (raw JSON by agent) and `votes` those of the superstep in flight.
+    steps in flight (raw JSON by agent), `votes` those of the superstep in flight, and
+    `taken` when the look read them (`time.monotonic()`).
     """
 
     run: dict[str, str]
     latest: int | None
     steps: dict[str, bytes]
     votes: dict[str, LCRef]
+    taken: float
 
 
 class RunState:
@@ -146,6 +149,7 @@ class RunState:
         to its error (`FencedWrite` for a refused claim); the others are unaffected.
         """
         token = self.token()
+        taken = time.monotonic()
         pipe = self.redis.pipeline(transaction=False)
         for task in tasks:
             if token is not None:
@@ -171,6 +175,7 @@ class RunState:
                 None if latest is None else int(latest),
                 {k.decode(): v for k, v in cast(dict[bytes, bytes], steps).items()},
                 {},
+                taken,
             )
         watched = [
             (task, seen) for task, seen in looks.items()

@@ -150,6 +150,20 @@ def test_a_write_from_a_fenced_attempt_or_epoch_is_caught() -> None:
     assert {"fenced_write"} == found(history, observed)
 
 
+def test_in_a_split_an_attempt_launched_on_either_primary_may_be_current() -> None:
+    """While two primaries take writes, no log says which one a retry's launch reached."""
+    history, observed = clean()
+    observed.gcs[1].members["b"].attempt = 1
+    history.launches = [("t0", (1, 1, "b"), 1), ("t1.5", (1, 1, "b"), 2)]
+    history.splits = [("t1.2", "t1.8")]  # attempt 2 launched while two primaries took writes
+    assert set() == found(history, observed)
+    history.splits = [("t1.6", "t1.8")]  # launched before the split: attempt 2 was current
+    assert {"fenced_write"} == found(history, observed)
+    history.splits = [("t1.2", "t1.8")]
+    observed.gcs[1].members["b"].attempt = 3  # never launched at all
+    assert {"fenced_write"} == found(history, observed)
+
+
 def test_a_write_accepted_after_its_fence_is_caught_from_the_audit_stream() -> None:
     """Redis's order says b's attempt 1 wrote after attempt 2 was fenced in: a violation.
 
@@ -238,6 +252,8 @@ def test_history_is_read_from_log_lines_of_every_process(tmp_path: Path) -> None
     (tmp_path / "harness.jsonl").write_text(
         '{"event": "fault injected", "task": "t", "fault": "corrupt_archive", "file": "x"}\n'
         '{"event": "fault injected", "task": "t", "fault": "flushall", "flushed_at": "D"}\n'
+        '{"event": "fault injected", "task": "t", "fault": "split_primary", "promoted_at": "E",'
+        ' "left_by": "F"}\n'
     )
     history = read_history(tmp_path, "t")
     assert {(1, 1, "a"): 2} == history.launched
@@ -245,7 +261,8 @@ def test_history_is_read_from_log_lines_of_every_process(tmp_path: Path) -> None
     assert [Restore("C", 1, 1, 2, 2)] == history.restores
     assert ([("B", 1)], ["D"]) == (history.archives, history.flushes)
     assert (1, ["x"]) == (history.fenced, history.corrupted)
-    assert {"corrupt_archive": 1, "flushall": 1} == dict(history.faults)
+    assert (["F"], [("E", "F")]) == (history.failovers, history.splits)
+    assert {"corrupt_archive": 1, "flushall": 1, "split_primary": 1} == dict(history.faults)
 
 
 def test_the_ledger_applies_a_key_once_and_refuses_a_call_without_one(tmp_path: Path) -> None:

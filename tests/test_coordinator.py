@@ -7,10 +7,12 @@ import os
 import signal
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
+import yaml
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -18,13 +20,15 @@ from structlog.testing import capture_logs
 
 from agents.barrier import build_gc
 from agents.spec import FailSpec
-from coordinator.coordinator import Coordinator
+from coordinator.coordinator import FRESH_LOOK, Coordinator
 from coordinator.jobs import STEPS_QUEUE
+from coordinator.runs import Look
+from coordinator.spec import TaskSpec
 from storage import keys
 from storage.errors import FencedWrite, InvalidSpec
-from storage.records import GCStatus, GlobalCheckpoint
+from storage.records import GCStatus, GlobalCheckpoint, LCRef
 from storage.redis_server import RedisServer
-from tests.cluster import Cluster, outcome, run_foreign_job, team_spec
+from tests.cluster import Cluster, files_and_histories, outcome, run_foreign_job, team_spec
 from tests.test_restore import run_until
 
 
@@ -487,14 +491,7 @@ def test_a_refused_commit_rolls_the_superstep_back_and_the_task_goes_on(
     It rolls back to the latest committed GC, as an exhausted step does, and the task
     goes on to its end instead of being refused at every tick.
     """
-    cluster.start_worker()
-    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    cluster.start_superstep(task)
-    agents = {bytes(a).decode() for a in cast(list[bytes], cluster.client.hkeys(keys.steps(task)))}
-    deadline = time.monotonic() + 30
-    while (votes := cluster.store.hot.get_votes(task, 1, 1)).keys() != agents:
-        assert time.monotonic() < deadline, "the steps never voted"
-        time.sleep(0.05)
+    task, votes = voted_superstep(cluster, tmp_path)
     lost = sorted(votes)[0]
     cluster.client.delete(keys.lc(task, votes[lost].id))  # gone with the Redis that held it
     with capture_logs() as logs:
@@ -505,6 +502,89 @@ def test_a_refused_commit_rolls_the_superstep_back_and_the_task_goes_on(
     committed = [(g.number, g.superstep) for g in cluster.store.list_gcs(task)
                  if g.status is GCStatus.COMMITTED]  # fmt: skip
     assert [(0, 0), (2, 0)] == committed[:2]  # GC 1 never committed; the restore's is GC 2
+
+
+def voted_superstep(cluster: Cluster, tmp_path: Path) -> tuple[str, dict[str, LCRef]]:
+    """A team task whose first superstep every step voted on, not yet committed."""
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    cluster.start_superstep(task)
+    agents = {bytes(a).decode() for a in cast(list[bytes], cluster.client.hkeys(keys.steps(task)))}
+    deadline = time.monotonic() + 30
+    while (votes := cluster.store.hot.get_votes(task, 1, 1)).keys() != agents:
+        assert time.monotonic() < deadline, "the steps never voted"
+        time.sleep(0.05)
+    return task, votes
+
+
+TWO_WRITERS = """
+name: Two writers
+goal: Write a file each.
+agents:
+  - name: one
+    script:
+      - say: Writing.
+        tools:
+          - {name: write_file, args: {path: one.md, content: "1"}}
+          - {name: finish, args: {summary: done}}
+  - name: two
+    script:
+      - say: Writing.
+        tools:
+          - {name: write_file, args: {path: two.md, content: "2"}}
+          - {name: finish, args: {summary: done}}
+"""
+
+
+def test_a_commit_refused_once_is_tried_again_before_the_superstep_rolls_back(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A refusal the next tick heals costs a tick, not a rollback.
+
+    Two agents write a file each: the merged manifest is the barrier's own. It is gone
+    when the commit arrives (it went to a primary replaced since): the next tick stores
+    it again and commits.
+    """
+    store = cluster.coordinator.store
+    lost: list[int] = []
+    for name in ("commit_gc", "commit_and_begin"):
+        real = getattr(store, name)
+
+        def losing(gc: GlobalCheckpoint, *args: object, _real: Any = real) -> object:
+            if not lost and gc.superstep:  # not the submit's GC 0
+                lost.append(gc.number)
+                cluster.client.delete(keys.blob(gc.task, gc.workspace))
+            return _real(gc, *args)
+
+        monkeypatch.setattr(store, name, losing)
+    cluster.start_worker()
+    task = cluster.tasks.submit(TaskSpec.model_validate(yaml.safe_load(TWO_WRITERS)))
+    with capture_logs() as logs:
+        assert "succeeded" == cluster.drive(task)["status"]
+    events = [e["event"] for e in logs]
+    assert [1] == lost
+    assert {"one.md", "two.md"} <= files_and_histories(cluster, task)[0].keys()
+    assert 1 == events.count("commit refused; tried again")
+    assert "superstep aborted; rolling back" not in events
+    gcs = cluster.store.list_gcs(task)
+    assert all(g.status is GCStatus.COMMITTED for g in gcs)
+    assert list(range(len(gcs))) == [g.superstep for g in gcs]  # no superstep lost or redone
+
+
+def test_a_pause_set_while_the_tick_was_busy_elsewhere_stops_the_next_superstep(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A look older than the commit's begin is read again: a pause set since is obeyed."""
+    task, _ = voted_superstep(cluster, tmp_path)
+    seen = cluster.coordinator.runs.look([task])[task]
+    assert isinstance(seen, Look)
+    cluster.tasks.pause(task)
+    cluster.coordinator.advance(task, replace(seen, taken=seen.taken - 2 * FRESH_LOOK))
+    latest = cluster.store.latest_gc(task)
+    assert latest is not None
+    assert 1 == latest.superstep  # the superstep in flight committed
+    run = cluster.client.hgetall(keys.run(task))
+    assert (b"0", b"paused") == (run[b"superstep"], run[b"status"])  # and none began
 
 
 def test_the_tick_that_commits_a_superstep_begins_the_next(

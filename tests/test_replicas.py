@@ -12,10 +12,12 @@ import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import cast
 
 import pytest
 import redis
 from langgraph.checkpoint.base import empty_checkpoint
+from redis.sentinel import SentinelConnectionPool
 
 from cairn import Client
 from cairn.langgraph import CairnSaver
@@ -134,6 +136,37 @@ def test_a_held_connection_leaves_a_primary_the_sentinels_replaced_while_it_answ
             on_new.close()
         finally:
             held.close()
+            client.close()
+
+
+def test_the_looks_for_the_primary_go_on_after_one_that_raised(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A look that raised, whatever it raised, ends no looks.
+
+    redis-py raises TypeError when a Sentinel connection closes under a look (the pool
+    closed it): the pool's next look still runs a second later.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=1) as rs:
+        client = connect(rs.url)
+        pool = cast(SentinelConnectionPool, client.connection_pool)
+        real, looks = pool.get_master_address, list[float]()
+
+        def flaky() -> tuple[str, int]:
+            looks.append(time.monotonic())
+            if len(looks) == 1:
+                raise TypeError("argument must be an int, or have a fileno() method.")
+            return real()  # type: ignore[no-untyped-call,no-any-return]
+
+        monkeypatch.setattr(pool, "get_master_address", flaky)
+        try:
+            client.set("k", "v")
+            client.get("k")  # a connection's command starts the looks
+            deadline = time.monotonic() + 10
+            while len(looks) < 2:
+                assert time.monotonic() < deadline, "the looks ended with the one that raised"
+                time.sleep(0.05)
+        finally:
             client.close()
 
 

@@ -45,7 +45,6 @@ from urllib.parse import parse_qs, unquote, urlencode, urlsplit, urlunsplit
 
 from redis.backoff import NoBackoff
 from redis.connection import parse_url
-from redis.exceptions import RedisError
 from redis.retry import Retry
 from redis.sentinel import Sentinel, SentinelConnectionPool, SentinelManagedConnection
 
@@ -162,20 +161,28 @@ class _Pool(SentinelConnectionPool):
         self._named = (str(host), int(port))
 
     def look(self) -> None:
-        """Ask the Sentinels for the primary now (idle connections to an old one close)."""
-        # No Sentinel answered: connections keep their primary until one does.
-        with contextlib.suppress(RedisError, OSError):
+        """Ask the Sentinels for the primary now (idle connections to an old one close).
+
+        No Sentinel answered: connections keep their primary until one does. That holds
+        for any error: besides its own, redis-py raises TypeError or AttributeError when
+        the pool closes a Sentinel connection under a look, and a look that raised must
+        not end the looks.
+        """
+        with contextlib.suppress(Exception):
             self.named(*self.get_master_address())  # type: ignore[no-untyped-call]
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         """Close the pool's connections; closing them all closes the Sentinels' too."""
-        super().disconnect(inuse_connections)
         if inuse_connections:  # not when a new primary only retires idle connections
-            self.sentinel_manager.close()
-            watcher = getattr(self, "_watcher", None)  # None too in a pool half made
-            self._watcher = None
+            # The looks stop first; one under way closes the Sentinels' connections again.
+            with getattr(self, "_watching", contextlib.nullcontext()):  # a pool half made
+                watcher = getattr(self, "_watcher", None)
+                self._watcher = None
             if watcher is not None:
                 watcher[1].set()
+        super().disconnect(inuse_connections)
+        if inuse_connections:
+            self.sentinel_manager.close()
 
 
 def _look_while(pool: weakref.ref[_Pool], stop: threading.Event) -> None:
@@ -185,6 +192,8 @@ def _look_while(pool: weakref.ref[_Pool], stop: threading.Event) -> None:
         if found is None:
             return
         found.look()
+        if stop.is_set():  # closed during the look: close what the look opened again
+            found.sentinel_manager.close()
         del found  # no reference held while waiting: the pool may be collected
 
 
