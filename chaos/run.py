@@ -454,16 +454,22 @@ class ChaosRun:
     def _failover(self, fault: Fault) -> dict[str, object] | None:
         """SIGKILL the primary; return once every Sentinel names the replica promoted.
 
-        The old primary stays dead, so the one replica left is the one `replicated` waits
-        for. `promoted_at` (on the processes' clock) is when the checker counts what a GC
-        only the old primary held as lost: no write reaches a primary in between.
+        The Sentinels promote it, or, when they would not in `FAILOVER_WAIT` s (after a
+        stall of the whole machine put them in TILT), the harness does, as an operator
+        would (`promoted_by` says which). The old primary stays dead, so the one replica
+        left is the one `replicated` waits for. `promoted_at` (on the processes' clock)
+        is when the checker counts what a GC only the old primary held as lost: no write
+        reaches a primary in between.
         """
         assert self.replica_set is not None
         old = self.replica_set.primary()
         killed_at = utc_now()
-        new = self.replica_set.failover()
+        try:
+            new, by = self.replica_set.failover(), "sentinel"
+        except RedisServerError as exc:  # the Sentinels would not: as an operator does
+            new, by = self.replica_set.promote(), f"hand ({exc})"
         return {"old_port": old.port, "new_port": new.port, "killed_at": killed_at,
-                "promoted_at": utc_now()}  # fmt: skip
+                "promoted_at": utc_now(), "promoted_by": by}  # fmt: skip
 
     def _split_primary(self, fault: Fault) -> dict[str, object] | None:
         """Promote a replica while the old primary lives on; return once the Sentinels agree.

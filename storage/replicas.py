@@ -286,6 +286,37 @@ class ReplicaSet:
         """
         old = self.primary()
         new = next(s for s in self.servers if s is not old and s.process is not None)
+        self._lead(new, old, timeout)
+        return old, new
+
+    def promote(self, timeout: float = FAILOVER_WAIT) -> RedisServer:
+        """Promote by hand the live replica furthest along; return it once the Sentinels name it.
+
+        What an operator does when the primary is dead and the Sentinels will not promote
+        a replica: after a stall of the whole machine (every Sentinel in TILT) a replica
+        cut off from its primary for longer than ten times `down_after_ms` is one they
+        never choose. The other replicas follow it.
+        """
+        old = self.primary()
+        live = [s for s in self.servers if s is not old and s.process is not None]
+        if not live:
+            raise RedisServerError("no live replica to promote")
+        new = max(live, key=self._offset)
+        self._lead(new, old, timeout)
+        return new
+
+    def _offset(self, replica: RedisServer) -> int:
+        """How far `replica` got in its primary's replication stream (-1: unknown)."""
+        client = self.client(replica)
+        try:
+            return int(client.info("replication").get("slave_repl_offset", -1))
+        except redis.RedisError:
+            return -1
+        finally:
+            client.close()
+
+    def _lead(self, new: RedisServer, old: RedisServer, timeout: float) -> None:
+        """Make `new` the primary of every live server but `old`, and of every Sentinel."""
         for server in self.servers:
             if server is old or server.process is None:
                 continue
@@ -306,7 +337,6 @@ class ReplicaSet:
             timeout,
             "the Sentinels to name the new primary",
         )
-        return old, new
 
     def stop(self) -> None:
         """Kill every process of the set (their data is only for the test)."""

@@ -170,6 +170,34 @@ def test_the_looks_for_the_primary_go_on_after_one_that_raised(
             client.close()
 
 
+def test_a_replica_promoted_by_hand_leads_and_a_client_follows(tmp_path: Path) -> None:
+    """With the primary dead and the Sentinels not acting, `promote` makes a replica lead.
+
+    It is the replica furthest along; the Sentinels name it, the other replica follows
+    it, and a client on the URL reads what the old primary had and writes to the new.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=2, down_after_ms=600_000) as rs:
+        client = connect(rs.url)
+        try:
+            client.set("k", "before")
+            assert 2 == client.wait(2, 5_000)
+            old = rs.primary()
+            old.kill()
+            new = rs.promote()
+            assert new is not old
+            assert new is rs.primary()
+            wait_until(lambda: client.get("k") == b"before", timeout=30)
+            client.set("k", "after")
+            other = next(s for s in rs.servers if s not in (old, new))
+            on_other = rs.client(other)
+            try:
+                wait_until(lambda: on_other.get("k") == b"after", timeout=30)
+            finally:
+                on_other.close()
+        finally:
+            client.close()
+
+
 def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
     tmp_path: Path,
 ) -> None:
