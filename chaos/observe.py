@@ -98,11 +98,11 @@ class History:
         primary's audit stream, checked apart, records which.
         """
         mine = [(at, attempt) for at, s, attempt in self.launches if s == slot]
-        split = {a for at, a in mine if any(lo <= at <= hi for lo, hi in self.splits)}
+        outside = [a for at, a in mine if not any(lo <= at <= hi for lo, hi in self.splits)]
         latest = self.launched.get(slot)
-        if not split or latest is None:
+        if len(outside) == len(mine) or latest is None:
             return set() if latest is None else {latest}
-        floor = max((a for _, a in mine if a not in split), default=0)
+        floor = max(outside, default=0)
         return {a for _, a in mine if a >= floor}
 
 

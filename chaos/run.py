@@ -467,7 +467,7 @@ class ChaosRun:
         try:
             new, by = self.replica_set.failover(), "sentinel"
         except RedisServerError as exc:  # the Sentinels would not: as an operator does
-            new, by = self.replica_set.promote(), f"hand ({exc})"
+            new, by = self.replica_set.promote(old), f"hand ({exc})"
         return {"old_port": old.port, "new_port": new.port, "killed_at": killed_at,
                 "promoted_at": utc_now(), "promoted_by": by}  # fmt: skip
 
@@ -481,8 +481,8 @@ class ChaosRun:
         by then as gone with it.
         """
         assert self.replica_set is not None
+        promoted = datetime.now(UTC)  # before: a write may reach the new primary at once
         old, new = self.replica_set.split()
-        promoted = datetime.now(UTC)
         left_by = (promoted + timedelta(seconds=SPLIT_LEFT_WITHIN)).strftime(TIMESTAMP)
         return {"old_port": old.port, "new_port": new.port,
                 "promoted_at": promoted.strftime(TIMESTAMP), "left_by": left_by}  # fmt: skip

@@ -289,31 +289,35 @@ class ReplicaSet:
         self._lead(new, old, timeout)
         return old, new
 
-    def promote(self, timeout: float = FAILOVER_WAIT) -> RedisServer:
-        """Promote by hand the live replica furthest along; return it once the Sentinels name it.
+    def promote(self, old: RedisServer, timeout: float = FAILOVER_WAIT) -> RedisServer:
+        """Make a live server other than `old` lead by hand; return it once the Sentinels name it.
 
-        What an operator does when the primary is dead and the Sentinels will not promote
-        a replica: after a stall of the whole machine (every Sentinel in TILT) a replica
-        cut off from its primary for longer than ten times `down_after_ms` is one they
-        never choose. The other replicas follow it.
+        What an operator does when the primary `old` is dead and the Sentinels will not
+        promote a replica: after a stall of the whole machine (every Sentinel in TILT) a
+        replica cut off from its primary for longer than ten times `down_after_ms` is one
+        they never choose. A server that already answers as a primary (the Sentinels
+        promoted it after all) is kept; else the replica furthest along is promoted. Every
+        other live server follows it.
         """
-        old = self.primary()
         live = [s for s in self.servers if s is not old and s.process is not None]
         if not live:
             raise RedisServerError("no live replica to promote")
-        new = max(live, key=self._offset)
+        new = max(live, key=self._standing)
         self._lead(new, old, timeout)
         return new
 
-    def _offset(self, replica: RedisServer) -> int:
-        """How far `replica` got in its primary's replication stream (-1: unknown)."""
-        client = self.client(replica)
+    def _standing(self, server: RedisServer) -> tuple[int, int]:
+        """(1 if `server` is a primary now, how far it got in the replication stream)."""
+        client = self.client(server)
         try:
-            return int(client.info("replication").get("slave_repl_offset", -1))
+            info = client.info("replication")
         except redis.RedisError:
-            return -1
+            return 0, -1
         finally:
             client.close()
+        if info.get("role") == "master":
+            return 1, int(info.get("master_repl_offset", -1))
+        return 0, int(info.get("slave_repl_offset", -1))
 
     def _lead(self, new: RedisServer, old: RedisServer, timeout: float) -> None:
         """Make `new` the primary of every live server but `old`, and of every Sentinel."""

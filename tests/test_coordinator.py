@@ -483,7 +483,7 @@ def test_a_superstep_begins_after_its_predecessor_is_acknowledged(
     assert [] == [e for e in events if e["event"] == "next superstep not begun with the commit"]
 
 
-def test_a_refused_commit_rolls_the_superstep_back_and_the_task_goes_on(
+def test_a_superstep_whose_voted_lc_is_gone_rolls_back_and_the_task_goes_on(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """A superstep whose voted LC Redis no longer holds is a failed superstep.
@@ -536,14 +536,15 @@ agents:
 """
 
 
+@pytest.mark.parametrize("refusals", [1, 2])
 def test_a_commit_refused_once_is_tried_again_before_the_superstep_rolls_back(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, refusals: int
 ) -> None:
-    """A refusal the next tick heals costs a tick, not a rollback.
+    """A refusal the next tick heals costs a tick, not a rollback; a second rolls back.
 
     Two agents write a file each: the merged manifest is the barrier's own. It is gone
     when the commit arrives (it went to a primary replaced since): the next tick stores
-    it again and commits.
+    it again and commits. Gone again then, the superstep rolls back and the task goes on.
     """
     store = cluster.coordinator.store
     lost: list[int] = []
@@ -551,7 +552,7 @@ def test_a_commit_refused_once_is_tried_again_before_the_superstep_rolls_back(
         real = getattr(store, name)
 
         def losing(gc: GlobalCheckpoint, *args: object, _real: Any = real) -> object:
-            if not lost and gc.superstep:  # not the submit's GC 0
+            if len(lost) < refusals and gc.superstep:  # not the submit's GC 0
                 lost.append(gc.number)
                 cluster.client.delete(keys.blob(gc.task, gc.workspace))
             return _real(gc, *args)
@@ -562,13 +563,17 @@ def test_a_commit_refused_once_is_tried_again_before_the_superstep_rolls_back(
     with capture_logs() as logs:
         assert "succeeded" == cluster.drive(task)["status"]
     events = [e["event"] for e in logs]
-    assert [1] == lost
+    assert [1] * refusals == lost
     assert {"one.md", "two.md"} <= files_and_histories(cluster, task)[0].keys()
     assert 1 == events.count("commit refused; tried again")
-    assert "superstep aborted; rolling back" not in events
     gcs = cluster.store.list_gcs(task)
-    assert all(g.status is GCStatus.COMMITTED for g in gcs)
-    assert list(range(len(gcs))) == [g.superstep for g in gcs]  # no superstep lost or redone
+    if refusals == 1:
+        assert "superstep aborted; rolling back" not in events
+        assert all(g.status is GCStatus.COMMITTED for g in gcs)
+        assert list(range(len(gcs))) == [g.superstep for g in gcs]  # none lost or redone
+    else:
+        assert 1 == events.count("superstep aborted; rolling back")
+        assert GCStatus.ABORTED is gcs[1].status  # the superstep refused twice
 
 
 def test_a_pause_set_while_the_tick_was_busy_elsewhere_stops_the_next_superstep(

@@ -26,6 +26,7 @@ from coordinator.settings import display_url
 from coordinator.spec import TaskSpec
 from storage import keys
 from storage.backends.redis import connect
+from storage.redis_server import free_port
 from storage.replicas import ReplicaSet
 from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
 from tests.cluster import Cluster, team_spec
@@ -173,23 +174,29 @@ def test_the_looks_for_the_primary_go_on_after_one_that_raised(
 def test_a_replica_promoted_by_hand_leads_and_a_client_follows(tmp_path: Path) -> None:
     """With the primary dead and the Sentinels not acting, `promote` makes a replica lead.
 
-    It is the replica furthest along; the Sentinels name it, the other replica follows
-    it, and a client on the URL reads what the old primary had and writes to the new.
+    It is the replica furthest along (the other was cut off before the last write); the
+    Sentinels name it, the other replica follows it, and a client on the URL reads what
+    the old primary had and writes to the new.
     """
     with ReplicaSet(tmp_path / "redis", replicas=2, down_after_ms=600_000) as rs:
         client = connect(rs.url)
+        old, lagging, ahead = rs.servers
         try:
             client.set("k", "before")
             assert 2 == client.wait(2, 5_000)
-            old = rs.primary()
+            cut = rs.client(lagging)
+            try:
+                cut.replicaof("127.0.0.1", free_port())  # a primary that never answers
+            finally:
+                cut.close()
+            client.set("k", "last")
+            assert 1 == client.wait(1, 5_000)
             old.kill()
-            new = rs.promote()
-            assert new is not old
-            assert new is rs.primary()
-            wait_until(lambda: client.get("k") == b"before", timeout=30)
+            assert ahead is rs.promote(old)
+            assert ahead is rs.primary()
+            wait_until(lambda: client.get("k") == b"last", timeout=30)
             client.set("k", "after")
-            other = next(s for s in rs.servers if s not in (old, new))
-            on_other = rs.client(other)
+            on_other = rs.client(lagging)
             try:
                 wait_until(lambda: on_other.get("k") == b"after", timeout=30)
             finally:
