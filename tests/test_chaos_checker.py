@@ -125,6 +125,20 @@ def test_across_a_failover_each_durability_keeps_what_it_acknowledged() -> None:
     assert "lost_commit" in found(history, observed, "async")
 
 
+def test_a_commit_while_two_primaries_took_writes_is_not_acknowledged_by_a_later_archive() -> None:
+    """GC 4 committed during a split, maybe on the old primary only, then an archive.
+
+    The archive, made from the new primary, need not hold GC 4: its loss is no violation.
+    The same commit and archive outside a split is.
+    """
+    history, observed = clean()
+    observed.gcs[4].error = "PREPARING: committed on the old primary only"
+    history.splits.append(("t3.9", "t4.05"))  # the commit of GC 4 at t4 falls within
+    assert "lost_commit" not in found(history, observed, "sync")
+    history.splits = [("t4.2", "t4.3")]
+    assert "lost_commit" in found(history, observed, "sync")
+
+
 def test_a_restore_is_checked_only_against_the_gcs_it_saw() -> None:
     """A restore whose GC (or target) number now names another GC is not judged by it."""
     history, observed = clean()
