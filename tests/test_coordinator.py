@@ -517,23 +517,16 @@ def voted_superstep(cluster: Cluster, tmp_path: Path) -> tuple[str, dict[str, LC
     return task, votes
 
 
-TWO_WRITERS = """
-name: Two writers
-goal: Write a file each.
-agents:
-  - name: one
+WRITER = """
+  - name: {name}
     script:
       - say: Writing.
         tools:
-          - {name: write_file, args: {path: one.md, content: "1"}}
-          - {name: finish, args: {summary: done}}
-  - name: two
-    script:
-      - say: Writing.
-        tools:
-          - {name: write_file, args: {path: two.md, content: "2"}}
-          - {name: finish, args: {summary: done}}
-"""
+          - {{name: write_file, args: {{path: {name}.md, content: {name}}}}}
+          - {{name: finish, args: {{summary: done}}}}"""
+TWO_WRITERS = "name: Two writers\ngoal: Write a file each.\nagents:" + "".join(
+    WRITER.format(name=name) for name in ("one", "two")
+)
 
 
 @pytest.mark.parametrize("refusals", [1, 2])
