@@ -11,7 +11,9 @@ import shutil
 import signal
 import socket
 import subprocess
+import threading
 import time
+from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -25,11 +27,26 @@ from storage.errors import RedisServerError
 START_TIMEOUT = 10.0
 
 
+_HANDED_OUT: deque[int] = deque(maxlen=4_096)  # the latest ports free_port returned
+_HANDING_OUT = threading.Lock()
+
+
 def free_port() -> int:
-    """Return a TCP port on 127.0.0.1 that is free right now."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """Return a TCP port on 127.0.0.1 that is free right now, and not one handed out lately.
+
+    A port is chosen before its server binds it, and the kernel may offer a port again
+    until then: a replica set choosing six ports at once got its primary's port twice
+    (the replica then failed to bind). So this process never hands out a port twice among
+    its latest 4,096.
+    """
+    with _HANDING_OUT:
+        while True:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = int(s.getsockname()[1])
+            if port not in _HANDED_OUT:
+                _HANDED_OUT.append(port)
+                return port
 
 
 def sigkill(process: subprocess.Popen[bytes] | None) -> None:
