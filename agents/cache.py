@@ -64,8 +64,11 @@ class WorkerCache:
         return found[1].copy()
 
     def keep_state(self, state: AgentState, ref: LCRef) -> None:
-        """Remember `state` as written as step LC `ref`."""
-        self._states.put((state.task, state.agent), (ref, state.copy()))
+        """Remember `state` as written as step LC `ref`; the caller changes it no more.
+
+        Kept as it is, not copied: `state` hands out a copy to each step that asks.
+        """
+        self._states.put((state.task, state.agent), (ref, state))
 
     def manifest(self, store: CheckpointStore, task: str, manifest_id: str) -> Files:
         """Return a manifest's files, read once per worker (a manifest never changes)."""

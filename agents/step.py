@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from types import MappingProxyType
 from typing import TYPE_CHECKING
@@ -273,16 +274,14 @@ class _Step:
         at = (self.state.epoch, self.state.superstep, self.attempt)
         self.spent = self.store.hot.send_spend(self.task, self.agent, *at, usage)
         self.state.usage = self.state.usage.plus(usage)
+        content = redact_optional(reply.content)
+        # Tool calls are kept as the model made them: a retry runs them from here.
         self.state.messages.append(
-            # Tool calls are kept as the model made them: a retry runs them from here.
-            Message(
-                role=Role.ASSISTANT,
-                content=redact_optional(reply.content),
-                tool_calls=reply.tool_calls,
-            )
+            Message(role=Role.ASSISTANT, content=content, tool_calls=reply.tool_calls)
         )
-        self._trace(None, {}, reply.content, None, None, started, clock, usage)
-        log.info("model answered", tool_calls=len(reply.tool_calls), tokens=usage.tokens)
+        self._trace(None, {}, content, None, None, started, clock, usage)
+        # At debug: "step done" carries the turn's tokens, so a step logs one line at info.
+        log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=usage.tokens)
         return reply
 
     def _call(self, call: ToolCall, index: int, place: int) -> bool:
@@ -308,10 +307,12 @@ class _Step:
             return True
         self.dirty = self.dirty or tool.effects is Effects.EXTERNAL
         self.touched = True
-        self.ctx.idempotency_key = idempotency_key(
-            self.task, self.agent, self.state.superstep, place, call.name, call.args
-        )
-        key = self.ctx.idempotency_key
+        self.ctx.idempotency_key = partial(
+            idempotency_key, self.task, self.agent, self.state.superstep, place, call.name,
+            call.args,
+        )  # fmt: skip
+        # The trace records an external call's key; a tool that reads it works it out.
+        key = self.ctx.idempotency_key if tool.effects is Effects.EXTERNAL else None
         try:
             result = tool.run(self.ctx, call.args)
         except ToolError as exc:
@@ -347,14 +348,13 @@ class _Step:
         clock: float | None = None,
         key: str | None = None,
     ) -> None:
-        content = redact_optional(result) if error is None else redact(f"error: {error}")
+        redacted = redact_optional(result)
+        content = redacted if error is None else redact(f"error: {error}")
         self.state.messages.append(
             Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
         )
         effects = tool.effects if tool is not None else None
-        external = effects is Effects.EXTERNAL
-        self._trace(call.name, call.args, result, effects, error, started, clock, None,
-                    key if external else None)  # fmt: skip
+        self._trace(call.name, call.args, redacted, effects, error, started, clock, None, key)
         if error is not None:
             log.info("tool failed", tool=call.name, error=error)
 
@@ -378,7 +378,7 @@ class _Step:
                     "superstep": self.state.superstep,
                     "tool": tool,
                     "arguments": redact_json(args),
-                    "result": redact_optional(result),
+                    "result": result,  # redacted by the caller, as its message's content
                     "side_effect": effects is Effects.EXTERNAL,
                     "effects": effects,
                     "idempotency_key": key,
@@ -423,8 +423,9 @@ class _Step:
         ref = self.store.write_lc(state, Level.STEP, vote=True, blobs=blobs)
         for call in self.decided:  # the vote is in: no retry of this step will need them
             consume(self.store, self.task, self.agent, self.waiting_at, call)
-        self.warm.keep_state(state, ref)
-        log.info("step done", status=state.status.value, tools=ran, lc=ref.id)
+        self.warm.keep_state(state, ref)  # handed over: this step changes it no more
+        tokens = None if reply is None else reply.usage.tokens
+        log.info("step done", status=state.status.value, tools=ran, tokens=tokens, lc=ref.id)
         return StepResult(ref, state.status, ran, reply is not None, self.resumed)
 
 

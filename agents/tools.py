@@ -52,7 +52,20 @@ class ToolContext:
     task: str = ""
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
-    idempotency_key: str = ""  # the current call's; see `idempotency_key`
+    # The current call's key, or how to work it out: most tools never read it.
+    _key: str | Callable[[], str] = field(default="", init=False, repr=False)
+
+    @property
+    def idempotency_key(self) -> str:
+        """The current call's key (see `idempotency_key`); "" outside a call."""
+        if not isinstance(self._key, str):
+            self._key = self._key()
+        return self._key
+
+    @idempotency_key.setter
+    def idempotency_key(self, key: str | Callable[[], str]) -> None:
+        """Set the current call's key, or a function giving it when first read."""
+        self._key = key
 
     def path(self, path: str) -> Path:
         """Return where workspace path `path` is on disk; `ToolError` if it leaves the workspace."""

@@ -78,7 +78,7 @@ def test_rq_worker_with_cairns_classes_runs_a_task_and_logs_as_cairn(
             events.append(json.loads(line))
         except ValueError:  # RQ's own log lines
             continue
-    answered = [e for e in events if e.get("event") == "model answered"]
-    assert answered, log.read_text()
-    assert {"task", "agent", "superstep", "epoch", "attempt"} <= answered[0].keys()
-    assert task == answered[0]["task"]
+    done = [e for e in events if e.get("event") == "step done"]
+    assert done, log.read_text()
+    assert {"task", "agent", "superstep", "epoch", "attempt", "tokens"} <= done[0].keys()
+    assert task == done[0]["task"]
