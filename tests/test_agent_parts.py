@@ -180,14 +180,13 @@ def test_json_log_lines_hold_any_value() -> None:
 
 
 def test_worker_cache_hands_out_private_copies_of_exact_lcs() -> None:
-    """A kept state comes back only for the same LC, and changing the copy changes nothing kept."""
+    """A kept state comes back only for the same LC, and changing a copy changes nothing kept."""
     warm = WorkerCache()
     state = AgentState(
         task="t", agent="a", epoch=1, messages=[Message(role=Role.USER, content="hi")]
     )
     ref = LCRef(id="lc-1", checksum="ab" * 32)
-    warm.keep_state(state, ref)
-    state.messages.append(Message(role=Role.USER, content="after keeping"))
+    warm.keep_state(state, ref)  # handed over: the step that wrote it changes it no more
     copy = warm.state("t", "a", ref)
     assert copy is not None
     assert 1 == len(copy.messages)
