@@ -107,6 +107,10 @@ class ChaosRun:
         self.task = ""
         self.started = 0.0
         self.done = threading.Event()
+        # While the primary moves, and until every process has left the old one, a task
+        # may end on the old primary only: its end counts once they all follow the new.
+        self.moving = threading.Event()
+        self.settled_by = 0.0  # monotonic: when the last move's old primary is left
         self.skipped: list[str] = []
         self.events = self.logs / "harness.jsonl"
         self.rng = random.Random(plan.seed * 7919)  # targets of faults, apart from the plan
@@ -242,10 +246,16 @@ class ChaosRun:
         return {k.decode(): v.decode() for k, v in raw.items()}
 
     def _wait(self) -> bool:
-        """Keep the pool alive until the task ends (True) or the bound passes (False)."""
+        """Keep the pool alive until the task ends (True) or the bound passes (False).
+
+        After a split, an end counts only once every process has left the old primary
+        (`SPLIT_LEFT_WITHIN`): before, the task may have ended there alone, and the
+        harness's own pool may still read it there.
+        """
         deadline = self.started + self.timeout
         while time.monotonic() < deadline:
-            if self._run_state().get("status") in TERMINAL:
+            settled = not self.moving.is_set() and time.monotonic() >= self.settled_by
+            if settled and self._run_state().get("status") in TERMINAL:
                 return True
             self._supervise()
             time.sleep(0.1)
@@ -482,7 +492,12 @@ class ChaosRun:
         """
         assert self.replica_set is not None
         promoted = datetime.now(UTC)  # before: a write may reach the new primary at once
-        old, new = self.replica_set.split()
+        self.settled_by = time.monotonic() + SPLIT_LEFT_WITHIN
+        self.moving.set()
+        try:
+            old, new = self.replica_set.split()
+        finally:
+            self.moving.clear()
         left_by = (promoted + timedelta(seconds=SPLIT_LEFT_WITHIN)).strftime(TIMESTAMP)
         return {"old_port": old.port, "new_port": new.port,
                 "promoted_at": promoted.strftime(TIMESTAMP), "left_by": left_by}  # fmt: skip

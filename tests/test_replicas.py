@@ -140,6 +140,37 @@ def test_a_held_connection_leaves_a_primary_the_sentinels_replaced_while_it_answ
             client.close()
 
 
+def test_every_client_of_a_process_leaves_an_old_primary_when_one_of_them_does(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two clients on one URL (a worker's queues and its store) follow one answer.
+
+    The second client's own looks never run here: once the first client's look names the
+    new primary after a split, the second client's next write lands there too, not on
+    the old primary that still answers.
+    """
+    with ReplicaSet(tmp_path / "redis", replicas=1) as rs:
+        queues, store = connect(rs.url), connect(rs.url)
+        monkeypatch.setattr(store.connection_pool, "look", lambda: None)
+        try:
+            queues.set("q", "before")
+            store.set("s", "before")
+            old, new = rs.split()
+            on_old, on_new = rs.client(old), rs.client(new)
+            deadline = time.monotonic() + 10
+            while on_new.get("q") != b"moved":
+                assert time.monotonic() < deadline, "the first client stayed on the old primary"
+                queues.set("q", "moved")
+                time.sleep(0.05)
+            store.set("s", "after")
+            assert (b"after", b"before") == (on_new.get("s"), on_old.get("s"))
+            on_old.close()
+            on_new.close()
+        finally:
+            queues.close()
+            store.close()
+
+
 def test_the_looks_for_the_primary_go_on_after_one_that_raised(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -119,10 +119,11 @@ class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
         # had, not through `connect`, which asks the Sentinels: after a failover that is
         # the dead primary. So a connection asks them here, whichever way it connects.
         if not self._sock and self.connection_pool.is_master:
+            asked_at = time.monotonic()
             self.host, self.port = self.connection_pool.get_master_address()
             pool = self.connection_pool.connection_pool_ref()
             if pool is not None:
-                pool.named(self.host, self.port)  # the freshest answer
+                pool.named(self.host, self.port, asked_at)  # the freshest answer
         self._connecting = True
         try:
             super().connect_check_health(check_health, retry_socket_connect)

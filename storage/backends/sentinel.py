@@ -30,6 +30,11 @@ Sentinels once a second, on a thread of its own (`PRIMARY_LOOK_EVERY`), and a co
 about to send a command to a primary they no longer name closes and connects again, to
 the one they name. A Sentinel that does not answer delays no command: the look is off
 the commands' path, and a connection keeps its primary until a look names another.
+
+The answer is one per process and service, whichever pool's look (or connection) got
+it last: a process with several clients on one URL (a worker's RQ queues and its store)
+leaves an old primary with all of them at once. With an answer per pool, a job taken from
+the new primary's queue could run its writes on the old primary for up to a second.
 """
 
 from __future__ import annotations
@@ -37,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
+import time
 import weakref
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -121,6 +127,39 @@ def _address(text: str) -> tuple[str, int]:
     return unquote(host), int(port)
 
 
+class _Answer:
+    """The primary the Sentinels of one service last named, shared by a process's pools.
+
+    Answers are ordered by when they were asked for: a slow look that began before a
+    newer answer arrived does not bring back the primary it found.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self.primary: tuple[str, int] | None = None
+        self._asked_at = 0.0
+
+    def take(self, primary: tuple[str, int], asked_at: float) -> None:
+        """Keep `primary` unless an answer asked for later is kept already."""
+        with self._lock:
+            if asked_at >= self._asked_at:
+                self.primary, self._asked_at = primary, asked_at
+
+
+_ANSWERS: dict[tuple[int, str, tuple[tuple[str, int], ...]], _Answer] = {}
+_ANSWERS_LOCK = threading.Lock()
+
+
+def _answer(service: str, sentinels: tuple[tuple[str, int], ...]) -> _Answer:
+    """The answer for `service` as `sentinels` name it, in this process (made on first use)."""
+    key = (os.getpid(), service, sentinels)
+    with _ANSWERS_LOCK:
+        found = _ANSWERS.get(key)
+        if found is None:
+            found = _ANSWERS[key] = _Answer()
+        return found
+
+
 class _Pool(SentinelConnectionPool):
     """A Sentinel-managed pool that knows when the Sentinels name another primary.
 
@@ -129,7 +168,11 @@ class _Pool(SentinelConnectionPool):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - redis-py's own
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-        self._named: tuple[str, int] | None = None  # the primary the last look found
+        self._sentinels = tuple(
+            (str(s.connection_pool.connection_kwargs.get("host")),
+             int(s.connection_pool.connection_kwargs.get("port", DEFAULT_PORT)))
+            for s in self.sentinel_manager.sentinels
+        )  # fmt: skip
         self._watching = threading.Lock()
         self._watcher: tuple[int, threading.Event] | None = None  # (pid, its stop)
 
@@ -141,7 +184,7 @@ class _Pool(SentinelConnectionPool):
         watcher = self._watcher
         if watcher is None or watcher[0] != os.getpid():
             self._watch()
-        named = self._named
+        named = _answer(self.service_name, self._sentinels).primary
         return named is not None and named != address
 
     def _watch(self) -> None:
@@ -156,9 +199,9 @@ class _Pool(SentinelConnectionPool):
             )  # fmt: skip
             thread.start()
 
-    def named(self, host: str, port: int) -> None:
-        """Note the primary the Sentinels just named to a connection that asked them."""
-        self._named = (str(host), int(port))
+    def named(self, host: str, port: int, asked_at: float) -> None:
+        """Note the primary the Sentinels named when asked at `asked_at` (monotonic)."""
+        _answer(self.service_name, self._sentinels).take((str(host), int(port)), asked_at)
 
     def look(self) -> None:
         """Ask the Sentinels for the primary now (idle connections to an old one close).
@@ -168,8 +211,10 @@ class _Pool(SentinelConnectionPool):
         the pool closes a Sentinel connection under a look, and a look that raised must
         not end the looks.
         """
+        asked_at = time.monotonic()
         with contextlib.suppress(Exception):
-            self.named(*self.get_master_address())  # type: ignore[no-untyped-call]
+            host, port = self.get_master_address()  # type: ignore[no-untyped-call]
+            self.named(host, port, asked_at)
 
     def disconnect(self, inuse_connections: bool = True) -> None:
         """Close the pool's connections; closing them all closes the Sentinels' too."""
