@@ -17,7 +17,10 @@ from agents.barrier import pushed_outputs, read_outputs
 from agents.models.scripted import ScriptedModel
 from agents.step import run_step
 from agents.task import start_task
+from storage.backends.disk import DiskArchive
+from storage.backends.redis import RedisHotStore, connect
 from storage.backends.votes import PushedVote, VoteFeed
+from storage.codec import Codec
 from storage.errors import FencedWrite
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
@@ -143,3 +146,25 @@ def test_a_leader_commits_as_the_last_vote_lands_not_at_its_poll(
     gc = cluster.store.latest_gc(task)
     assert gc is not None
     assert gc.superstep >= 3
+
+
+def test_a_user_the_acl_denies_the_channel_still_votes(
+    own_redis: RedisServer, tmp_path: Path
+) -> None:
+    """Without `&cairn:votes` (Redis 7's default for a new user) a vote is still recorded."""
+    admin = redis.Redis.from_url(own_redis.url)
+    admin.acl_setuser("worker", enabled=True, passwords=["+pw"], keys=["*"], commands=["+@all"],
+                      reset_channels=True)  # fmt: skip
+    host, port = own_redis.url.removeprefix("redis://").split("/")[0].rsplit(":", 1)
+    client = connect(f"redis://worker:pw@{host}:{port}/0")
+    try:
+        store = CheckpointStore(RedisHotStore(client), DiskArchive(tmp_path / "a"), Codec())
+        _started(store, "t")
+        models = lambda spec: ScriptedModel(spec.script)  # noqa: E731 - the step's factory
+        ref = run_step("t", "coder", 1, 1, 1, store=store, cache=tmp_path, models=models).lc
+        assert {"coder": ref} == store.hot.get_votes("t", 1, 1)
+        with pytest.raises(redis.exceptions.NoPermissionError):
+            client.publish("cairn:votes", b"x")  # the channel is denied indeed
+    finally:
+        client.close()
+        admin.close()

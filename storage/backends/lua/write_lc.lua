@@ -48,7 +48,8 @@ if ARGV[9] == 'tool' then
 end
 if ARGV[10] == '1' then
   redis.call('HSET', KEYS[5], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
-  redis.call('PUBLISH', ARGV[13], ARGV[14] .. '\n' .. ARGV[6])
+  -- pcall: a user whose ACL denies the channel still votes (heard at the next tick).
+  redis.pcall('PUBLISH', ARGV[13], ARGV[14] .. '\n' .. ARGV[6])
 end
 if ARGV[11] == '1' then
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', '100000', '*', 'kind', 'lc', 'agent', ARGV[2],
