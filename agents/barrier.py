@@ -15,8 +15,6 @@ from pydantic import ConfigDict, Field
 from agents.approval import decision_for
 from agents.cache import WORKER, WorkerCache
 from agents.workspace import Conflict, manifest_blob, merge
-from storage.backends.votes import PushedVote
-from storage.errors import CorruptCheckpoint
 from storage.ids import new_id
 from storage.records import (
     AgentStatus,
@@ -133,19 +131,6 @@ def read_outputs(
 ) -> dict[str, StepOutputs]:
     """Read what a barrier needs from each voted LC, every LC verified, in one round trip."""
     return store.read_lcs_fields(task, votes, StepOutputs)
-
-
-def pushed_outputs(store: CheckpointStore, vote: PushedVote) -> StepOutputs | None:
-    """What a barrier needs from a vote's pushed LC, verified as `read_outputs` verifies.
-
-    None when the pushed bytes do not open with the checksum the vote names: a barrier
-    then reads the LC from the store, as it does for a vote it was not pushed.
-    """
-    name = f"lc {vote.task}/{vote.agent}/{vote.ref.id}"
-    try:
-        return store.codec.decode(vote.data, StepOutputs, name, expect_digest=vote.ref.checksum)
-    except CorruptCheckpoint:
-        return None
 
 
 def pending_calls(messages: list[Message]) -> list[ToolCall]:

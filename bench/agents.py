@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import statistics
 import threading
-import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,7 +23,7 @@ import redis
 from redis.connection import AbstractConnection
 
 from agents import step as step_module
-from agents.barrier import StepOutputs, build_gc, pushed_outputs
+from agents.barrier import build_gc
 from agents.heartbeat import Heartbeat
 from agents.models.base import Model, ModelRequest
 from agents.models.scripted import ScriptedModel
@@ -50,7 +49,6 @@ from bench.report import (
 from bench.storage import Text, filesystem, floor_write
 from storage import store as store_module
 from storage.backends.redis import RedisHotStore
-from storage.backends.votes import VoteFeed
 from storage.codec import Codec, canonical_bytes
 from storage.records import GlobalCheckpoint, LCRef, Message, Role
 from storage.store import CheckpointStore
@@ -66,7 +64,6 @@ HISTORY = pick(200, 40)  # messages before the timed steps (each turn adds two)
 STEPS = pick(200, 24)  # timed supersteps of measurement 1
 PROFILE_EVERY = 4  # after every 4th timed superstep, one more with every phase timed
 LATENCY = 0.02  # measurement 2's model latency, seconds
-PUSH_WAIT = 1.0  # seconds a barrier waits for its vote's push: it comes with the vote's reply
 ON_OFF_STEPS = pick(100, 15)
 ON_OFF_RUNS = pick(3, 1)
 MODEL, TOOL = "model call (scripted, excluded)", "tool write_file (excluded)"
@@ -171,7 +168,6 @@ class Team:
     gc: GlobalCheckpoint
     tools: ToolRegistry = field(default_factory=builtin_tools)
     begun: bool = False  # the next superstep is prepared and its attempt fenced in
-    feed: VoteFeed | None = None  # the votes channel, listened to as the leader does
 
     @classmethod
     def start(
@@ -182,17 +178,11 @@ class Team:
         model: Model,
         text: Text,
         tools: Sequence[str] = TOOL_NAMES,
-        feed: VoteFeed | None = None,
     ) -> Team:
-        """Start `task` (GC 0) with one agent whose turns `model` plays, offered `tools`.
-
-        With `feed` (listening), its barrier takes the LC its vote pushed, as the leading
-        coordinator does; without, it reads the LC back.
-        """
+        """Start `task` (GC 0) with one agent whose turns `model` plays, offered `tools`."""
         agent = AgentSpec(name=AGENT, system=SYSTEM, tools=list(tools))
         record = TaskRecord(task=task, goal=GOAL, agents=[agent])
-        gc = start_task(store, record, initial_files(text))
-        return cls(store, root / "cache", model, gc, feed=feed)
+        return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
     def begin(self) -> None:
         """Prepare the next GC and fence in attempt 1 of its superstep, unless the commit did.
@@ -227,36 +217,14 @@ class Team:
             number=gc.number + 1,
             superstep=gc.superstep + 1,
             epoch=gc.epoch,
-            outputs=self._pushed(vote),
         ).gc
         self.gc, prepared = self.store.commit_and_begin(built, {AGENT: 1})
         self.begun = prepared is not None
-
-    def _pushed(self, vote: LCRef) -> dict[str, StepOutputs] | None:
-        """The outputs of the LC `vote` names, as the votes channel pushed it; None: none."""
-        if self.feed is None:
-            return None
-        want = (self.gc.task, AGENT, self.gc.epoch, self.gc.superstep + 1, vote)
-        deadline = time.monotonic() + PUSH_WAIT
-        while (left := deadline - time.monotonic()) > 0:
-            for pushed in self.feed.wait(left):
-                if (pushed.task, pushed.agent, pushed.epoch, pushed.superstep, pushed.ref) == want:
-                    outputs = pushed_outputs(self.store, pushed)
-                    return None if outputs is None else {AGENT: outputs}
-        return None
 
     def superstep(self) -> None:
         """Begin (unless the last commit did), step and commit the next superstep."""
         self.begin()
         self.barrier(self.step())
-
-
-def listening(stack: contextlib.ExitStack, client: redis.Redis) -> VoteFeed:
-    """The votes channel of `client`'s Redis, listened to from now until `stack` closes."""
-    feed = VoteFeed(client)
-    feed.listen()
-    stack.callback(feed.close)
-    return feed
 
 
 @dataclass(slots=True)
@@ -267,7 +235,6 @@ class Env:
     client: redis.Redis
     store: CheckpointStore
     text: Text
-    feed: VoteFeed
     targets: list[Target] = field(default_factory=list)
 
 
@@ -333,7 +300,7 @@ def step_overhead(env: Env) -> None:
     model = ScriptedModel(turns(env.text, fill + STEPS + profiled + 10))
     timed_tool = replace(tool, run=cast(ToolRun, phases.wrap(TOOL, tool.run)))
     with mock.patch.object(ScriptedModel, "complete", phases.wrap(MODEL, ScriptedModel.complete)):
-        team = Team.start(env.store, env.root, "steps", model, env.text, feed=env.feed)
+        team = Team.start(env.store, env.root, "steps", model, env.text)
         team.tools = ToolRegistry([timed_tool, *(t for t in TOOLS.values() if t is not tool)])
         for _ in range(fill):  # builds the history the way a team does, and warms up
             team.superstep()
@@ -402,8 +369,7 @@ def run_on(env: Env, run: int, script: list[Turn], writes: Counter[str]) -> Samp
     `writes` gains the time spent taking checkpoints proper: every LC written (tool and
     step level: cut, encode, the fenced Redis write) and every GC prepared and committed.
     """
-    team = Team.start(env.store, env.root, f"on{run}", ScriptedModel(script), env.text,
-                      feed=env.feed)  # fmt: skip
+    team = Team.start(env.store, env.root, f"on{run}", ScriptedModel(script), env.text)
     timer = Phases()
     with contextlib.ExitStack() as stack:
         for name in ("write_lc", "begin_superstep", "commit_gc"):
@@ -545,8 +511,7 @@ def tool_steps(env: Env) -> None:
     teams = {}
     for name in runs:
         model = ScriptedModel(tool_turns(env.text, name, n))
-        teams[name] = Team.start(env.store, env.root, f"tool-{name}", model, env.text, offered,
-                                 env.feed)  # fmt: skip
+        teams[name] = Team.start(env.store, env.root, f"tool-{name}", model, env.text, offered)
         teams[name].tools = registry
     for _ in range(TOOL_FILL):
         for team in teams.values():
@@ -596,7 +561,7 @@ def run() -> list[Target]:
     """Run the agents measurements (MCP's without Redis); return the targets."""
     with contextlib.ExitStack() as stack:
         root, server, client, store = private_store(stack, quiet=True)
-        env = Env(root, client, store, Text(seed=2027), listening(stack, client))
+        env = Env(root, client, store, Text(seed=2027))
         print("\n== agents ==")
         print(
             f"redis-server private (port {server.port}, no AOF); workspaces on "

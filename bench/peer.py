@@ -37,12 +37,11 @@ from agents.spec import TOOL_NAMES, StepPolicy, Turn
 from agents.toolkit import ToolRegistry
 from agents.tools import TOOLS, ToolContext
 from agents.workspace import Workspace
-from bench.agents import AGENT, FILE_CHARS, GOAL, SYSTEM, Team, initial_files, listening, turns
+from bench.agents import AGENT, FILE_CHARS, GOAL, SYSTEM, Team, initial_files, turns
 from bench.report import Samples, Target, clock, duration, now_ns, pick, private_store, table
 from bench.storage import Text
 from coordinator.settings import Settings, open_store
 from storage.backends.redis import RedisHotStore, connect
-from storage.backends.votes import VoteFeed
 from storage.records import Message, Role
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
@@ -310,7 +309,7 @@ def cairn_profile(team: Team, steps: int, cairn_overhead: float) -> None:
         (Workspace, "capture", "workspace.capture: scan, hash"),
         (CheckpointStore, "put_blob", "put_blob"),
         (CheckpointStore, "write_lc", "write_lc: cut, encode, fenced write of LC + vote + blobs"),
-        (agents_part, "build_gc", "barrier: build_gc (from the LC the vote pushed)"),
+        (agents_part, "build_gc", "barrier: build_gc (reads the vote's LC)"),
         (CheckpointStore, "commit_and_begin", "barrier: commit_gc + the next begin (one script)"),
     ]
     tool = TOOLS["write_file"]
@@ -401,12 +400,9 @@ class Setup:
         """One run of the plain loop."""
         return plain_run(self.loop(f"plain{run}"), steps)
 
-    def cairn(
-        self, store: CheckpointStore, feed: VoteFeed, key: str, run: int, steps: int
-    ) -> Samples:
-        """One run of Cairn on `store`, `feed` its votes channel: a new task, `steps` supersteps."""
-        model = ScriptedModel(self.script)
-        team = Team.start(store, self.root, f"{key}{run}", model, self.text, feed=feed)
+    def cairn(self, store: CheckpointStore, key: str, run: int, steps: int) -> Samples:
+        """One run of Cairn on `store`: a fresh task, `steps` supersteps."""
+        team = Team.start(store, self.root, f"{key}{run}", ScriptedModel(self.script), self.text)
         return cairn_run(team, steps)
 
     def dbos(self, key: str, url: str, found: Dbos, two: bool, run: int, steps: int) -> Samples:
@@ -415,14 +411,14 @@ class Setup:
         return dbos_run(found.lib, url, self.loop(f"{key}{run}"), steps, both, one)
 
 
-def aof_store(stack: contextlib.ExitStack, root: Path) -> tuple[CheckpointStore, VoteFeed]:
+def aof_store(stack: contextlib.ExitStack, root: Path) -> CheckpointStore:
     """A second store as `private_store`'s, on a redis-server with AOF, appendfsync always."""
     server = RedisServer(root / "redis-aof", appendonly=True, fsync="always")
     stack.callback(server.stop)
     server.start()
     client = stack.enter_context(connect(server.url))
     settings = Settings(archive_dir=root / "archive-aof", signing_key=None, audit=False)
-    return open_store(settings, client), listening(stack, client)
+    return open_store(settings, client)
 
 
 def dbos_variants(setup: Setup) -> dict[str, Variant]:
@@ -527,8 +523,7 @@ def report(variants: dict[str, Variant]) -> list[Target]:
 def run() -> list[Target]:
     """Run the peer comparison; return its two targets (those whose DBOS column ran)."""
     with contextlib.ExitStack() as stack:
-        root, server, client, store = private_store(stack, quiet=True)
-        feed = listening(stack, client)
+        root, server, _client, store = private_store(stack, quiet=True)
         text = Text(seed=2028)
         setup = Setup(stack, root, store, text, turns(text, WARM_STEPS + STEPS + 10, LATENCY))
         print("\n== peer ==")
@@ -544,13 +539,13 @@ def run() -> list[Target]:
         )
         variants = {
             PLAIN: Variant(setup.plain),
-            CAIRN: Variant(partial(setup.cairn, store, feed, CAIRN)),
-            CAIRN_AOF: Variant(partial(setup.cairn, *aof_store(stack, root), CAIRN_AOF)),
+            CAIRN: Variant(partial(setup.cairn, store, CAIRN)),
+            CAIRN_AOF: Variant(partial(setup.cairn, aof_store(stack, root), CAIRN_AOF)),
         }
         variants |= dbos_variants(setup)
         take_turns(variants)
         targets = report(variants)
-        team = Team.start(store, root, "peer-profile", ScriptedModel(setup.script), text, feed=feed)
+        team = Team.start(store, root, "peer-profile", ScriptedModel(setup.script), text)
         for _ in range(WARM_STEPS):
             team.superstep()
         cairn_profile(team, STEPS, overhead(variants, CAIRN))

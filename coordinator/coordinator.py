@@ -48,7 +48,6 @@ from coordinator.runs import (
 from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
 from coordinator.verify import verify
-from coordinator.wakeup import ReadAhead, Wakeup
 from storage import keys
 from storage.errors import (
     CairnError,
@@ -248,40 +247,28 @@ class Coordinator:
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
         # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
-        self._outputs: ReadAhead = {}
+        self._outputs: dict[tuple[str, int, int], dict[str, tuple[LCRef, StepOutputs]]] = {}
         self.runs = RunState(client, store.hot, lambda: self.lease.token)
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
         self.archiver = Archiver(store, self._archived)
         self.archived = ArchiveFloor(store)  # a GC number is never reused: see numbering.py
         self.replication = Replication(self.runs)
-        self.wakeup = Wakeup(client, store)
 
     # the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll: float = 0.05) -> None:
-        """Drive tasks until `stop` is set, acting only while holding the leader lease.
-
-        Between ticks the leader waits `poll` s, or less: until the votes pushed to it
-        complete a superstep (`coordinator.wakeup`).
-        """
+        """Drive tasks until `stop` is set, acting only while holding the leader lease."""
         try:
             while not stop.is_set():
-                leading = False
                 try:
-                    leading = self.lease.acquire()
-                    if leading:
+                    if self.lease.acquire():
                         self.tick()
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     # Redis restarting or failing over: every write is fenced by the lease
                     # token, so this coordinator waits and asks again instead of exiting.
                     log.warning("Redis unreachable; trying again", error=str(exc))
                     stop.wait(UNREACHABLE_PAUSE)
-                if leading:
-                    self.wakeup.wait(stop, poll, self._outputs)
-                else:
-                    self.wakeup.close()  # a standby hears no votes: it does not act on them
-                    stop.wait(poll)
+                stop.wait(poll)
         finally:
-            self.wakeup.close()
             self.archiver.drain()
             self.lease.release()
 
@@ -460,7 +447,6 @@ class Coordinator:
             return
         run = {"superstep": superstep, "number": intent.number, "epoch": epoch}
         self.runs.write(task, run, steps, clear_steps=True)
-        self.wakeup.expect(task, epoch, superstep, set(attempts))
         log.info("superstep started", task=task, superstep=superstep, agents=list(attempts))
 
     def _watch(self, task: str, seen: Look) -> None:
@@ -477,10 +463,8 @@ class Coordinator:
         self._ingest(task, epoch, superstep, votes)
         steps = {agent: StepRun.load(raw) for agent, raw in seen.steps.items()}
         if steps and steps.keys() <= votes.keys():
-            self.wakeup.forget(task)
             self._commit(task, superstep, seen, {a: votes[a] for a in steps})
             return
-        self.wakeup.expect(task, epoch, superstep, set(steps))
         limits = self._limits(task)
         now = time.time()
         pending = {agent: step for agent, step in steps.items() if agent not in votes}
@@ -801,7 +785,6 @@ class Coordinator:
         """Drop what this coordinator cached of a task that ended."""
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
         self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
-        self.wakeup.forget(task)
         self._checked.pop(task, None)
         self._refused.pop(task, None)
         self._taken = {k: v for k, v in self._taken.items() if k[0] != task}

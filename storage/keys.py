@@ -156,8 +156,6 @@ def restore_lock(task: str) -> str:
 # Not task-scoped on purpose: indexes across tasks, each on its own slot.
 ACTIVE_TASKS = f"{PREFIX}:tasks:active"
 LEASE = f"{PREFIX}:coordinator:lease"
-# A Pub/Sub channel, not a key: every accepted vote, for the coordinator to wake on.
-VOTES_CHANNEL = f"{PREFIX}:votes"
 LEASE_TOKEN = f"{PREFIX}:coordinator:token"
 RUNS = f"{PREFIX}:{{*}}:run"  # a SCAN pattern: the run hash of every task Redis knows
 

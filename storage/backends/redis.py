@@ -30,7 +30,6 @@ from redis.sentinel import SentinelManagedConnection
 
 from storage import keys
 from storage.backends.sentinel import is_sentinel_url, sentinel_pool
-from storage.backends.votes import vote_header
 from storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
 from storage.errors import CommitRefused, FencedWrite
 from storage.keys import SPEC_DOC
@@ -535,8 +534,6 @@ class RedisHotStore:
                     "1" if vote else "0",
                     self._audit_flag,
                     time.time(),
-                    keys.VOTES_CHANNEL,
-                    vote_header(t, lc.agent, lc.epoch, lc.superstep, lc.id, entry.sealed.checksum),
                     *(part for blob in entry.blobs.items() for part in blob),
                 ],
             )

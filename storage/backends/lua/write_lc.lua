@@ -3,14 +3,10 @@
 --       7 audit stream, 8 blob times, 9.. the blobs the LC's change set adds
 -- ARGV: 1 epoch, 2 agent, 3 "epoch:superstep:attempt", 4 lc id, 5 checksum, 6 sealed bytes,
 --       7 parent id or "", 8 full "1"/"0", 9 level, 10 vote "1"/"0", 11 audit "1"/"0",
---       12 now (Unix seconds), 13 the votes channel, 14 the vote's header ("task\tagent\t
---       epoch\tsuperstep\tlc id\tchecksum"), 15.. each blob's address, then its sealed bytes
---       (KEYS order)
+--       12 now (Unix seconds), 13.. each blob's address, then its sealed bytes (KEYS order)
 -- A stale epoch or attempt is refused (a zombie cannot write); the same LC written twice
 -- is a no-op, because redis-py retries commands whose reply it lost. Blobs are put as
--- put_blob puts them: once under their address, their time refreshed. A vote is also
--- published, header and sealed LC, to wake the coordinator with what its barrier reads:
--- a hint only (nobody may listen, a listener may miss it); the votes hash is the record.
+-- put_blob puts them: once under their address, their time refreshed.
 local epoch = redis.call('GET', KEYS[1])
 if epoch ~= ARGV[1] then
   return redis.error_reply('FENCED stale epoch ' .. ARGV[1] .. ' (task is at ' .. (epoch or 'none') .. ')')
@@ -38,7 +34,7 @@ else
   redis.call('HSET', KEYS[4], ARGV[4], parent .. '\t' .. ARGV[5] .. '\t' .. ARGV[2])
 end
 for i = 9, #KEYS do
-  local at = 2 * i - 3
+  local at = 2 * i - 5
   redis.call('SET', KEYS[i], ARGV[at + 1], 'NX')
   redis.call('ZADD', KEYS[8], ARGV[12], ARGV[at])
 end
@@ -48,8 +44,6 @@ if ARGV[9] == 'tool' then
 end
 if ARGV[10] == '1' then
   redis.call('HSET', KEYS[5], ARGV[2], ARGV[4] .. ' ' .. ARGV[5])
-  -- pcall: a user whose ACL denies the channel still votes (heard at the next tick).
-  redis.pcall('PUBLISH', ARGV[13], ARGV[14] .. '\n' .. ARGV[6])
 end
 if ARGV[11] == '1' then
   redis.call('XADD', KEYS[7], 'MAXLEN', '~', '100000', '*', 'kind', 'lc', 'agent', ARGV[2],
