@@ -166,13 +166,14 @@ class _Pool(SentinelConnectionPool):
     It also closes its connections to the Sentinels with its own.
     """
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - redis-py's own
+    def __init__(
+        self,
+        *args: Any,  # noqa: ANN401 - redis-py's own
+        sentinels: tuple[tuple[str, int], ...] = (),
+        **kwargs: Any,  # noqa: ANN401 - redis-py's own
+    ) -> None:
         super().__init__(*args, **kwargs)  # type: ignore[no-untyped-call]
-        self._sentinels = tuple(
-            (str(s.connection_pool.connection_kwargs.get("host")),
-             int(s.connection_pool.connection_kwargs.get("port", DEFAULT_PORT)))
-            for s in self.sentinel_manager.sentinels
-        )  # fmt: skip
+        self._sentinels = sentinels  # with the service, what names this process's answer
         self._watching = threading.Lock()
         self._watcher: tuple[int, threading.Event] | None = None  # (pid, its stop)
 
@@ -262,4 +263,4 @@ def sentinel_pool(
         },
     )
     options = {**found.redis, **kwargs, "connection_class": connection_class}
-    return _Pool(found.service, manager, **options)
+    return _Pool(found.service, manager, sentinels=found.sentinels, **options)
