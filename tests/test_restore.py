@@ -207,6 +207,37 @@ def test_sync_durability_survives_a_flushall(cluster: Cluster, tmp_path: Path) -
     assert "succeeded" == cluster.drive(task)["status"]
 
 
+def test_the_latest_gc_after_a_restore_needs_no_lc_from_before_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Restored from the archive, then run to its end: the LCs it restored from can go bad.
+
+    Staging writes each agent a full LC, so the chains of every later GC stop there: the
+    archive's older records (the only copy once Redis lost them) are not among them, and
+    damage to them leaves the task's latest GC whole.
+    """
+    cluster.start_worker()
+    spec = team_spec(tmp_path / "ledger")
+    spec.checkpoints.durability = "sync"
+    task = cluster.tasks.submit(spec)
+    run_until(cluster, task, 2)
+    lcs = tmp_path / "archive" / "tasks" / task / "lc"
+    before = sorted(lcs.glob("*/*.rec"))
+    cluster.client.flushall()
+    cluster.coordinator.restorer.restore(task)
+    assert "succeeded" == cluster.drive(task)["status"]
+    for path in before:
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2] ^= 0xFF
+        path.write_bytes(bytes(data))
+    latest = cluster.store.latest_gc(task)
+    assert latest is not None
+    for agent, ref in latest.members.items():
+        chain = cluster.store.load_chain(task, agent, ref.id, ref.checksum)
+        assert not {f"{loaded.record.id}.rec" for loaded in chain} & {p.name for p in before}
+    assert set(latest.members) == set(states_of(cluster, latest))
+
+
 def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_path: Path) -> None:
     """Redis lost its epoch counter: the archive's record keeps the next epoch above it.
 
