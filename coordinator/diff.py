@@ -87,10 +87,13 @@ def _agent_diff(
         state_b = store.read_state(gc_b.task, agent, ref.id, ref.checksum)
         return _added(state_a.messages, state_b.messages, state_a.trace, state_b.trace)
     messages = (
-        [m for lc in tail_a for m in lc.messages],
-        [m for lc in tail_b for m in lc.messages],
+        [m for lc in tail_a for m in lc.added_messages],
+        [m for lc in tail_b for m in lc.added_messages],
     )
-    trace = ([t for lc in tail_a for t in lc.trace], [t for lc in tail_b for t in lc.trace])
+    trace = (
+        [t for lc in tail_a for t in lc.added_trace],
+        [t for lc in tail_b for t in lc.added_trace],
+    )
     return _added(messages[0], messages[1], trace[0], trace[1])
 
 

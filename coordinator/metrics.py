@@ -206,9 +206,10 @@ class MeteredStore(CheckpointStore):
         *,
         vote: bool = False,
         blobs: Iterable[bytes] = (),
+        full: bool = False,
     ) -> LCRef:
         """Write as the store does, timed."""
         started = time.perf_counter()
-        ref = super().write_lc(state, level, vote=vote, blobs=blobs)
+        ref = super().write_lc(state, level, vote=vote, blobs=blobs, full=full)
         LC_WRITE_SECONDS.labels(level.value).observe(time.perf_counter() - started)
         return ref

@@ -18,10 +18,11 @@ def stage(
 ) -> LCRef:
     """Stage `agent`'s state of GC `target` as a new LC of `epoch`, with its vote.
 
-    The staged LC is full, the first of a new chain: nothing the agent checkpoints after
-    the restore needs an LC from before it. The target's chain may be only on disk (Redis
-    lost it, or trimmed it), where a later delta's walk from Redis would not see that it
-    is still needed, and a record damaged there would break the task's latest GC.
+    The staged LC is full (it still names the target's LC as its parent, the history it
+    grew from): reading anything the agent checkpoints after the restore stops there,
+    needing no LC from before it. The target's chain may be only on disk (Redis lost it,
+    or trimmed it), where a later delta's walk from Redis would not see that it is still
+    needed, and a record damaged there would break the task's latest GC.
 
     Raises `CorruptCheckpoint` or `RecordNotFound` when its chain cannot be read whole.
     """
@@ -32,5 +33,4 @@ def stage(
         state.messages.append(context_summary(state, reason, target))
     state.epoch, state.attempt, state.superstep = epoch, 1, gc.superstep
     state.changes, state.outbox = {}, []
-    state.base = None  # a full LC
-    return store.write_lc(state, Level.STEP, vote=True)
+    return store.write_lc(state, Level.STEP, vote=True, full=True)

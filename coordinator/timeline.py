@@ -186,9 +186,7 @@ class _Chains:
                 self._add(agent, lc)
 
     def _add(self, agent: str, lc: LocalCheckpoint) -> None:
-        # A full LC holds the whole history; what it adds starts where its parent ended.
-        messages = lc.messages[lc.message_base :] if lc.full else lc.messages
-        trace = lc.trace[lc.trace_base :] if lc.full else lc.trace
+        messages, trace = lc.added_messages, lc.added_trace
         self.histories[lc.id] = History(
             agent=agent,
             parent=lc.parent_id,

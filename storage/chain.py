@@ -211,12 +211,16 @@ def _context(source: AgentState | BaseLocalCheckpoint[T]) -> dict[str, Any]:
 
 
 def cut_lc(
-    state: AgentState, level: Level, full_every: int = DEFAULT_FULL_EVERY
+    state: AgentState, level: Level, full_every: int = DEFAULT_FULL_EVERY, *, full: bool = False
 ) -> LocalCheckpoint:
-    """Return the LC for `state`: a delta from `state.base`, or full at the cadence."""
+    """Return the LC for `state`: a delta from `state.base`, or full at the cadence or if asked.
+
+    A full LC still names its parent: a read stops at it, while the history it grew from
+    (the timeline's lineage) is still linked.
+    """
     base = state.base
     depth = 0 if base is None else base.depth + 1
-    full = base is None or depth % full_every == 0
+    full = full or base is None or depth % full_every == 0
     message_base = 0 if base is None else base.message_count
     trace_base = 0 if base is None else base.trace_count
     if len(state.messages) < message_base or state.trace_count < trace_base:

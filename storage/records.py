@@ -237,6 +237,16 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     # records of schema 1, which did not keep it: their trace has it, call by call).
     usage: Usage | None = None
 
+    @property
+    def added_messages(self) -> list[Message]:
+        """The messages this LC adds to its parent's history (a full LC holds them all)."""
+        return self.messages[self.message_base :] if self.full else self.messages
+
+    @property
+    def added_trace(self) -> list[TraceT]:
+        """The trace records this LC adds to its parent's (a full LC holds them all)."""
+        return self.trace[self.trace_base :] if self.full else self.trace
+
 
 class LocalCheckpoint(BaseLocalCheckpoint[TraceRecord]):
     """An agent's state after a step (level step) or before a tool call (level tool).
@@ -244,7 +254,7 @@ class LocalCheckpoint(BaseLocalCheckpoint[TraceRecord]):
     Stored incrementally: unless `full`, `messages` and `trace` hold only what the parent
     lacked, and `message_base`/`trace_base` say how many the parent had. `depth` counts
     step checkpoints since the agent's first; a checkpoint is full when depth is a multiple
-    of `full_every`, which bounds the chain a read must walk.
+    of `full_every`, which bounds the chain a read must walk, and when a restore staged it.
     """
 
     @property

@@ -143,16 +143,18 @@ class CheckpointStore:
         *,
         vote: bool = False,
         blobs: Iterable[bytes] = (),
+        full: bool = False,
     ) -> LCRef:
         """Store the LC of `state` (fenced by its epoch and attempt), optionally voting with it.
 
         `blobs` (file contents, manifests: what the LC's change set names) are stored in the
         same write, as `put_blob` stores them; a refused write stores none. A step-level
         write moves `state.base` to the new LC, so the next delta starts there; a tool-level
-        write leaves it, so a tool LC never becomes a parent. Raises `FencedWrite` when the
-        state's epoch or attempt is no longer current.
+        write leaves it, so a tool LC never becomes a parent. `full` writes the whole history
+        off the `full_every` cadence (a read of this LC's descendants stops there). Raises
+        `FencedWrite` when the state's epoch or attempt is no longer current.
         """
-        lc = cut_lc(state, level, self.full_every)
+        lc = cut_lc(state, level, self.full_every, full=full)
         sealed = self.codec.encode(lc)
         puts = (self.codec.seal(content, keyed=False) for content in blobs)
         self.hot.write_lc(LCEntry(lc, sealed, {s.checksum: s.data for s in puts}), vote=vote)

@@ -12,6 +12,7 @@ import redis
 
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
+from coordinator.diff import diff
 from coordinator.restore import Restored, Restorer
 from coordinator.spec import LIMITS_DOC
 from storage import keys
@@ -236,6 +237,30 @@ def test_the_latest_gc_after_a_restore_needs_no_lc_from_before_it(
         chain = cluster.store.load_chain(task, agent, ref.id, ref.checksum)
         assert not {f"{loaded.record.id}.rec" for loaded in chain} & {p.name for p in before}
     assert set(latest.members) == set(states_of(cluster, latest))
+
+
+def test_a_diff_across_a_restore_counts_each_message_once(cluster: Cluster, tmp_path: Path) -> None:
+    """A diff through the staged LC agrees with comparing the whole histories.
+
+    The staged LC is full and names its parent: walking the chains, each LC adds its own
+    messages only, not the whole history a full LC holds.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    run_until(cluster, task, 2)
+    cluster.coordinator.restorer.restore(task, to=1)
+    assert "succeeded" == cluster.drive(task)["status"]
+    latest = cluster.store.latest_gc(task)
+    assert latest is not None
+    found = diff(cluster.store, task, 0, task, latest.number)
+    before = cluster.store.read_gc(task, 0)
+    for agent, ref in latest.members.items():
+        old = before.members[agent]
+        a = cluster.store.read_state(task, agent, old.id, old.checksum).messages
+        b = cluster.store.read_state(task, agent, ref.id, ref.checksum).messages
+        assert b[: len(a)] == a
+        want = [m.model_dump(mode="json", exclude_defaults=True) for m in b[len(a) :]]
+        assert want == found.agents[agent].messages_added, agent
 
 
 def test_a_restore_after_a_flushall_never_reuses_an_epoch(cluster: Cluster, tmp_path: Path) -> None:
