@@ -121,6 +121,16 @@ def _ends(pid: int, within: float) -> bool:
     return True
 
 
+def _logged(path: Path, text: str, within: float) -> bool:
+    """True once the log at `path` holds `text`; False if it does not within `within` s."""
+    deadline = time.monotonic() + within
+    while text not in path.read_text(errors="replace"):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
 def _keys(path: Path) -> list[str]:
     """The keys of a ledger file, in the order written."""
     return [line.split("\t")[0] for line in path.read_text().splitlines()] if path.exists() else []
@@ -279,7 +289,12 @@ def test_a_killed_worker_and_a_restore_apply_each_committed_call_once(
 def test_a_killed_mcp_server_is_started_again_by_the_next_step(
     cluster: Cluster, files: Files
 ) -> None:
-    """The worker's stdio server is killed between supersteps: the next step starts it anew."""
+    """The worker's stdio server is killed between supersteps: the next step starts it anew.
+
+    The next superstep starts once the worker logged the end of its server: a call the
+    step made before the worker heard of it would go to the dead session (and be told it
+    may or may not have taken effect), a race this test does not mean to run.
+    """
     worker = cluster.start_worker()
     turns: list[dict[str, object]] = [
         {"tools": [record("one")]},
@@ -291,6 +306,7 @@ def test_a_killed_mcp_server_is_started_again_by_the_next_step(
     [killed] = _pids(files.pids)
     os.kill(killed, signal.SIGKILL)
     assert _ends(killed, 5.0)
+    assert _logged(cluster.tmp / "worker-0.log", "MCP server hung up", 5.0)
     status = cluster.drive(task)
     assert "succeeded" == status["status"], status
 

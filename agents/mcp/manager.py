@@ -295,7 +295,7 @@ class McpManager:
         if session is not None and not session.transport.closed:
             return session
         if session is not None:
-            log.info("MCP server hung up; starting a new session", server=server)
+            log.info("starting a new MCP session: the last one's server hung up", server=server)
             await self._drop(server)
         session = await _Session.open(
             server, self.servers[server], self.connect_timeout, self.errlog
@@ -362,7 +362,7 @@ class _Session:
         cls, server: str, spec: McpServer, timeout: float, errlog: TextIO | None
     ) -> _Session:
         """Start (or reach) `server` and shake hands; `ToolError` if it fails or takes too long."""
-        transport = _Tracked(_transport(spec, errlog))
+        transport = _Tracked(_transport(spec, errlog), server)
         client = Client(transport, cache=None)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
@@ -381,6 +381,7 @@ class _Session:
 
     async def close(self, *, now: bool = False) -> None:
         """Leave the session (stopping a stdio server); cancel it `now` or if that is slow."""
+        self.transport.leaving = True
         self.stop.set()
         if not now:
             await asyncio.wait({self.task}, timeout=STOP_TIMEOUT)
@@ -447,9 +448,10 @@ class _Owning(AbstractAsyncContextManager[TransportStreams]):
 class _Tracked(AbstractAsyncContextManager[TransportStreams]):
     """A transport that notes when the server hung up and which calls' keys it wrote."""
 
-    def __init__(self, inner: Transport) -> None:
-        self.inner = inner
+    def __init__(self, inner: Transport, server: str) -> None:
+        self.inner, self.server = inner, server
         self.closed = False  # the server's stream ended: the session is dead
+        self.leaving = False  # this side is closing the session: its end is no news
         self.sent: set[str] = set()  # idempotency keys of tools/call requests written
 
     async def __aenter__(self) -> TransportStreams:
@@ -481,6 +483,8 @@ class _WatchedRead:
         try:
             return await self.inner.receive()
         except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            if not (self.owner.closed or self.owner.leaving):
+                log.info("MCP server hung up", server=self.owner.server)
             self.owner.closed = True
             raise
 
