@@ -240,7 +240,10 @@ class Task:
         All or nothing: when the target cannot be restored whole, older committed
         checkpoints are tried; with none left, `RestoreFailed` (the task is unrecoverable).
         `on_workers` stages the agents on the workers; by default it is done here, so no
-        worker need be up. An absent checkpoint `to` is `InvalidSpec`.
+        worker need be up. A staging job that fails for another reason, or that no worker
+        runs within a minute, is `RestoreFailed` too: the task stays `restoring` and its
+        coordinator restores it again, to its latest committed checkpoint. An absent
+        checkpoint `to` is `InvalidSpec`.
         """
         if to is not None:
             views.checkpoint_at(self.client.store, self.id, to)

@@ -97,11 +97,22 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
 
 
 def stage_job(task: str, agent: str, target: int, epoch: int, reason: str) -> str:
-    """The worker's side of a restore: stage one agent, or say why it could not."""
+    """The worker's side of a restore: stage one agent, or say why it could not.
+
+    A record damaged or missing everywhere is a verdict on the target ("no": the restore
+    falls back to an older GC); any other failure is not, and is recorded as such before
+    it is raised, so the restorer gives this try up at once rather than at its deadline.
+    """
     env = environment()
+    outcome = keys.outcomes(task, epoch, -target)
     try:
         stage(env.store, task, agent, target, epoch, reason)
     except (CorruptCheckpoint, RecordNotFound) as exc:
-        env.redis.hset(keys.outcomes(task, epoch, -target), agent, json.dumps({"no": str(exc)}))
+        env.redis.hset(outcome, agent, json.dumps({"no": str(exc)}))
         return "no"
+    except Exception as exc:
+        with contextlib.suppress(redis.RedisError):  # a Redis that fails may refuse this too
+            failed = f"{type(exc).__name__}: {exc}"
+            env.redis.hset(outcome, agent, json.dumps({"failed": failed}))
+        raise
     return "yes"

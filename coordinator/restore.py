@@ -8,9 +8,11 @@
    epoch with a vote (`coordinator.staging`: one job per agent on the workers' control
    queue, or inline).
 4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
-   inbox and statuses; it moves `latest`. If any agent could not be staged, drop the
-   staging and try the next older GC; with none left, the task is unrecoverable and its
-   live state is untouched.
+   inbox and statuses; it moves `latest`. If an agent's records are damaged or missing,
+   drop the staging and try the next older GC; with none left, the task is unrecoverable
+   and its live state is untouched. A staging job that failed otherwise, or that no worker
+   ran in time, says nothing of the target: the restore gives up, and the task stays
+   `restoring` until its coordinator restores it again.
 """
 
 from __future__ import annotations
@@ -106,11 +108,16 @@ class Restorer:
             if tried:  # each try stages under an epoch of its own
                 epoch = self.store.raise_epoch(task, epoch + 1, self.runs.token())
             gc = self.store.read_gc(task, target)
-            refused = self._stage_all(task, record, gc, epoch, reason, wait)
+            attempt = gc.model_copy(update={"number": number, "epoch": epoch})
+            try:
+                refused = self._stage_all(task, record, gc, epoch, reason, wait)
+            except RestoreFailed:  # given up: drop what was staged, as for a refusal
+                self.store.abort_gc(attempt, self.runs.token())
+                raise
             if refused is None:
                 refused = self._promote_workspace(task, gc)
             if refused is None:
-                restored = gc.model_copy(update={"number": number, "epoch": epoch})
+                restored = attempt
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored, self.runs.token())
                 self.store.commit_gc(restored, self.runs.token())
@@ -124,9 +131,7 @@ class Restorer:
                          epoch=epoch)  # fmt: skip
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
-            self.store.abort_gc(
-                gc.model_copy(update={"number": number, "epoch": epoch}), self.runs.token()
-            )
+            self.store.abort_gc(attempt, self.runs.token())
             number += 1
         why = "; ".join(failures)
         self.runs.write(task, {"status": TaskState.UNRECOVERABLE, "reason": why})
@@ -174,7 +179,12 @@ class Restorer:
         reason: str,
         wait: float,
     ) -> str | None:
-        """Stage every agent of `gc`; None when all voted yes, else why not."""
+        """Stage every agent of `gc`; None when all voted yes, else why the target is refused.
+
+        A refusal (a record damaged or missing) makes the restore try an older GC. A staging
+        job that failed otherwise, or no vote from every agent within `wait` s, raises
+        `RestoreFailed` instead (see `_given_up`).
+        """
         agents = [a.name for a in record.agents]
         self.store.hot.begin_attempts(task, dict.fromkeys(agents, 1), gc.superstep, epoch=epoch)
         if not self.workers:
@@ -197,14 +207,29 @@ class Restorer:
             votes = self.store.hot.get_votes(task, epoch, gc.superstep)
             if set(agents) <= votes.keys():
                 return None
-            refusals = cast(
+            outcomes = cast(
                 dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, -gc.number))
             )
-            if refusals:
-                who, why = next(iter(refusals.items()))
-                return f"{who.decode()}: {json.loads(why)['no']}"
+            said = {who.decode(): json.loads(raw) for who, raw in outcomes.items()}
+            for who, outcome in said.items():
+                if "no" in outcome:
+                    return f"{who}: {outcome['no']}"
+            for who, outcome in said.items():
+                raise self._given_up(task, f"staging {who} failed: {outcome['failed']}")
             time.sleep(0.02)
-        return f"no vote from every agent within {wait:g} s"
+        raise self._given_up(task, f"no vote from every agent within {wait:g} s")
+
+    def _given_up(self, task: str, why: str) -> RestoreFailed:
+        """End this restore for a reason that says nothing of its target: the error to raise.
+
+        A staging job that failed or never ran is no sign of a damaged checkpoint, so no
+        older one is tried: nothing committed changes, and the task stays `restoring`, which
+        its coordinator restores again (to its latest committed GC) once this restore let
+        go of the task's lock.
+        """
+        self.runs.write(task, {"reason": why})
+        log.warning("restore given up; the task stays restoring", task=task, why=why)
+        return RestoreFailed(f"task {task} not restored: {why}; its coordinator restores it again")
 
     def _promote_workspace(self, task: str, gc: GlobalCheckpoint) -> str | None:
         """Make the target's manifest and files hot (copying cold ones back); else why not.

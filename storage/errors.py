@@ -112,7 +112,12 @@ class Timeout(CairnError, TimeoutError):
 
 
 class RestoreFailed(CairnError):
-    """Raised when no committed checkpoint could be restored; the task is unrecoverable."""
+    """Raised when a restore did not complete, nothing committed changed.
+
+    Either no committed checkpoint could be restored (the task is unrecoverable), or
+    staging failed for a reason that says nothing of the checkpoints (a job that failed or
+    never ran): the task then stays `restoring`, and its coordinator restores it again.
+    """
 
 
 class NotCommitted(CairnError):

@@ -13,6 +13,7 @@ import redis
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
 from coordinator.diff import diff
+from coordinator.jobs import CONTROL_QUEUE
 from coordinator.restore import Restored, Restorer
 from coordinator.spec import LIMITS_DOC
 from storage import keys
@@ -375,6 +376,67 @@ def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -
     assert (last.number, last.epoch) == (now.number, now.epoch)
     epochs = {cluster.store.read_lc(task, a, ref.id).epoch for a, ref in now.members.items()}
     assert {last.epoch} == epochs
+
+
+def _given_up(cluster: Cluster, task: str, latest: GlobalCheckpoint) -> None:
+    """The restore gave up: the task is `restoring`, and nothing older than `latest` tried."""
+    run = cast(dict[bytes, bytes], cluster.client.hgetall(keys.run(task)))
+    assert b"restoring" == run[b"status"]
+    assert latest.number == cluster.store.hot.latest_gc(task)
+    tried = [g for g in cluster.store.list_gcs(task) if g.number > latest.number]
+    assert [GCStatus.ABORTED] == [g.status for g in tried]  # this try alone, its staging gone
+
+
+def test_a_restore_no_worker_stages_gives_up_and_the_coordinator_restores_again(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """No worker stages in time: no older GC is tried; the coordinator restores it later."""
+    worker = cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    worker.kill()
+    worker.wait()
+    with pytest.raises(RestoreFailed, match="not restored: no vote from every agent within 1 s"):
+        cluster.coordinator.restorer.restore(task, wait=1.0)
+    _given_up(cluster, task, latest)
+    cluster.start_worker()
+    assert "succeeded" == cluster.drive(task)["status"]
+    restores = [g for g in cluster.store.list_gcs(task) if g.number > latest.number]
+    assert GCStatus.COMMITTED is restores[1].status  # the coordinator's restore
+    assert latest.superstep == cluster.store.read_gc(task, restores[1].number).superstep
+
+
+def test_a_staging_job_that_fails_ends_the_restore_at_once_without_falling_back(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A staging job raising (here: its epoch moved on) is no verdict on the target GC."""
+    worker = cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    worker.kill()
+    worker.wait()
+    failed: list[BaseException] = []
+
+    def restore() -> None:
+        try:
+            cluster.coordinator.restorer.restore(task, wait=30.0)
+        except RestoreFailed as exc:
+            failed.append(exc)
+
+    thread = threading.Thread(target=restore)
+    thread.start()
+    deadline = time.monotonic() + 10
+    while not cluster.client.llen(f"rq:queue:{CONTROL_QUEUE}"):  # staging enqueued
+        assert time.monotonic() < deadline, "no staging job was enqueued"
+        time.sleep(0.01)
+    epoch = cluster.store.hot.get_epoch(task)
+    cluster.store.raise_epoch(task, epoch + 1)  # every staging write is now fenced
+    cluster.start_worker()
+    thread.join(60)
+    assert not thread.is_alive()
+    assert 1 == len(failed)
+    assert "failed: FencedWrite: stale epoch" in str(failed[0])
+    _given_up(cluster, task, latest)
 
 
 def test_restoring_a_checkpoint_that_does_not_exist_is_refused(
