@@ -378,6 +378,16 @@ def test_two_restores_at_once_are_serialized(cluster: Cluster, tmp_path: Path) -
     assert {last.epoch} == epochs
 
 
+def _no_worker_after_two(cluster: Cluster, tmp_path: Path) -> tuple[str, GlobalCheckpoint]:
+    """A team task committed up to superstep 2 (its GC returned), and no worker left."""
+    worker = cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    latest = run_until(cluster, task, 2)
+    worker.kill()
+    worker.wait()
+    return task, latest
+
+
 def _given_up(cluster: Cluster, task: str, latest: GlobalCheckpoint) -> None:
     """The restore gave up: the task is `restoring`, and nothing older than `latest` tried."""
     run = cast(dict[bytes, bytes], cluster.client.hgetall(keys.run(task)))
@@ -391,11 +401,7 @@ def test_a_restore_no_worker_stages_gives_up_and_the_coordinator_restores_again(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """No worker stages in time: no older GC is tried; the coordinator restores it later."""
-    worker = cluster.start_worker()
-    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    latest = run_until(cluster, task, 2)
-    worker.kill()
-    worker.wait()
+    task, latest = _no_worker_after_two(cluster, tmp_path)
     with pytest.raises(RestoreFailed, match="not restored: no vote from every agent within 1 s"):
         cluster.coordinator.restorer.restore(task, wait=1.0)
     _given_up(cluster, task, latest)
@@ -410,11 +416,7 @@ def test_a_staging_job_that_fails_ends_the_restore_at_once_without_falling_back(
     cluster: Cluster, tmp_path: Path
 ) -> None:
     """A staging job raising (here: its epoch moved on) is no verdict on the target GC."""
-    worker = cluster.start_worker()
-    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    latest = run_until(cluster, task, 2)
-    worker.kill()
-    worker.wait()
+    task, latest = _no_worker_after_two(cluster, tmp_path)
     failed: list[BaseException] = []
 
     def restore() -> None:
