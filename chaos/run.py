@@ -545,15 +545,15 @@ class ChaosRun:
         if not self.mount:
             return None
         filler = self.archive / "filler"
-        written = 0
-        with filler.open("wb") as out:
-            chunk = b"\0" * 65_536
-            with contextlib.suppress(OSError):  # ENOSPC: the filesystem is full
-                while True:
-                    out.write(chunk)
-                    out.flush()
-                    written += len(chunk)
+        # Armed first, so the disk is freed whatever filling it raised: a filler left
+        # behind keeps the archive full for good, and every restore after it refused.
         threading.Timer(fault.value, lambda: filler.unlink(missing_ok=True)).start()
+        written, chunk = 0, b"\0" * 65_536
+        # Unbuffered: the ENOSPC that ends the loop is the last word, with nothing left
+        # for close() to flush (and raise again) outside it.
+        with contextlib.suppress(OSError), filler.open("wb", buffering=0) as out:
+            while True:
+                written += out.write(chunk) or 0
         return {"bytes": written, "seconds": fault.value}
 
     def _slow_redis(self, fault: Fault) -> dict[str, object] | None:
