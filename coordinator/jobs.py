@@ -16,16 +16,9 @@ import redis
 from agents.logs import get_logger
 from agents.step import run_step
 from coordinator.environment import environment
-from coordinator.staging import stage
+from coordinator.staging import PASSING, refusal, stage
 from storage import keys
-from storage.errors import (
-    CairnError,
-    CorruptCheckpoint,
-    FencedWrite,
-    ModelError,
-    RecordNotFound,
-    ToolUnreachable,
-)
+from storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
 
 STEPS_QUEUE = "cairn-steps"
 CONTROL_QUEUE = "cairn-control"  # restores; workers serve it first
@@ -99,20 +92,22 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
 def stage_job(task: str, agent: str, target: int, epoch: int, reason: str) -> str:
     """The worker's side of a restore: stage one agent, or say why it could not.
 
-    A record damaged or missing everywhere is a verdict on the target ("no": the restore
-    falls back to an older GC); any other failure is not, and is recorded as such before
-    it is raised, so the restorer gives this try up at once rather than at its deadline.
+    A failure that passes (Redis failing, the archive's disk, a newer epoch fencing the
+    write) says nothing of the target: it is recorded as such before it is raised, and
+    the restorer gives this try up at once rather than at its deadline. Any other says
+    the target cannot be staged ("no": a record damaged or missing everywhere, a state
+    too large for one record): the restore falls back to an older GC.
     """
     env = environment()
     outcome = keys.outcomes(task, epoch, -target)
     try:
         stage(env.store, task, agent, target, epoch, reason)
-    except (CorruptCheckpoint, RecordNotFound) as exc:
-        env.redis.hset(outcome, agent, json.dumps({"no": str(exc)}))
-        return "no"
-    except Exception as exc:
+    except PASSING as exc:
         with contextlib.suppress(redis.RedisError):  # a Redis that fails may refuse this too
             failed = f"{type(exc).__name__}: {exc}"
             env.redis.hset(outcome, agent, json.dumps({"failed": failed}))
         raise
+    except Exception as exc:  # noqa: BLE001 - the target's; `refusal` logs it
+        env.redis.hset(outcome, agent, json.dumps({"no": refusal(exc, task, agent)}))
+        return "no"
     return "yes"

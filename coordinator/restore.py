@@ -35,7 +35,7 @@ from coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
 from coordinator.replication import confirm
 from coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
 from coordinator.spec import CheckpointPolicy, read_policy
-from coordinator.staging import stage
+from coordinator.staging import PASSING, refusal, stage
 from storage import keys
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from storage.keys import SPEC_DOC
@@ -191,8 +191,10 @@ class Restorer:
             for agent in agents:
                 try:
                     stage(self.store, task, agent, gc.number, epoch, reason)
-                except (CorruptCheckpoint, RecordNotFound) as exc:
-                    return f"{agent}: {exc}"
+                except PASSING:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the target's; `refusal` logs it
+                    return f"{agent}: {refusal(exc, task, agent)}"
             return None
         for agent in agents:
             self.control.enqueue_call(

@@ -7,10 +7,38 @@ epoch and changes nothing live: the restore's commit is what swaps the staged st
 
 from __future__ import annotations
 
+import redis
+
 from agents.barrier import pending_calls
+from agents.logs import get_logger
 from agents.summary import context_summary
+from storage.errors import (
+    ArchiveError,
+    CairnError,
+    CorruptCheckpoint,
+    FencedWrite,
+    RecordNotFound,
+    Unavailable,
+)
 from storage.records import LCRef, Level
 from storage.store import CheckpointStore
+
+log = get_logger(__name__)
+# Failures of `stage` that pass (Redis failing, the archive's disk, a newer epoch fencing
+# the write): they say nothing of the checkpoint being restored, so no older one is tried.
+PASSING = (redis.RedisError, FencedWrite, Unavailable, ArchiveError)
+
+
+def refusal(exc: Exception, task: str, agent: str) -> str:
+    """Why `exc`, raised by `stage` and not `PASSING`, refuses the target GC.
+
+    A record damaged or missing everywhere, a state too large for one record, anything
+    else that stops it: the restore falls back to an older GC. What is no damaged or
+    missing record is logged with its traceback.
+    """
+    if not isinstance(exc, (CorruptCheckpoint, RecordNotFound)):
+        log.error("staging refused", task=task, agent=agent, exc_info=exc)
+    return str(exc) if isinstance(exc, CairnError) else f"{type(exc).__name__}: {exc}"
 
 
 def stage(

@@ -5,20 +5,22 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 import redis
 
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
+from coordinator import restore as restore_module
+from coordinator import staging
 from coordinator.diff import diff
 from coordinator.jobs import CONTROL_QUEUE
 from coordinator.restore import Restored, Restorer
 from coordinator.spec import LIMITS_DOC
 from storage import keys
-from storage.errors import CorruptCheckpoint, RestoreFailed
-from storage.records import GCStatus, GlobalCheckpoint
+from storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed
+from storage.records import GCStatus, GlobalCheckpoint, LCRef
 from storage.store import CheckpointStore
 from tests.agent_harness import files_of
 from tests.cluster import Cluster, outcome, team_spec
@@ -439,6 +441,40 @@ def test_a_staging_job_that_fails_ends_the_restore_at_once_without_falling_back(
     assert 1 == len(failed)
     assert "failed: FencedWrite: stale epoch" in str(failed[0])
     _given_up(cluster, task, latest)
+
+
+@pytest.mark.parametrize(
+    ("error", "falls_back"), [(ValueError("a bug"), True), (FencedWrite("stale epoch"), False)]
+)
+def test_what_stops_staging_decides_whether_the_restore_falls_back(
+    cluster: Cluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    error: Exception,
+    falls_back: bool,
+) -> None:
+    """Staging the latest GC raises: a failure that passes ends the restore, any other refuses.
+
+    Refused, that GC is left for an older one, restored instead.
+    """
+    task, latest = _no_worker_after_two(cluster, tmp_path)
+    real = staging.stage
+
+    def stage(store: CheckpointStore, task: str, agent: str, target: int, *rest: Any) -> LCRef:
+        if target == latest.number and agent == "coder":
+            raise error
+        return real(store, task, agent, target, *rest)
+
+    monkeypatch.setattr(restore_module, "stage", stage)
+    restorer = Restorer(cluster.client, cluster.store, workers=False)
+    if falls_back:
+        assert latest.number > restorer.restore(task).restored_to
+    else:
+        with pytest.raises(type(error)):
+            restorer.restore(task)
+        assert latest.number == cluster.store.hot.latest_gc(task)
+        older = [g for g in cluster.store.list_gcs(task) if g.number < latest.number]
+        assert all(g.status is GCStatus.COMMITTED for g in older)  # none tried
 
 
 def test_restoring_a_checkpoint_that_does_not_exist_is_refused(
