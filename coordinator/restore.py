@@ -17,6 +17,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import time
 import uuid
@@ -112,7 +113,8 @@ class Restorer:
             try:
                 refused = self._stage_all(task, record, gc, epoch, reason, wait)
             except RestoreFailed:  # given up: drop what was staged, as for a refusal
-                self.store.abort_gc(attempt, self.runs.token())
+                with contextlib.suppress(redis.RedisError):  # a failing Redis: left to forget
+                    self.store.abort_gc(attempt, self.runs.token())
                 raise
             if refused is None:
                 refused = self._promote_workspace(task, gc)
@@ -229,7 +231,8 @@ class Restorer:
         its coordinator restores again (to its latest committed GC) once this restore let
         go of the task's lock.
         """
-        self.runs.write(task, {"reason": why})
+        with contextlib.suppress(redis.RedisError):  # a failing Redis may refuse it: logged
+            self.runs.write(task, {"reason": why})
         log.warning("restore given up; the task stays restoring", task=task, why=why)
         return RestoreFailed(f"task {task} not restored: {why}; its coordinator restores it again")
 
