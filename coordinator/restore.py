@@ -8,11 +8,12 @@
    epoch with a vote (`coordinator.staging`: one job per agent on the workers' control
    queue, or inline).
 4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
-   inbox and statuses; it moves `latest`. If an agent's records are damaged or missing,
-   drop the staging and try the next older GC; with none left, the task is unrecoverable
-   and its live state is untouched. A staging job that failed otherwise, or that no worker
-   ran in time, says nothing of the target: the restore gives up, and the task stays
-   `restoring` until its coordinator restores it again.
+   inbox and statuses; it moves `latest`. If an agent cannot be staged from the target (a
+   record damaged or missing everywhere, a state too large for one record), drop the
+   staging and try the next older GC; with none left, the task is unrecoverable and its
+   live state is untouched. Staging that failed in passing (`staging.PASSING`), or that no
+   worker ran in time, says nothing of the target: the restore gives up, and the task
+   stays `restoring` until its coordinator restores it again.
 """
 
 from __future__ import annotations
@@ -183,9 +184,9 @@ class Restorer:
     ) -> str | None:
         """Stage every agent of `gc`; None when all voted yes, else why the target is refused.
 
-        A refusal (a record damaged or missing) makes the restore try an older GC. A staging
-        job that failed otherwise, or no vote from every agent within `wait` s, raises
-        `RestoreFailed` instead (see `_given_up`).
+        A refusal (the target cannot be staged: see `staging.refusal`) makes the restore
+        try an older GC. Staging that failed in passing, or no vote from every agent
+        within `wait` s, raises `RestoreFailed` instead (see `_given_up`).
         """
         agents = [a.name for a in record.agents]
         self.store.hot.begin_attempts(task, dict.fromkeys(agents, 1), gc.superstep, epoch=epoch)
