@@ -216,11 +216,12 @@ class Restorer:
                 dict[bytes, bytes], self.redis.hgetall(keys.outcomes(task, epoch, -gc.number))
             )
             said = {who.decode(): json.loads(raw) for who, raw in outcomes.items()}
-            for who, outcome in said.items():
-                if "no" in outcome:
-                    return f"{who}: {outcome['no']}"
-            for who, outcome in said.items():
-                raise self._given_up(task, f"staging {who} failed: {outcome['failed']}")
+            refused = [f"{who}: {out['no']}" for who, out in said.items() if "no" in out]
+            if refused:  # a refusal outweighs a failure in passing: the target is bad
+                return refused[0]
+            if said:
+                who, out = next(iter(said.items()))
+                raise self._given_up(task, f"staging {who} failed: {out['failed']}")
             time.sleep(0.02)
         raise self._given_up(task, f"no vote from every agent within {wait:g} s")
 
