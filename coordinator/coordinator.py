@@ -375,7 +375,7 @@ class Coordinator:
             self._verify(task, gc, [a.name for a in self._record(task).agents], limits,
                          barrier.epoch)  # fmt: skip
         elif plan.then is Then.FAIL:
-            self._finish(task, TaskState.FAILED, plan.reason)
+            self._finish(task, TaskState.FAILED, plan.reason, gc)
         elif plan.then is Then.PAUSE:
             self.runs.write(task, {"status": TaskState.PAUSED, "reason": BUDGET_REASON})
             log.info("task paused: budget reached", task=task, spent=plan.reason)
@@ -703,18 +703,19 @@ class Coordinator:
         self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits, epoch: int
     ) -> None:
         if not limits.verify:
-            self._finish(task, TaskState.SUCCEEDED, "every agent rested")
+            self._finish(task, TaskState.SUCCEEDED, "every agent rested", gc)
             return
         verdict = verify(self.store, gc, limits.verify, self.cache, limits.verify_timeout)
         self.runs.write(task, {"verify_output": verdict.output[-4_000:]})
         if verdict.passed:
-            self._finish(task, TaskState.SUCCEEDED, "verify passed")
+            self._finish(task, TaskState.SUCCEEDED, "verify passed", gc)
             return
         if gc.superstep + 1 > limits.max_supersteps:
             self._finish(
                 task,
                 TaskState.FAILED,
                 f"verify failed at max_supersteps ({limits.max_supersteps})",
+                gc,
             )
             return
         # Tell every agent, as the barrier of an empty superstep: they wake and go on.
@@ -791,15 +792,30 @@ class Coordinator:
         self.archived.forget(task)
         self.replication.forget(task)
 
-    def _finish(self, task: str, status: TaskState, reason: str) -> None:
+    def _finish(
+        self, task: str, status: TaskState, reason: str, gc: GlobalCheckpoint | None = None
+    ) -> None:
+        """End the task; when the end stands on `gc`, only where `gc` is the latest GC.
+
+        A coordinator may commit `gc` on a primary the Sentinels replaced and move to the
+        new one before it ends the task (a split): there `gc` was never committed, and an
+        end written would leave the task `succeeded` short of its last superstep. The end
+        is refused instead, and the task goes on from what the new primary holds.
+        """
         # A task that ended has every GC it committed on disk, whatever `archive_every` says.
-        latest = self.store.hot.latest_gc(task)
+        latest = self.store.hot.latest_gc(task) if gc is None else gc.number
         if latest is not None:
             policy = self._limits(task).checkpoints
             self.archiver.submit(ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
         if not self.archiver.drain():
             log.warning("archiving still running at the task's end", task=task)
         self._forget(task)
-        self.runs.write(task, {"status": status, "reason": reason})
+        try:
+            self.runs.write(task, {"status": status, "reason": reason},
+                            standing_on=None if gc is None else gc.number)  # fmt: skip
+        except CommitRefused as exc:
+            log.warning("task not ended: its last GC is not the latest here", task=task,
+                        gc=latest, why=str(exc))  # fmt: skip
+            return
         self.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status.value, reason=reason)

@@ -118,18 +118,25 @@ class RunState:
         *,
         clear_steps: bool = False,
         forget: Sequence[str] = (),
+        standing_on: int | None = None,
     ) -> None:
-        """Set run fields and step entries (after clearing the steps, if asked) in one go."""
+        """Set run fields and step entries (after clearing the steps, if asked) in one go.
+
+        With `standing_on`, only while GC `standing_on` is the task's latest committed GC
+        in this Redis, else `CommitRefused`: a decision drawn from that GC (the task's
+        end) is not written where it is missing, as on a new primary that never had it.
+        """
         token = self.token()
         translating(
             lambda: self._write(
-                keys=[keys.owner(task), keys.run(task), keys.steps(task)],
+                keys=[keys.owner(task), keys.run(task), keys.steps(task), keys.latest(task)],
                 args=[
                     "" if token is None else token,
                     json.dumps({k: _text(v) for k, v in (run or {}).items()}),
                     json.dumps(dict(steps or {})),
                     "1" if clear_steps else "0",
                     json.dumps(list(forget)),
+                    "" if standing_on is None else str(standing_on),
                 ],
             )
         )

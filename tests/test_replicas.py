@@ -16,6 +16,7 @@ from typing import cast
 
 import pytest
 import redis
+import yaml
 from langgraph.checkpoint.base import empty_checkpoint
 from redis.sentinel import SentinelConnectionPool
 
@@ -26,6 +27,7 @@ from coordinator.settings import display_url
 from coordinator.spec import TaskSpec
 from storage import keys
 from storage.backends.redis import connect
+from storage.backends.sentinel import _Pool
 from storage.redis_server import free_port
 from storage.replicas import ReplicaSet
 from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
@@ -273,6 +275,56 @@ def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
         changed = [k for k, (data, ttl) in again.items()
                    if data != seen[k][0] or ttl > seen[k][1] >= 0]  # fmt: skip
         assert [] == changed, "a process still writes to the old primary"
+
+
+LAST_WORD = """
+name: Last word
+goal: Write DONE, then finish.
+verify: sleep 2 && test -f DONE
+agents:
+  - name: solo
+    script:
+      - say: Writing.
+        latency: 0.3
+        tools: [{name: write_file, args: {path: DONE, content: "done\\n"}}]
+      - say: Finished.
+        latency: 0.3
+        tools: [{name: finish, args: {summary: done}}]
+"""
+
+
+def test_a_task_ends_only_on_a_primary_that_holds_its_last_gc(tmp_path: Path) -> None:
+    """A task's end is not written on a new primary that never had the last GC.
+
+    The coordinator commits the last superstep on the old primary of a split (its look
+    for the primary lags by a second) and moves during the two-second verify. Its end is
+    refused on the new primary, which lacks the GC it stands on; the task goes on there
+    from what that primary holds (or the archive: the old one's last GC went there) and
+    succeeds with every agent's whole history.
+    """
+    with working(tmp_path, replicas=1) as (rs, cluster):
+        task = cluster.tasks.submit(TaskSpec.model_validate(yaml.safe_load(LAST_WORD)))
+        tick_until(cluster, lambda: run_field(cluster, task, "superstep") == "2")
+        epoch = int(run_field(cluster, task, "epoch") or 0)
+        wait_until(lambda: "solo" in cluster.store.hot.get_votes(task, epoch, 2), 30)
+        old, _new = rs.split()
+        # As a process whose look for the primary is slow: it names the old one a second more.
+        pool = cast(_Pool, cluster.client.connection_pool)
+        pool.named("127.0.0.1", old.port, time.monotonic() + 1.0)
+        cluster.coordinator.tick()  # commits GC 2 on the old primary, verifies, moves
+        on_old = rs.client(old)
+        try:
+            assert b"COMMITTED" == on_old.hget(keys.gc(task, 2), "status")
+        finally:
+            on_old.close()
+        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
+        assert "succeeded" == cluster.status(task)["status"]
+        gc = cluster.store.latest_gc(task)
+        assert gc is not None
+        assert gc.superstep == 2
+        state = cluster.store.read_state(task, "solo", gc.members["solo"].id)
+        said = [m.content for m in state.messages if m.role.value == "assistant"]
+        assert ["Writing.", "Finished."] == said
 
 
 def _snapshot(client: redis.Redis, task: str) -> dict[bytes, tuple[bytes | None, int]]:
