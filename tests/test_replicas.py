@@ -280,7 +280,7 @@ def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
 LAST_WORD = """
 name: Last word
 goal: Write DONE, then finish.
-verify: sleep 2 && test -f DONE
+verify: sleep 3 && test -f DONE
 agents:
   - name: solo
     script:
@@ -297,7 +297,7 @@ def test_a_task_ends_only_on_a_primary_that_holds_its_last_gc(tmp_path: Path) ->
     """A task's end is not written on a new primary that never had the last GC.
 
     The coordinator commits the last superstep on the old primary of a split (its look
-    for the primary lags by a second) and moves during the two-second verify. Its end is
+    for the primary lags) and moves during the three-second verify. Its end is
     refused on the new primary, which lacks the GC it stands on; the task goes on there
     from what that primary holds (or the archive: the old one's last GC went there) and
     succeeds with every agent's whole history.
@@ -308,9 +308,9 @@ def test_a_task_ends_only_on_a_primary_that_holds_its_last_gc(tmp_path: Path) ->
         epoch = int(run_field(cluster, task, "epoch") or 0)
         wait_until(lambda: "solo" in cluster.store.hot.get_votes(task, epoch, 2), 30)
         old, _new = rs.split()
-        # As a process whose look for the primary is slow: it names the old one a second more.
+        # As a process whose look for the primary is slow: it names the old one 1.5 s more.
         pool = cast(_Pool, cluster.client.connection_pool)
-        pool.named("127.0.0.1", old.port, time.monotonic() + 1.0)
+        pool.named("127.0.0.1", old.port, time.monotonic() + 1.5)
         cluster.coordinator.tick()  # commits GC 2 on the old primary, verifies, moves
         on_old = rs.client(old)
         try:
