@@ -76,6 +76,14 @@ UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answe
 INTERRUPTED_REASON = "a restore stopped half-way"
 
 
+def backoff(tries: int) -> float:
+    """Seconds to wait before try `tries + 1` of what failed `tries` times (a step, a restore).
+
+    0.25 s after the first failure, doubling each time, at most `MAX_BACKOFF`.
+    """
+    return min(MAX_BACKOFF, 0.25 * 2.0 ** (tries - 1))
+
+
 @dataclass(frozen=True, slots=True)
 class JobState:
     """The fields of an RQ job the watch needs, read without loading the whole job."""
@@ -244,6 +252,8 @@ class Coordinator:
         self._taken: dict[tuple[str, str], float] = {}
         # task → (epoch, superstep) whose commit was refused once: a second refusal rolls back
         self._refused: dict[str, tuple[int, int]] = {}
+        # task → (restores of it that failed in a row, when the next may begin: monotonic)
+        self._restore_due: dict[str, tuple[int, float]] = {}
         # A task's spec and limits never change once submitted: read each once.
         self._docs: dict[tuple[str, str], Record] = {}
         # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
@@ -341,11 +351,23 @@ class Coordinator:
         """
         if self.redis.exists(keys.restore_lock(task)):
             return  # the restore runs still
+        failed, due = self._restore_due.get(task, (0, 0.0))
+        if time.monotonic() < due:
+            return
         log.warning("a restore stopped half-way; restoring the task again", task=task)
-        if self.archived.behind(task, latest):
-            restore_from_archive(self.restorer, task, latest)
-        else:
-            self.restorer.restore(task, reason=INTERRUPTED_REASON)
+        try:
+            if self.archived.behind(task, latest):
+                restore_from_archive(self.restorer, task, latest)
+            else:
+                self.restorer.restore(task, reason=INTERRUPTED_REASON)
+        except (CairnError, redis.RedisError):
+            # Each try raises the epoch and leaves an aborted GC: a failure that lasts (a
+            # disk, a fenced write, no worker) is tried again ever more slowly, not each tick.
+            pause = backoff(failed + 1)
+            self._restore_due[task] = (failed + 1, time.monotonic() + pause)
+            log.info("restore tried again later", task=task, failed=failed + 1, after_s=pause)
+            raise
+        self._restore_due.pop(task, None)
 
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str, committed: GlobalCheckpoint | None = None) -> None:
@@ -561,7 +583,6 @@ class Coordinator:
         if kind == "fatal" or step.attempt > self._record(task).agent(agent).max_retries:
             self._give_up(task, run, f"step of {agent} in superstep {superstep}: {message}")
             return False
-        backoff = min(MAX_BACKOFF, 0.25 * 2 ** (step.attempt - 1))
         # Fence the failed attempt first: whatever it does from now on is refused.
         self.store.hot.begin_attempt(
             task, agent, superstep, step.attempt + 1, epoch=int(run["epoch"])
@@ -570,7 +591,7 @@ class Coordinator:
         # retry): nothing left to cancel.
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation, redis.RedisError):
             Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
-        retry = StepRun(step.attempt + 1, retry_at=now + backoff)
+        retry = StepRun(step.attempt + 1, retry_at=now + backoff(step.attempt))
         self.runs.write(task, steps={agent: retry.dump()})
         metrics.STEP_RETRIES.inc()
         log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
@@ -788,6 +809,7 @@ class Coordinator:
         self._outputs = {key: out for key, out in self._outputs.items() if key[0] != task}
         self._checked.pop(task, None)
         self._refused.pop(task, None)
+        self._restore_due.pop(task, None)
         self._taken = {k: v for k, v in self._taken.items() if k[0] != task}
         self.archived.forget(task)
         self.replication.forget(task)

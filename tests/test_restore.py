@@ -14,12 +14,13 @@ from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
 from coordinator import restore as restore_module
 from coordinator import staging
+from coordinator.coordinator import Coordinator
 from coordinator.diff import diff
 from coordinator.jobs import CONTROL_QUEUE
 from coordinator.restore import Restored, Restorer
 from coordinator.spec import LIMITS_DOC
 from storage import keys
-from storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed
+from storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed, Unavailable
 from storage.records import GCStatus, GlobalCheckpoint, LCRef
 from storage.store import CheckpointStore
 from tests.agent_harness import files_of
@@ -507,3 +508,39 @@ def test_a_finished_task_has_every_gc_on_disk_whatever_archive_every_says(
         for agent, ref in gc.members.items():
             cluster.store.read_state(task, agent, ref.id, ref.checksum)
         assert files_of(cluster.store, gc)
+
+
+def test_a_restore_that_keeps_failing_is_tried_again_ever_more_slowly(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While staging fails in passing, the coordinator tries the restore with a backoff.
+
+    Each try raises the epoch (and leaves an aborted GC): 2.5 s of ticking makes a few
+    tries (0.25 s after a failure, then 0.5 s, 1 s, ...), not one a tick. Once staging
+    works again the next try restores the task, and it succeeds.
+    """
+    task, latest = _no_worker_after_two(cluster, tmp_path)
+    real, broken = staging.stage, [True]
+
+    def stage(store: CheckpointStore, task: str, agent: str, *rest: Any) -> LCRef:
+        if broken[0]:
+            raise Unavailable("the archive's disk is away")
+        return real(store, task, agent, *rest)
+
+    monkeypatch.setattr(restore_module, "stage", stage)
+    cluster.coordinator = Coordinator(cluster.client, cluster.store, tmp_path / "inline",
+                                      heartbeat_grace=1.0, restore_on_workers=False)  # fmt: skip
+    with pytest.raises(Unavailable):
+        cluster.coordinator.restorer.restore(task)
+    assert b"restoring" == cluster.client.hget(keys.run(task), "status")
+    epoch = cluster.store.hot.get_epoch(task)
+    deadline = time.monotonic() + 2.5
+    while time.monotonic() < deadline:
+        cluster.coordinator.tick()  # logs each failed try, raises none
+        time.sleep(0.01)
+    tries = cluster.store.hot.get_epoch(task) - epoch
+    assert 2 <= tries <= 4, f"{tries} tries in 2.5 s"
+    assert latest.number == cluster.store.hot.latest_gc(task)
+    broken[0] = False
+    cluster.start_worker()
+    assert "succeeded" == cluster.drive(task)["status"]
