@@ -38,12 +38,15 @@ from coordinator.views import (
 )
 from storage import keys
 from storage.archive import ArchiveReport
-from storage.errors import Timeout, Unavailable
+from storage.errors import Timeout, Unavailable, one_line
 from storage.records import AgentStatus as AgentState
 
 P = ParamSpec("P")
 R = TypeVar("R")
 WAIT_POLL = 0.2  # seconds between looks at a task `Task.wait` follows
+# Seconds in a row `Task.wait` waits out a Redis that stopped answering: a failover or a
+# restart takes seconds, and the task goes on meanwhile; an outage longer is said.
+OUTAGE = 60.0
 SpecSource = str | os.PathLike[str] | TaskSpec | Mapping[str, Any]
 
 
@@ -55,8 +58,7 @@ def _redis_errors(call: Callable[P, R]) -> Callable[P, R]:
         try:
             return call(*args, **kwargs)
         except (redis.ConnectionError, redis.TimeoutError) as exc:
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            raise Unavailable(f"Redis stopped answering: {reason}") from exc
+            raise Unavailable(f"Redis stopped answering: {one_line(exc)}") from exc
 
     return checked
 
@@ -200,28 +202,48 @@ class Task:
         *,
         poll: float = WAIT_POLL,
         on_status: Callable[[TaskStatus], None] | None = None,
+        outage: float = OUTAGE,
     ) -> TaskStatus:
         """Poll the status until the task ends; return the final status, whatever it is.
 
         `on_status` sees every status read. Raises `Timeout` when `timeout` seconds pass
-        first (the task runs on).
+        first (the task runs on). A Redis that stops answering (a failover, a restart) is
+        waited out; one that has not answered for `outage` seconds raises `Unavailable`.
         """
         deadline = None if timeout is None else time.monotonic() + timeout
+        last: TaskStatus | None = None  # the latest status read
+        lost: float | None = None  # since when Redis has not answered (monotonic)
         while True:
-            status = self.status()
-            if on_status is not None:
-                on_status(status)
-            if status.ended:
-                return status
-            if deadline is not None:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    raise Timeout(
-                        f"task {self.id} is still {status.state.value} after {timeout:g} s"
-                    )
-                time.sleep(min(poll, left))
+            asked = time.monotonic()
+            try:
+                status = self.status()
+            except Unavailable:
+                lost = asked if lost is None else lost  # silent since the read that failed began
+                if time.monotonic() - lost >= outage:
+                    raise
             else:
+                last, lost = status, None
+                if on_status is not None:
+                    on_status(status)
+                if status.ended:
+                    return status
+            if deadline is None:
                 time.sleep(poll)
+                continue
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise Timeout(self._not_ended(timeout or 0.0, last, lost))  # set with deadline
+            time.sleep(min(poll, left))
+
+    def _not_ended(self, timeout: float, last: TaskStatus | None, lost: float | None) -> str:
+        """What `wait` says when `timeout` ran out: the task's state, else Redis's silence."""
+        if lost is None and last is not None:
+            return f"task {self.id} is still {last.state.value} after {timeout:g} s"
+        silent = time.monotonic() - (lost or 0.0)
+        return (
+            f"task {self.id} did not end within {timeout:g} s: "
+            f"Redis has not answered for {silent:.1f} s"
+        )
 
     @_redis_errors
     def checkpoints(self) -> list[CheckpointInfo]:

@@ -14,7 +14,7 @@ from redis.retry import Retry
 
 from coordinator.settings import display_url
 from storage.backends.redis import connect
-from storage.errors import InvalidSpec, Unavailable
+from storage.errors import InvalidSpec, Unavailable, one_line
 
 CONNECT_TIMEOUT = 3.0  # seconds: a Redis that does not answer by then is unreachable
 COMMAND_TIMEOUT = 60.0  # seconds: well above any one Cairn command or script
@@ -36,13 +36,13 @@ def ping(url: str, origin: str = "") -> None:
     try:
         probe.ping()
     except redis.AuthenticationError as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         raise InvalidSpec(
-            f"Redis at {display_url(url)}{where} refused the credentials: {reason}"
+            f"Redis at {display_url(url)}{where} refused the credentials: {one_line(exc)}"
         ) from None
     except (redis.ConnectionError, redis.TimeoutError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise Unavailable(f"cannot reach Redis at {display_url(url)}{where}: {reason}") from None
+        raise Unavailable(
+            f"cannot reach Redis at {display_url(url)}{where}: {one_line(exc)}"
+        ) from None
     finally:
         probe.close()
 

@@ -1,4 +1,4 @@
-"""The six invariants a chaos run must keep, checked on what was recorded and stored.
+"""The seven invariants a chaos run must keep, checked on what was recorded and stored.
 
 1. `mixed_restore`: a restore leaves every agent at the one GC it restored to: each member
    of the GC it wrote is a state of its epoch, at the target's superstep, whose history
@@ -23,11 +23,17 @@
    applied keys are exactly the idempotency keys of the `run_command` calls in the final
    histories, each once, and the same keys as the fault-free run's.
 6. `stuck`: the task ended `succeeded` within the run's time bound.
+7. `process_quit`: no worker or coordinator exited unless a fault killed it (SIGKILL);
+   a worker started while Redis does not answer or refuses writes exits with
+   `UNAVAILABLE` by design, for its supervisor to start it again. The harness restarts
+   every process that exits, as a supervisor would, so without this one a process
+   quitting over a fault would go unseen.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from chaos.observe import GCView, History, Observed, Turn
@@ -39,6 +45,7 @@ INVARIANTS = {
     "diverged": "final workspace or histories differ from the fault-free run",
     "effect_not_once": "a committed side effect did not happen exactly once",
     "stuck": "the task did not end succeeded within the bound",
+    "process_quit": "a worker or coordinator exited that no fault killed",
 }
 
 
@@ -51,10 +58,18 @@ class Violation:
 
 
 def check(
-    history: History, observed: Observed, reference: Observed, durability: str, ended: bool
+    history: History,
+    observed: Observed,
+    reference: Observed,
+    durability: str,
+    ended: bool,
+    quits: Sequence[str] = (),
 ) -> list[Violation]:
-    """Every violation of the six invariants in one run (none: the run passed)."""
-    found: list[Violation] = []
+    """Every violation of the seven invariants in one run (none: the run passed).
+
+    `quits` says which processes exited on their own (not killed by a fault), and how.
+    """
+    found: list[Violation] = [Violation("process_quit", said) for said in quits]
     found += _restores(history, observed)
     found += _acknowledged(history, observed, durability)
     found += _fencing(history, observed)

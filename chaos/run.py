@@ -36,6 +36,7 @@ from chaos.observe import History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
 from chaos.team import AGENTS, team
 from coordinator.settings import load_settings, open_store
+from coordinator.worker import UNAVAILABLE
 from storage import keys
 from storage.backends.redis import connect
 from storage.errors import RedisServerError
@@ -104,6 +105,8 @@ class ChaosRun:
         self.cut: set[int] = set()  # workers partitioned off Redis now
         self.coordinators: dict[str, subprocess.Popen[bytes]] = {}
         self.handles: list[IO[bytes]] = []
+        self.names: dict[int, str] = {}  # pid → the process's name (its log's)
+        self.quits: list[str] = []  # processes that exited on their own, and how
         self.task = ""
         self.started = 0.0
         self.done = threading.Event()
@@ -189,10 +192,25 @@ class ChaosRun:
     ) -> subprocess.Popen[bytes]:
         handle = (self.logs / f"{name}.log").open("ab")
         self.handles.append(handle)
-        return subprocess.Popen(
+        process = subprocess.Popen(
             [sys.executable, "-m", *args], env=self._env(name, port), stdout=handle,
             stderr=handle, stdin=subprocess.DEVNULL,
         )  # fmt: skip
+        self.names[process.pid] = name
+        return process
+
+    def _exited(self, process: subprocess.Popen[bytes]) -> bool:
+        """True once `process` has exited; noted in `quits` unless the harness killed it.
+
+        A worker started while Redis does not answer or refuses writes exits with
+        `UNAVAILABLE` by design, for its supervisor (here, `_supervise`) to start it again.
+        """
+        code = process.poll()
+        if code is None:
+            return False
+        if code not in (-signal.SIGKILL, UNAVAILABLE):
+            self.quits.append(f"{self.names[process.pid]} exited with {code}")
+        return True
 
     def _start_coordinator(self) -> None:
         self._spawned += 1
@@ -264,14 +282,14 @@ class ChaosRun:
     def _supervise(self) -> None:
         """Start a worker for each that died, and a standby when fewer than two coordinate."""
         for n, worker in enumerate(self.workers):
-            if worker.poll() is not None:
+            if self._exited(worker):
                 link = self.links.pop(worker.pid, None)
                 if link is not None:
                     link.close()
                 self.cut.discard(worker.pid)
                 self.workers[n] = self._start_worker()
         for name, process in list(self.coordinators.items()):
-            if process.poll() is not None:
+            if self._exited(process):
                 del self.coordinators[name]
         while len(self.coordinators) < 2:
             self._start_coordinator()
@@ -296,8 +314,10 @@ class ChaosRun:
         observed = observe(store, self.client, self.task, self._run_state(), self.ledger)
         history = read_history(self.logs, self.task)
         result = RunResult(self.plan, self.task, seconds, history, observed, skipped=self.skipped)
+        for process in [*self.workers, *self.coordinators.values()]:
+            self._exited(process)  # since the last look of `_supervise`
         result.violations = check(
-            history, observed, reference or observed, self.plan.durability, ended
+            history, observed, reference or observed, self.plan.durability, ended, self.quits
         )
         return result
 

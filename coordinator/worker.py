@@ -30,11 +30,14 @@ they hop to threads anyway. The heartbeats are beaten by one thread of the proce
 from the lanes, so a step busy on the CPU delays the beats by the interpreter's switch
 interval (5 ms), not by its work.
 
-A Redis at `maxmemory` refuses writes for a while: the worker does not quit over it. Its
-own bookkeeping waits (the liveness beat and the suspension check are skipped, taking a
-job is tried again after `OOM_PAUSE`, a job it took but could not mark started, or whose
-end it could not record, is left for the coordinator to retry), and a step that fails on
-it is retried like any other failed attempt.
+A Redis at `maxmemory` refuses writes for a while, and a Redis failing over or
+restarting is out of reach for seconds, longer than redis-py's own retries last: the
+worker quits over neither (stock RQ quits on any error outside its wait for a job). Its
+own bookkeeping waits: the liveness beat and the suspension check are skipped, taking a
+job is tried again every `PAUSE` s, and a job it took but could not mark started, or
+whose end it could not record, is left for the coordinator to retry. A step that fails
+on it is retried like any other failed attempt. The log says when the wait begins
+(`worker waits for Redis`) and ends (`worker reaches Redis again`).
 
 SIGTERM (or SIGINT) stops taking jobs; the running ones get `DRAIN_SECONDS` to finish,
 then those still running are handed back (their RQ jobs marked `stopped`, so the
@@ -65,6 +68,7 @@ from typing import Any
 import redis
 import structlog
 from redis.client import Pipeline
+from redis.exceptions import AuthorizationError
 from rq import Queue, SimpleWorker
 from rq.exceptions import StopRequested
 from rq.executions import Execution
@@ -75,22 +79,29 @@ from rq.timeouts import TimerDeathPenalty
 from rq.utils import now
 from rq.worker import WorkerStatus
 
-from agents.logs import configure_logging
+from agents.logs import configure_logging, get_logger
 from coordinator.environment import environment
 from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
-from coordinator.settings import load_settings, process_settings, use_settings
+from coordinator.settings import display_url, load_settings, process_settings, use_settings
 from storage.backends.redis import connect
-from storage.errors import InvalidSpec, RefusedJob
+from storage.errors import InvalidSpec, RefusedJob, one_line
 
+log = get_logger(__name__)
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
 DRAIN_SECONDS = 8.0  # after SIGTERM: the steps running get this long, then are handed back
 HANDED_BACK = "the worker stopped before the job ended: handed back"
-OOM_PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes (maxmemory)
+PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes or is out of reach
+# What a Redis at maxmemory (OOM) or out of reach (a failover, a restart, a partition) raises
+# once redis-py's retries are spent: waited out, not a reason to quit.
+WAITED_OUT = (redis.OutOfMemoryError, redis.ConnectionError, redis.TimeoutError)
 # How long one wait for a job blocks (stock RQ: worker_ttl - 15 s, 405 s). The command that
 # follows it is when a connection notices that the Sentinels named another primary
 # (`storage.backends.sentinel`): a worker blocked on a primary they replaced, which
 # still answers, would take no job of the new one's for minutes.
 DEQUEUE_WAIT = 5
+# The exit code of a worker started while Redis does not answer or refuses writes: worth
+# starting again (`cairn`'s code for a Redis that does not answer).
+UNAVAILABLE = 3
 
 
 class CairnJob(Job):
@@ -124,6 +135,9 @@ class CairnWorker(SimpleWorker):
     # A job's RQ timeout on a lane's thread: SIGALRM, RQ's default, reaches the main
     # thread only. (Cairn's coordinator retries a step past `step_timeout` long before.)
     death_penalty_class = TimerDeathPenalty
+    # RQ's wait for a job, failing to reach Redis, tries again after 1 s, doubling up to
+    # this (stock RQ: 60 s): a worker takes jobs again within seconds of a failover.
+    max_connection_wait_time = 4.0
 
     @property
     def dequeue_timeout(self) -> int:
@@ -150,7 +164,7 @@ class CairnWorker(SimpleWorker):
         self._interruptible = False  # the main thread waits (for Redis or a lane): a stop may raise
         self._stop_at: float | None = None
         self._force = threading.Event()
-        self._short_of_memory = False  # Redis refused a write for memory: said once a streak
+        self._trouble_since: float | None = None  # when Redis began refusing or went out of reach
         super().__init__(*args, **kwargs)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
@@ -173,31 +187,48 @@ class CairnWorker(SimpleWorker):
         last = self.last_heartbeat
         if last is not None and (now() - last).total_seconds() < BEAT_EVERY:
             return
-        # RQ's own beat is bookkeeping (the worker key lives 420 s): Redis at maxmemory
-        # refusing it is no reason for the worker to quit, which RQ does on any error.
-        with self._refusing_memory("worker beat skipped"), self.connection.pipeline() as batch:
+        # RQ's own beat is bookkeeping (the worker key lives 420 s): Redis refusing it or
+        # out of reach is no reason for the worker to quit, which RQ does on any error.
+        with self._waiting_out("worker beat skipped"), self.connection.pipeline() as batch:
             super().heartbeat(None, batch)
             batch.execute()
 
     @contextlib.contextmanager
-    def _refusing_memory(self, what: str) -> Iterator[None]:
-        """Log, once a streak, and swallow an OOM refusal of the block's writes."""
+    def _waiting_out(self, what: str) -> Iterator[None]:
+        """Swallow a Redis refusing the block's writes (maxmemory) or out of reach.
+
+        The first of a streak is logged, saying what was given up (`what`), and so is the
+        streak's end, with how long it lasted; the lanes and the main thread share it.
+        """
         try:
             yield
-        except redis.OutOfMemoryError as exc:
-            if not self._short_of_memory:
-                self.log.warning("Worker %s: Redis is out of memory: %s (%s)", self.name, what, exc)
-            self._short_of_memory = True
+        except WAITED_OUT as exc:
+            if self._trouble_since is None:
+                self._trouble_since = time.monotonic()
+                full = isinstance(exc, redis.OutOfMemoryError)
+                state = "out of memory" if full else "out of reach"
+                log.warning(
+                    "worker waits for Redis", worker=self.name, redis=state, meanwhile=what,
+                    error=str(exc),
+                )  # fmt: skip
         else:
-            self._short_of_memory = False
+            since, self._trouble_since = self._trouble_since, None
+            if since is not None:
+                gone = round(time.monotonic() - since, 1)
+                log.warning("worker reaches Redis again", worker=self.name, after_s=gone)
 
     def check_for_suspension(self, burst: bool) -> None:
         """Wait while RQ's workers are suspended; not at all while Redis refuses the check.
 
         RQ beats in the check's own round trip: a write, refused at maxmemory.
         """
-        with self._refusing_memory("suspension not checked"):
+        with self._waiting_out("suspension not checked"):
             super().check_for_suspension(burst)
+
+    def run_maintenance_tasks(self) -> None:
+        """RQ's sweep of its registries; left for the next round while Redis is in trouble."""
+        with self._waiting_out("registries not swept"):
+            super().run_maintenance_tasks()  # type: ignore[no-untyped-call]
 
     # lanes ---------------------------------------------------------------------------------
     def dequeue_job_and_maintain_ttl(
@@ -210,11 +241,11 @@ class CairnWorker(SimpleWorker):
                 self._wait_for_lane()
                 if self._stop_requested:
                     raise StopRequested
-                with self._refusing_memory("taking jobs paused"):
+                with self._waiting_out("taking jobs paused"):
                     # A job taken just before a refusal is not lost: the coordinator sees
                     # it taken and never started, and retries it.
                     return super().dequeue_job_and_maintain_ttl(timeout, max_idle_time)
-                time.sleep(OOM_PAUSE)
+                time.sleep(PAUSE)
         finally:
             self._interruptible = False
 
@@ -224,16 +255,11 @@ class CairnWorker(SimpleWorker):
                 if len(self._running) < self.concurrency:
                     return
                 self._lanes.wait(BEAT_EVERY)
-            self._beat_quietly()
-
-    def _beat_quietly(self) -> None:
-        """Beat while the lanes work; Redis out of reach is the steps' concern, not a stop."""
-        with contextlib.suppress(redis.ConnectionError, redis.TimeoutError):
             self.heartbeat()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
         """Start `job` on a lane of its own and return (the main thread takes the next)."""
-        with self._lanes, self._refusing_memory(f"job {job.id} left for a retry"):
+        with self._lanes, self._waiting_out(f"job {job.id} left for a retry"):
             execution = self.prepare_execution(job)  # BUSY, and in the StartedJobRegistry
             self._running[job.id] = (job, queue, execution)
         if job.id not in self._running:  # not marked started: the coordinator retries it
@@ -246,7 +272,7 @@ class CairnWorker(SimpleWorker):
         try:
             # The job's end unrecorded: still started, its step's heartbeat gone, it is
             # retried by the coordinator as a step whose worker died.
-            with self._refusing_memory(f"the end of job {job.id} not recorded"):
+            with self._waiting_out(f"the end of job {job.id} not recorded"):
                 self.perform_job(job, queue, execution)
         finally:
             with self._lanes:
@@ -296,7 +322,9 @@ class CairnWorker(SimpleWorker):
     def teardown(self) -> None:
         """Let the running jobs finish (within `drain` of a stop), hand back the rest."""
         self._drain()
-        super().teardown()  # type: ignore[no-untyped-call]
+        # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`.
+        with self._waiting_out("the worker's end not recorded"):
+            super().teardown()  # type: ignore[no-untyped-call]
 
     def _drain(self) -> None:
         while True:
@@ -309,9 +337,12 @@ class CairnWorker(SimpleWorker):
                     self._handed_back.update(self._running)
                     break
                 self._lanes.wait(0.1)
-            self._beat_quietly()
+            self.heartbeat()
         for job, queue, execution in held:
-            self._hand_back(job, queue, execution)
+            # Not handed back (Redis out of reach): its step's heartbeat stops with the
+            # process, and the coordinator retries it as a step whose worker died.
+            with self._waiting_out(f"job {job.id} not handed back"):
+                self._hand_back(job, queue, execution)
 
     def _hand_back(self, job: Job, queue: Queue, execution: Execution) -> None:
         """Mark a job still running as stopped, so the coordinator retries it now.
@@ -381,7 +412,17 @@ def main(argv: list[str] | None = None) -> int:
         environment()
     except InvalidSpec as exc:  # a bad tool module or MCP file: its one line, no usage
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
-    run_worker(url, burst=args.burst, concurrency=settings.worker_concurrency)
+    try:
+        run_worker(url, burst=args.burst, concurrency=settings.worker_concurrency)
+    except WAITED_OUT as exc:
+        # Only its start can raise these: once working, it waits Redis out (see above).
+        code, what = UNAVAILABLE, "does not answer"
+        if isinstance(exc, redis.OutOfMemoryError):
+            what = "refuses writes"
+        elif isinstance(exc, redis.AuthenticationError | AuthorizationError):
+            code, what = 2, "refused the credentials"  # a setting to fix: bad input
+        where = display_url(url)
+        parser.exit(code, f"{parser.prog}: error: Redis at {where} {what}: {one_line(exc)}\n")
     return 0
 
 

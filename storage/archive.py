@@ -55,8 +55,9 @@ def archive_gc(store: CheckpointStore, task: str, number: int) -> ArchiveReport:
         if hot is not None and not same_record(hot, archived):
             raise ArchiveConflict(
                 f"gc {task}/{number} in Redis has checksum {_digest(hot)}, the archived GC "
-                f"{number} has {_digest(archived)}: the number was handed out twice (Redis "
-                "lost writes the archive had seen); the archived GC is kept"
+                f"{number} has {_digest(archived)}: the number was handed out twice (this "
+                "Redis lacks writes the archive had seen: lost with a restart, or made on a "
+                "primary since replaced); the archived GC is kept"
             )
         return ArchiveReport(number, 0, 0, 0)
     gc, gc_bytes = store.load_gc(task, number)

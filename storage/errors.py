@@ -84,8 +84,9 @@ class ArchiveError(CairnError, OSError):
 class ArchiveConflict(ArchiveError):
     """Raised when the archive holds another record under the name being archived.
 
-    A global checkpoint's number was handed out twice (Redis lost writes the archive had
-    seen): the archived one stays, nothing is replaced, and the new one stays in Redis.
+    A global checkpoint's number was handed out twice (the Redis in use lacks writes the
+    archive had seen: lost with a restart, or made on a primary since replaced): the
+    archived one stays, nothing is replaced, and the new one stays in Redis.
     """
 
 
@@ -166,3 +167,9 @@ class RefusedJob(CairnError):
 
 class RedisServerError(CairnError):
     """Raised when a private redis-server cannot be found or started."""
+
+
+def one_line(exc: BaseException) -> str:
+    """What Cairn says of an error: the first line of its message (else its type's name)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -6,11 +6,13 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, cast
 
+import redis
 import yaml
-from rq import Queue
+from rq import Queue, Worker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
@@ -103,6 +105,40 @@ class Cluster:
                 return status.to_json()
             time.sleep(0.02)
         raise AssertionError(f"task {task} did not end: {self.status(task)}")
+
+    def tick_until(self, check: Callable[[], bool], timeout: float = 60.0) -> None:
+        """Tick the coordinator until `check()` holds, waiting out Redis errors (an outage).
+
+        On timeout the error names the last Redis error seen, if any, and the tail of
+        every worker's log: what a failure in CI needs to be read.
+        """
+        deadline = time.monotonic() + timeout
+        last: redis.RedisError | None = None
+        while time.monotonic() < deadline:
+            try:
+                self.coordinator.tick()
+                if check():
+                    return
+            except redis.RedisError as exc:
+                last = exc
+            time.sleep(0.02)
+        raise AssertionError(f"timed out; the last Redis error: {last!r}\n{self.worker_logs()}")
+
+    def wait_for_workers(self, count: int, timeout: float = 30.0) -> None:
+        """Return once `count` workers have registered with RQ (each is taking jobs)."""
+        deadline = time.monotonic() + timeout
+        while Worker.count(connection=self.client) < count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"fewer than {count} workers started\n{self.worker_logs()}")
+            time.sleep(0.05)
+
+    def worker_logs(self, lines: int = 15) -> str:
+        """The last `lines` lines of each worker's log, each under its name."""
+        tails = []
+        for n in range(len(self.workers)):
+            text = (self.tmp / f"worker-{n}.log").read_text(errors="replace").splitlines()
+            tails.append(f"--- worker-{n}.log\n" + "\n".join(text[-lines:]))
+        return "\n".join(tails)
 
     def start_superstep(self, task: str) -> None:
         """Tick until the task has a superstep in flight (prepared, steps launched)."""

@@ -13,6 +13,8 @@ import pkgutil
 import re
 import subprocess
 import sys
+import threading
+import time
 import types
 import typing
 from collections.abc import Iterator
@@ -249,6 +251,41 @@ def test_pause_resume_cancel_and_a_wait_that_runs_out(stack: Stack, client: Clie
     cancelled = task.cancel()
     assert (TaskState.CANCELLED, "cancelled by a person") == (cancelled.state, cancelled.reason)
     assert cancelled.ended
+
+
+def test_a_wait_outlives_redis_gone_for_seconds_and_says_a_longer_outage(tmp_path: Path) -> None:
+    """`wait` waits out a Redis SIGKILLed and started again 5 s later; gone `outage` s, it says so.
+
+    5 s is past redis-py's own retries (4.3 s at most), so status reads fail meanwhile. No
+    coordinator runs: the task ends when a person cancels it, once Redis is back.
+    """
+    server = RedisServer(tmp_path / "redis", appendonly=True, fsync="always").start()
+    spec = Stack("", tmp_path).spec("waited")
+    client = Client(redis_url=server.url, archive_dir=tmp_path / "archive")
+    task = client.submit(spec)
+
+    def outage() -> None:
+        server.kill()
+        time.sleep(5.0)
+        server.start()
+        task.cancel()
+
+    seen: list[TaskState] = []
+    thread = threading.Thread(target=outage)
+    try:
+        assert TaskState.RUNNING == task.status().state
+        thread.start()
+        final = task.wait(timeout=120, on_status=lambda s: seen.append(s.state))
+        assert TaskState.CANCELLED == final.state
+        assert TaskState.CANCELLED == seen[-1]
+        other = client.submit(spec)
+        server.kill()
+        with pytest.raises(Unavailable, match="Redis stopped answering"):
+            other.wait(timeout=120, outage=1.0)
+    finally:
+        if thread.is_alive():
+            thread.join()  # it starts Redis again: only then is the server killed for good
+        server.kill()
 
 
 def test_forget_removes_an_ended_task_from_redis_and_its_archive_stays(

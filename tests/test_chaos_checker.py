@@ -240,10 +240,20 @@ def test_a_task_that_did_not_succeed_in_time_is_caught() -> None:
     assert "stuck" in found(history, observed)
 
 
+def test_a_process_that_quit_on_its_own_is_caught() -> None:
+    """Each exit the harness noted is a violation, naming the process; none, none."""
+    history, observed = clean()
+    _, reference = clean()
+    assert [] == check(history, observed, reference, "async", True, quits=[])
+    quits = ["worker-3 exited with 0", "coordinator-1 exited with 1"]
+    said = check(history, observed, reference, "async", True, quits=quits)
+    assert [("process_quit", q) for q in quits] == [(v.invariant, v.detail) for v in said]
+
+
 def test_every_invariant_has_a_way_to_fail() -> None:
     """Each invariant listed in the table was shown failing above."""
     shown = {"mixed_restore", "lost_commit", "fenced_write", "diverged", "effect_not_once",
-             "stuck"}  # fmt: skip
+             "stuck", "process_quit"}  # fmt: skip
     assert shown == set(INVARIANTS)
 
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+import redis
 from rq import Worker
 from rq.job import Job
 from rq.registry import StartedJobRegistry
@@ -27,7 +28,7 @@ from coordinator.jobs import STEPS_QUEUE
 from coordinator.spec import TaskSpec
 from coordinator.worker import DRAIN_SECONDS, HANDED_BACK
 from storage import keys
-from storage.redis_server import RedisServer
+from storage.redis_server import RedisServer, free_port
 from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
 
 TASKS = 4
@@ -302,3 +303,46 @@ def test_the_worker_command_refuses_a_concurrency_below_one() -> None:
     )
     assert 2 == done.returncode
     assert "--concurrency: must be at least 1, not 0" in done.stderr
+
+
+def started_worker(url: str, code: int = 3) -> str:
+    """Run `python -m coordinator.worker URL`, which must exit `code`; return its one line."""
+    done = subprocess.run(
+        [sys.executable, "-m", "coordinator.worker", url],
+        capture_output=True,
+        text=True,
+        check=False,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    assert code == done.returncode, done.stderr
+    lines = done.stderr.splitlines()
+    assert 1 == len(lines), done.stderr
+    return lines[0]
+
+
+def test_a_worker_started_without_redis_says_so_in_one_line(tmp_path: Path) -> None:
+    """A worker started on a Redis that does not answer, or refuses writes: one line, exit 3.
+
+    3 is `cairn`'s exit code for a Redis that does not answer; a supervisor starts it
+    again. Once working, a worker waits both out instead. Credentials Redis refuses are
+    a setting to fix: one line, exit 2.
+    """
+    url = f"redis://127.0.0.1:{free_port()}/0"  # nothing listens there
+    assert started_worker(url).startswith(f"worker.py: error: Redis at {url} does not answer: ")
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        redis.Redis(port=server.port).config_set("maxmemory", 1)  # every write refused
+        said = started_worker(server.url)
+        assert said.startswith(f"worker.py: error: Redis at {server.url} refuses writes: ")
+        assert "maxmemory" in said
+    finally:
+        server.kill()
+    guarded = RedisServer(tmp_path / "guarded", password="right").start()  # noqa: S106 - a test server's
+    try:
+        wrong = guarded.url.replace(":right@", ":wrong@")
+        said = started_worker(wrong, code=2)
+        shown = wrong.replace(":wrong@", ":***@")
+        assert said.startswith(f"worker.py: error: Redis at {shown} refused the credentials: ")
+    finally:
+        guarded.kill()

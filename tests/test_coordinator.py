@@ -13,6 +13,9 @@ from typing import Any, cast
 
 import pytest
 import yaml
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from rq import Queue, Worker
 from rq.exceptions import NoSuchJobError
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
@@ -21,10 +24,12 @@ from structlog.testing import capture_logs
 from agents.barrier import build_gc
 from agents.spec import FailSpec
 from coordinator.coordinator import FRESH_LOOK, Coordinator
-from coordinator.jobs import STEPS_QUEUE
+from coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from coordinator.runs import Look
 from coordinator.spec import TaskSpec
+from coordinator.worker import CairnJob, CairnWorker
 from storage import keys
+from storage.backends.redis import connect
 from storage.errors import FencedWrite, InvalidSpec
 from storage.records import GCStatus, GlobalCheckpoint, LCRef
 from storage.redis_server import RedisServer
@@ -106,6 +111,52 @@ def test_the_retry_of_a_killed_workers_step_starts_within_seconds_of_the_kill(
     assert retried_after < 10.0, f"attempt 2 started {retried_after:.1f} s after the kill"
     retries = [(e["agent"], e["attempt"], e["why"]) for e in logs if e["event"] == "step retried"]
     assert [("coder", 2, "its worker stopped beating (dead or stalled)")] == retries
+
+
+def test_a_workers_own_redis_calls_wait_out_redis_out_of_reach(tmp_path: Path) -> None:
+    """Each Redis call of a worker's own outside RQ's wait for a job survives Redis gone.
+
+    Stock RQ quits on an error there: a job taken just before a failover killed the
+    worker that took it. With Redis SIGKILLed, the suspension check, RQ's registry
+    sweep, the liveness beat and starting a job just taken all return; the job is left
+    for the coordinator's retry (no lane runs it). The wait is logged once, and its end
+    once Redis answers again; the worker's end is then recorded.
+    """
+    # Its data kept across the kill: the worker's end is recorded after the restart.
+    server = RedisServer(tmp_path / "redis", appendonly=True, fsync="always").start()
+    # No retries of redis-py's own: what is tested is what follows them.
+    client = connect(server.url, retry=Retry(NoBackoff(), 0))
+    queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
+    worker = CairnWorker([queue], connection=client, serializer=JSONSerializer, job_class=CairnJob)
+    try:
+        worker.register_birth()  # type: ignore[no-untyped-call]
+        assert 1 == Worker.count(connection=client)
+        queue.enqueue_call(STEP_JOB, args=("t", "a", 1, 1, 1), job_id="taken")
+        taken = Queue.dequeue_any([queue], None, connection=client, job_class=CairnJob,
+                                  serializer=JSONSerializer)  # fmt: skip
+        assert taken is not None
+        server.kill()
+        with capture_logs() as logs:
+            worker.check_for_suspension(burst=False)
+            worker.run_maintenance_tasks()
+            worker.last_heartbeat = None  # due
+            worker.heartbeat()
+            worker.execute_job(*taken)
+            assert "taken" not in worker._running  # not started: left for a retry
+            assert "lane-taken" not in [t.name for t in threading.enumerate()]
+            server.start()
+            worker.last_heartbeat = None
+            worker.heartbeat()
+            worker.teardown()
+        said = [(e["event"], e.get("meanwhile")) for e in logs if "Redis" in e["event"]]
+        assert [
+            ("worker waits for Redis", "suspension not checked"),
+            ("worker reaches Redis again", None),
+        ] == said
+        assert 0 == Worker.count(connection=client)  # the end, recorded once Redis was back
+    finally:
+        client.close()
+        server.kill()
 
 
 def test_a_zombie_worker_writes_nothing_that_is_accepted(cluster: Cluster, tmp_path: Path) -> None:

@@ -2,7 +2,7 @@
 
 Every run here is the chaos suite's (`chaos/run.py`): a private redis-server (for the
 failover, a primary, two replicas and three Sentinels), two coordinator processes and
-real worker processes, the fault injected by the harness, and the six invariants checked
+real worker processes, the fault injected by the harness, and the seven invariants checked
 afterwards against a fault-free run of the same team.
 """
 

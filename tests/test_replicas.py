@@ -10,7 +10,7 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
 
@@ -50,18 +50,6 @@ def synced(spec: TaskSpec) -> TaskSpec:
     return spec.model_copy(update={"checkpoints": policy})
 
 
-def tick_until(cluster: Cluster, check: Callable[[], bool], timeout: float = 60) -> None:
-    """Tick the coordinator until `check()` holds; Redis errors (a failover) are waited out."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        with contextlib.suppress(redis.RedisError):
-            cluster.coordinator.tick()
-            if check():
-                return
-        time.sleep(0.02)
-    raise AssertionError("timed out")
-
-
 def run_field(cluster: Cluster, task: str, name: str) -> str | None:
     """One field of the task's run state."""
     value = cluster.client.hget(f"cairn:{{{task}}}:run", name)
@@ -83,6 +71,7 @@ def working(tmp_path: Path, replicas: int) -> Iterator[tuple[ReplicaSet, Cluster
         try:
             for _ in range(2):
                 cluster.start_worker()
+            cluster.wait_for_workers(2)  # both up before any fault: none starts during one
             yield rs, cluster
         finally:
             cluster.close()
@@ -96,13 +85,13 @@ def test_no_acknowledged_gc_is_lost_across_a_failover(tmp_path: Path) -> None:
     """
     with working(tmp_path, replicas=2) as (rs, cluster):
         task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger", slow=1.0)))
-        tick_until(cluster, lambda: int(run_field(cluster, task, "replicated") or -1) >= 1)
+        cluster.tick_until(lambda: int(run_field(cluster, task, "replicated") or -1) >= 1)
         acknowledged = int(run_field(cluster, task, "replicated") or -1)
         before = {n: cluster.store.read_gc(task, n) for n in range(acknowledged + 1)}
         old = rs.primary()
         new = rs.failover()
         assert old is not new
-        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
+        cluster.tick_until(lambda: cluster.tasks.status(task).ended, timeout=90)
         assert "succeeded" == cluster.status(task)["status"]
         for number, gc in before.items():  # hot, else from the archive: checked either way
             assert gc.checksum == cluster.store.read_gc(task, number).checksum
@@ -250,9 +239,9 @@ def test_a_task_goes_on_from_the_primary_the_sentinels_name_after_a_split(
     """
     with working(tmp_path, replicas=1) as (rs, cluster):
         task = cluster.tasks.submit(synced(team_spec(tmp_path / "ledger", slow=0.5)))
-        tick_until(cluster, lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
+        cluster.tick_until(lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
         old, _new = rs.split()
-        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=120)
+        cluster.tick_until(lambda: cluster.tasks.status(task).ended, timeout=120)
         assert "succeeded" == cluster.status(task)["status"]
         archived = cluster.store.cold.list_gcs(task)
         assert archived, "nothing archived"
@@ -304,7 +293,7 @@ def test_a_task_ends_only_on_a_primary_that_holds_its_last_gc(tmp_path: Path) ->
     """
     with working(tmp_path, replicas=1) as (rs, cluster):
         task = cluster.tasks.submit(TaskSpec.model_validate(yaml.safe_load(LAST_WORD)))
-        tick_until(cluster, lambda: run_field(cluster, task, "superstep") == "2")
+        cluster.tick_until(lambda: run_field(cluster, task, "superstep") == "2")
         epoch = int(run_field(cluster, task, "epoch") or 0)
         wait_until(lambda: "solo" in cluster.store.hot.get_votes(task, epoch, 2), 30)
         old, _new = rs.split()
@@ -317,7 +306,7 @@ def test_a_task_ends_only_on_a_primary_that_holds_its_last_gc(tmp_path: Path) ->
             assert b"COMMITTED" == on_old.hget(keys.gc(task, 2), "status")
         finally:
             on_old.close()
-        tick_until(cluster, lambda: cluster.tasks.status(task).ended, timeout=90)
+        cluster.tick_until(lambda: cluster.tasks.status(task).ended, timeout=90)
         assert "succeeded" == cluster.status(task)["status"]
         gc = cluster.store.latest_gc(task)
         assert gc is not None
@@ -352,7 +341,7 @@ def test_a_gc_no_replica_holds_pauses_the_task_until_one_does(
         task = cluster.tasks.submit(replicated(team_spec(tmp_path / "ledger"), timeout=0.3))
         assert "0" == run_field(cluster, task, "replicated")  # GC 0, before submit returned
         replica.kill()
-        tick_until(cluster, lambda: cluster.status(task)["status"] == "paused")
+        cluster.tick_until(lambda: cluster.status(task)["status"] == "paused")
         reason = str(cluster.status(task)["reason"])
         assert reason.startswith(REPLICATION_REASON), reason
         assert "0" == run_field(cluster, task, "replicated")  # committed, not acknowledged
@@ -361,7 +350,7 @@ def test_a_gc_no_replica_holds_pauses_the_task_until_one_does(
         assert latest >= 1
         replica.start()
         guarded.wait_in_sync(replica)
-        tick_until(cluster, lambda: cluster.tasks.status(task).ended)
+        cluster.tick_until(lambda: cluster.tasks.status(task).ended)
         assert "succeeded" == cluster.status(task)["status"]
         assert int(run_field(cluster, task, "replicated") or -1) >= latest
     finally:

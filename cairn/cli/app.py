@@ -29,6 +29,7 @@ from storage.errors import (
     TaskNotFound,
     Timeout,
     Unavailable,
+    one_line,
 )
 
 PROCESS_COMMANDS = frozenset({"worker", "coordinator", "up", "demo", "console"})
@@ -94,9 +95,3 @@ def _run(args: argparse.Namespace) -> int:
 def settings_from(args: argparse.Namespace) -> Settings:
     """The settings: the environment, overridden by the flags given."""
     return load_settings(**{name: getattr(args, name, None) for name in GLOBAL_OPTIONS})
-
-
-def one_line(exc: BaseException) -> str:
-    """What `cairn` says of an error: the first line of its message (else its type's name)."""
-    text = str(exc).strip() or type(exc).__name__
-    return text.splitlines()[0]

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -153,8 +152,9 @@ def watch(args: argparse.Namespace, session: Session) -> int:
     live = console.is_terminal and not args.json
     shown: dict[str, object] | None = None
     with Live(console=console, auto_refresh=False) if live else contextlib.nullcontext() as view:
-        while True:
-            now = task.status()
+
+        def show(now: TaskStatus) -> None:
+            nonlocal shown
             line = render.watch_line(now)
             if line != shown:
                 if isinstance(view, Live):
@@ -162,10 +162,9 @@ def watch(args: argparse.Namespace, session: Session) -> int:
                 else:
                     render.emit_line(line)
                 shown = line
-            if now.ended:
-                break
-            time.sleep(WATCH_POLL)
-    return _ended(task.id, now)
+
+        final = task.wait(poll=WATCH_POLL, on_status=show)  # waits out a Redis failover too
+    return _ended(task.id, final)
 
 
 def workspace(args: argparse.Namespace, session: Session) -> int:

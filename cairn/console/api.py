@@ -22,7 +22,6 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
 from agents.spec import parse_model
-from cairn.cli.app import one_line
 from cairn.cli.render import plain
 from cairn.client import Client, Task
 from coordinator.runs import TaskState
@@ -33,6 +32,7 @@ from storage.errors import (
     TaskNotFound,
     Timeout,
     Unavailable,
+    one_line,
 )
 
 UNEXPECTED = 500  # a failure that is not one of Cairn's: a bug, said in one line

@@ -16,12 +16,11 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from cairn.cli.app import one_line
 from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client
 from cairn.console.security import CSP, timeline_policy
 from coordinator.runs import TaskState
-from storage.errors import CairnError, TaskNotFound
+from storage.errors import CairnError, TaskNotFound, one_line
 
 FRAMED_CSP = CSP.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
 
