@@ -458,10 +458,12 @@ def test_worker_count_restarts_a_killed_worker_and_stops_on_sigterm(
         assert all(own_redis.url not in cmdline(pid) for pid in first)  # it is in their env
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
+        # SIGKILL is not instant: until the victim is gone, it still counts as a child.
         wait_until(
             lambda: (
-                {*first} - {victim} < children(supervisor.pid, "coordinator.worker")
-                and 2 == len(children(supervisor.pid, "coordinator.worker"))
+                victim not in (alive := children(supervisor.pid, "coordinator.worker"))
+                and {*first} - {victim} < alive
+                and 2 == len(alive)
             )
         )
         now = children(supervisor.pid, "coordinator.worker")
