@@ -15,11 +15,11 @@ import socket
 import threading
 import time
 from types import TracebackType
+from typing import Protocol
 
 import redis
 
 from agents.logs import get_logger
-from storage.base import HotStore
 
 log = get_logger(__name__)
 
@@ -31,6 +31,14 @@ def worker_token(epoch: int, superstep: int, attempt: int) -> str:
     under a new epoch, and a zombie of the old one must not pass for it.
     """
     return f"{socket.gethostname()}:{os.getpid()}:{epoch}:{superstep}:{attempt}"
+
+
+class Beats(Protocol):
+    """Where a heartbeat is kept: `HotStore.beat` (a step's, fenced), or a verify's."""
+
+    def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> bool:
+        """Keep `agent`'s beat alive with `token` for `ttl_ms`; False once it is fenced."""
+        ...
 
 
 class Heartbeat:
@@ -45,7 +53,7 @@ class Heartbeat:
 
     def __init__(
         self,
-        hot: HotStore,
+        hot: Beats,
         task: str,
         agent: str,
         token: str,

@@ -532,7 +532,7 @@ def run() -> list[Target]:
         )
         commits(b)
         restores(b)
-        coordinator = Coordinator(client, store, root / "coordinator-cache")
+        coordinator = Coordinator(client, store)
         scaling(b, coordinator)
         empty_steps(b, coordinator)
         return b.targets

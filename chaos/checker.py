@@ -1,4 +1,4 @@
-"""The seven invariants a chaos run must keep, checked on what was recorded and stored.
+"""The eight invariants a chaos run must keep, checked on what was recorded and stored.
 
 1. `mixed_restore`: a restore leaves every agent at the one GC it restored to: each member
    of the GC it wrote is a state of its epoch, at the target's superstep, whose history
@@ -28,6 +28,10 @@
    `UNAVAILABLE` by design, for its supervisor to start it again. The harness restarts
    every process that exits, as a supervisor would, so without this one a process
    quitting over a fault would go unseen.
+8. `isolation`: a second task whose advance kept failing in one phase of the coordinator
+   (the `poison_task` fault) held up nothing: the run's task is judged by the invariants
+   above as in any run, and the second task, once the fault is lifted (and, if it was
+   paused for it, resumed), ends `succeeded` too.
 """
 
 from __future__ import annotations
@@ -46,6 +50,7 @@ INVARIANTS = {
     "effect_not_once": "a committed side effect did not happen exactly once",
     "stuck": "the task did not end succeeded within the bound",
     "process_quit": "a worker or coordinator exited that no fault killed",
+    "isolation": "a task that failed in one phase did not run on once the fault was lifted",
 }
 
 
@@ -64,12 +69,15 @@ def check(
     durability: str,
     ended: bool,
     quits: Sequence[str] = (),
+    stranded: Sequence[str] = (),
 ) -> list[Violation]:
-    """Every violation of the seven invariants in one run (none: the run passed).
+    """Every violation of the eight invariants in one run (none: the run passed).
 
-    `quits` says which processes exited on their own (not killed by a fault), and how.
+    `quits` says which processes exited on their own (not killed by a fault), and how;
+    `stranded`, which second tasks a `poison_task` fault left unfinished, and how.
     """
     found: list[Violation] = [Violation("process_quit", said) for said in quits]
+    found += [Violation("isolation", said) for said in stranded]
     found += _restores(history, observed)
     found += _acknowledged(history, observed, durability)
     found += _fencing(history, observed)

@@ -26,6 +26,7 @@ KINDS = {
     "maxmemory": "hold Redis at `maxmemory` (noeviction) for a while: writes fail with OOM",
     "failover": "SIGKILL the Redis primary; Sentinel promotes a replica, every process follows",
     "split_primary": "promote a replica while the old primary answers on; every process leaves it",
+    "poison_task": "a second task whose every try of one phase raises for a while: it alone waits",
 }
 # The faults that move the primary: a run on replicas has exactly one of them.
 PRIMARY_MOVES = ("failover", "split_primary")

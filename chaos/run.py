@@ -29,13 +29,15 @@ from typing import IO, cast
 
 import redis
 import yaml
+from pydantic import JsonValue
 
 from chaos.checker import Violation, check
 from chaos.faults import Fault, Plan
 from chaos.observe import History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
-from chaos.team import AGENTS, team
+from chaos.team import AGENTS, team, victim
 from coordinator.settings import load_settings, open_store
+from coordinator.testing import cure, poison
 from coordinator.worker import UNAVAILABLE
 from storage import keys
 from storage.backends.redis import connect
@@ -58,6 +60,13 @@ TIMESTAMP = "%Y-%m-%dT%H:%M:%S.%fZ"  # structlog's ISO timestamps in UTC, as the
 # Sentinels every second (storage.backends.sentinel), a worker's wait for a job ends
 # within 5 s (coordinator.worker.DEQUEUE_WAIT), a commit under way finishes first.
 SPLIT_LEFT_WITHIN = 8.0
+# The phases of the coordinator a `poison_task` fault may make raise: each one a second
+# task reaches, and cannot get past while it raises. Raising for longer than it takes the
+# coordinator to pause a task whose advance keeps failing (`coordinator.isolation`: 10 s,
+# tried at 0.25 s doubling to 5 s apart, so the pause comes at its try after 12.75 s).
+POISON_PHASES = ("begin", "watch", "commit", "after commit", "verify", "finish")
+POISON_FOR = 20.0
+VICTIM_ENDS_WITHIN = 60.0  # seconds after the run's task, for a second task to end
 
 
 @dataclass
@@ -117,6 +126,9 @@ class ChaosRun:
         self.skipped: list[str] = []
         self.events = self.logs / "harness.jsonl"
         self.rng = random.Random(plan.seed * 7919)  # targets of faults, apart from the plan
+        # Coordinators whose phases a `poison_task` fault can make raise, where it may come.
+        self.poisonable = any(f.kind == "poison_task" for f in plan.faults)
+        self.victims: dict[str, str] = {}  # second task → the phase poisoned for it
         self._spawned = 0
 
     # the run ------------------------------------------------------------------------------
@@ -179,6 +191,9 @@ class ChaosRun:
         return {
             **os.environ,
             "PYTHONPATH": str(ROOT),
+            # The team's effects go to chaos/ledger.py, outside the workspace, run by this
+            # interpreter: a sandboxed command could reach neither, so commands run bare.
+            "CAIRN_SANDBOX": "off",
             "CAIRN_REDIS_URL": self._url(port),
             "CAIRN_ARCHIVE_DIR": str(self.archive),
             "CAIRN_CACHE_DIR": str(self.dir / "cache" / name),
@@ -216,8 +231,9 @@ class ChaosRun:
         self._spawned += 1
         name = f"coordinator-{self._spawned}"
         url = self._env(name)["CAIRN_REDIS_URL"]
+        module = "coordinator.testing" if self.poisonable else "coordinator"
         self.coordinators[name] = self._spawn(
-            ["coordinator", url, "--name", name, "--lease-ms", "1000"], name
+            [module, url, "--name", name, "--lease-ms", "1000"], name
         )
 
     def _start_worker(self) -> subprocess.Popen[bytes]:
@@ -247,18 +263,18 @@ class ChaosRun:
                 stderr=log, text=True, timeout=timeout, check=False,
             )  # fmt: skip
 
-    def _submit(self) -> str:
-        spec = self.dir / "team.yaml"
-        spec.write_text(yaml.safe_dump(team(self.ledger, self.plan.durability)))
+    def _submit(self, name: str = "team", spec_of: dict[str, JsonValue] | None = None) -> str:
+        spec = self.dir / f"{name}.yaml"
+        spec.write_text(yaml.safe_dump(spec_of or team(self.ledger, self.plan.durability)))
         done = self._cairn("submit", str(spec), "--json")
         if done.returncode != 0:
             raise RuntimeError(f"cairn submit failed ({done.returncode}): see {self.logs}")
         return str(json.loads(done.stdout)["task_id"])
 
-    def _run_state(self) -> dict[str, str]:
+    def _run_state(self, task: str | None = None) -> dict[str, str]:
         assert self.client is not None
         try:
-            raw = cast(dict[bytes, bytes], self.client.hgetall(keys.run(self.task)))
+            raw = cast(dict[bytes, bytes], self.client.hgetall(keys.run(task or self.task)))
         except redis.RedisError:
             return {}
         return {k.decode(): v.decode() for k, v in raw.items()}
@@ -314,12 +330,29 @@ class ChaosRun:
         observed = observe(store, self.client, self.task, self._run_state(), self.ledger)
         history = read_history(self.logs, self.task)
         result = RunResult(self.plan, self.task, seconds, history, observed, skipped=self.skipped)
+        stranded = self._stranded()
         for process in [*self.workers, *self.coordinators.values()]:
             self._exited(process)  # since the last look of `_supervise`
-        result.violations = check(
-            history, observed, reference or observed, self.plan.durability, ended, self.quits
-        )
+        result.violations = check(history, observed, reference or observed,
+                                  self.plan.durability, ended, self.quits, stranded)  # fmt: skip
         return result
+
+    def _stranded(self) -> list[str]:
+        """Each second task that did not end `succeeded` within its bound, and how it ended."""
+        deadline = time.monotonic() + VICTIM_ENDS_WITHIN
+        stranded = []
+        for task, phase in self.victims.items():
+            while True:
+                run = self._run_state(task)
+                if run.get("status") in TERMINAL or time.monotonic() > deadline:
+                    break
+                self._supervise()
+                time.sleep(0.1)
+            if run.get("status") != "succeeded":
+                ended = run.get("status") or "never"
+                stranded.append(f"second task {task} (poisoned in {phase}) ended "
+                                f"{ended}: {run.get('reason', '')}")  # fmt: skip
+        return stranded
 
     def _stop(self) -> None:
         processes = [*self.workers, *self.coordinators.values()]
@@ -639,3 +672,27 @@ class ChaosRun:
             with contextlib.suppress(redis.RedisError):
                 self.client.delete(MEMORY_FILLER)
                 self.client.config_set("maxmemory", 0)
+
+    def _poison_task(self, fault: Fault) -> dict[str, object] | None:
+        """Submit a second task and make one phase raise for it for `POISON_FOR` s.
+
+        The phase is drawn by `fault.value`. Once lifted, the task goes on; paused for it
+        meanwhile (the coordinator pauses a task whose advance keeps failing), a person
+        resumes it, here the harness.
+        """
+        assert self.client is not None
+        client = self.client
+        task = self._submit(f"victim-{len(self.victims)}", victim())
+        phase = POISON_PHASES[int(fault.value * len(POISON_PHASES))]
+        poison(client, task, phase)
+        self.victims[task] = phase
+
+        def lift() -> None:
+            with contextlib.suppress(redis.RedisError):
+                cure(client, task)
+                time.sleep(1.0)  # a try that failed before the cure may still pause it
+                if self._run_state(task).get("status") == "paused":
+                    self._cairn("resume", task)
+
+        threading.Timer(POISON_FOR, lift).start()
+        return {"victim": task, "phase": phase, "seconds": POISON_FOR}

@@ -64,3 +64,32 @@ def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
         # invariant needs is ever trimmed.
         "checkpoints": {"durability": durability, "hot_keep": 2, "cold_keep": 100_000},
     }
+
+
+def victim() -> dict[str, JsonValue]:
+    """A second task for the `poison_task` fault: two agents, a message, a verify.
+
+    Under `durability: sync`, so every phase of the coordinator is on its way: a commit
+    closed before the next superstep begins, the verify, the end.
+    """
+    writer: list[JsonValue] = [
+        {"say": "Writing.", "latency": LATENCY, "tools": [
+            {"name": "write_file", "args": {"path": "note.txt", "content": "from the writer\n"}},
+            {"name": "send_message", "args": {"to": "reader", "content": "note.txt is there."}},
+        ]},
+        {"say": "Done.", "latency": LATENCY},
+    ]  # fmt: skip
+    reader: list[JsonValue] = [
+        {"say": "Waiting.", "latency": LATENCY},
+        {"say": "Reading.", "latency": LATENCY, "tools": [
+            {"name": "read_file", "args": {"path": "note.txt"}},
+            {"name": "finish", "args": {"summary": "read it"}},
+        ]},
+    ]  # fmt: skip
+    return {
+        "name": "chaos victim",
+        "goal": "The writer leaves a note; the reader reads it.",
+        "verify": "test -f note.txt",
+        "agents": [{"name": "writer", "script": writer}, {"name": "reader", "script": reader}],
+        "checkpoints": {"durability": "sync"},
+    }

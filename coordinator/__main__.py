@@ -23,8 +23,8 @@ from storage.backends.redis import connect
 from storage.errors import InvalidSpec
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one coordinator; return the exit code."""
+def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -> int:
+    """Run one coordinator (of class `kind`); return the exit code."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("url", nargs="?", help="default: CAIRN_REDIS_URL")
     parser.add_argument("--name", default=f"{socket.gethostname()}")
@@ -33,16 +33,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(redis_url=args.url)  # CAIRN_*, read once for the process
         url, _origin = settings.redis()
-    except InvalidSpec as exc:
-        parser.error(str(exc))
+    except InvalidSpec as exc:  # a setting, not the command line: its one line, no usage
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     configure_logging(settings.log_format, settings.log_level)
     client = connect(url)
     metrics.serve_coordinator(client, settings.metrics_port)
     store = open_store(settings, client)
-    coordinator = Coordinator(
+    coordinator = kind(
         client,
         store,
-        settings.cache / "coordinator",
         name=args.name,
         lease_ttl_ms=args.lease_ms,
     )

@@ -3,9 +3,11 @@
 Per superstep: write the GC as PREPARING, launch one step job per runnable agent, watch
 their votes, retry a step whose attempt failed, timed out or whose worker died (the
 heartbeat lapsed), and commit the GC in one atomic write once every vote is in; then
-archive per policy. When no agent is runnable, run `verify`. All of it lives in Redis
-(the task's `run` and `steps` hashes): a coordinator that dies is replaced by one that
-reads the same state and carries on, and only the holder of the lease acts.
+archive per policy. When no agent is runnable, have a worker run `verify` and judge its
+verdict (`coordinator.verify`): the coordinator runs nothing a spec names. All of it
+lives in Redis (the task's `run` and `steps` hashes): a coordinator that dies is replaced
+by one that reads the same state and carries on, and only the holder of the lease acts.
+Whatever advancing one task raises stays with that task (`coordinator.isolation`).
 """
 
 from __future__ import annotations
@@ -14,24 +16,23 @@ import contextlib
 import json
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from enum import Enum
-from pathlib import Path
 from typing import TypeVar, cast
 
 import redis
 from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
-from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
-from rq.utils import utcparse
 
 from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
 from agents.logs import get_logger
 from agents.spec import TaskRecord
 from coordinator import metrics
 from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
+from coordinator.isolation import PAUSE_AFTER, TaskFaults
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
+from coordinator.jobstate import JobState, TakenJobs, job_over
 from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
 from coordinator.replication import Replication
@@ -47,7 +48,9 @@ from coordinator.runs import (
 )
 from coordinator.spec import LIMITS_DOC, Limits
 from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
-from coordinator.verify import verify
+from coordinator.verifier import GaveUp, Verifier
+from coordinator.verify import FIELD as VERIFY_FIELD
+from coordinator.worker import CairnJob
 from storage import keys
 from storage.errors import (
     CairnError,
@@ -84,57 +87,7 @@ def backoff(tries: int) -> float:
     return min(MAX_BACKOFF, 0.25 * 2.0 ** (tries - 1))
 
 
-@dataclass(frozen=True, slots=True)
-class JobState:
-    """The fields of an RQ job the watch needs, read without loading the whole job."""
-
-    status: str
-    started_at: float | None  # Unix seconds
-    enqueued_at: float | None = None
-    dequeued: bool = False  # queued, yet no longer in its queue: a worker took it
-
-    @classmethod
-    def read_many(
-        cls, client: redis.Redis, ids: list[str], queue: str, grace: float, now: float
-    ) -> list[JobState | None]:
-        """Read the jobs' states in one round trip; None for a job that is gone.
-
-        A job still `queued` `grace` seconds after it was enqueued is looked for in
-        `queue` (a second round trip, only then): a worker that took it and died before
-        starting it leaves it `queued` in no queue, where RQ's own sweep finds it only
-        minutes later.
-        """
-        pipe = client.pipeline(transaction=False)
-        for job_id in ids:
-            pipe.hmget(Job.key_for(job_id), "status", "started_at", "enqueued_at")
-        found: list[JobState | None] = []
-        for status, started, enqueued in cast(list[list[bytes | None]], pipe.execute()):
-            if status is None:
-                found.append(None)
-                continue
-            found.append(cls(status.decode(), _when(started), _when(enqueued)))
-        late = [
-            (n, job_id) for n, (job_id, job) in enumerate(zip(ids, found, strict=True))
-            if job is not None and job.status == JobStatus.QUEUED and job.enqueued_at
-            and now - job.enqueued_at > grace
-        ]  # fmt: skip
-        if late:
-            pipe = client.pipeline(transaction=False)
-            for _, job_id in late:
-                pipe.lpos(queue, job_id)
-            for (n, _), place in zip(late, pipe.execute(), strict=True):
-                job = found[n]
-                if place is None and job is not None:
-                    found[n] = cls(job.status, job.started_at, job.enqueued_at, dequeued=True)
-        return found
-
-
-def _when(stamp: bytes | None) -> float | None:
-    """An RQ timestamp as Unix seconds."""
-    return utcparse(stamp.decode()).timestamp() if stamp else None
-
-
-def _failure(  # noqa: PLR0911 - one return per way a step can be over
+def _failure(
     step: StepRun,
     epoch: int,
     superstep: int,
@@ -155,23 +108,10 @@ def _failure(  # noqa: PLR0911 - one return per way a step can be over
         said = json.loads(outcome)
         if said["attempt"] == step.attempt and said["kind"] != "fenced":
             return str(said["kind"]), str(said["message"])
-    if job is None:
-        return "retryable", "its job vanished"
-    if job.status in (JobStatus.FAILED, JobStatus.STOPPED, JobStatus.CANCELED):
-        return "retryable", f"its job {job.status}"
-    if job.status == JobStatus.FINISHED:
-        return "retryable", "its job finished without a vote"
-    if job.dequeued:
-        return "retryable", "a worker took its job and died before starting it"
-    if job.status != JobStatus.STARTED or job.started_at is None:
-        return None  # still queued: waiting is not failing
-    running = now - job.started_at
-    if running > limits.step_timeout:
-        return "retryable", f"timed out after {limits.step_timeout:g} s"
     mine = f":{epoch}:{superstep}:{step.attempt}"  # the token of this very attempt
-    if running > grace and (beat is None or not beat.endswith(mine)):
-        return "retryable", "its worker stopped beating (dead or stalled)"
-    return None
+    beating = beat is not None and beat.endswith(mine)
+    why = job_over(job, "a vote", limits.step_timeout, beating, grace, now)
+    return None if why is None else ("retryable", why)
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,22 +174,20 @@ class Coordinator:
         self,
         client: redis.Redis,
         store: CheckpointStore,
-        cache: Path,
         *,
         name: str = "coordinator",
         heartbeat_grace: float = HEARTBEAT_GRACE,
         lease_ttl_ms: int = 5_000,
         restore_on_workers: bool = True,
+        pause_after: float = PAUSE_AFTER,
     ) -> None:
         self.redis = client
         self.store = store
-        self.cache = Path(cache)
         self.heartbeat_grace = heartbeat_grace
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
         self._checked: dict[str, float] = {}  # when each task was last checked for failures
-        # (task, job id) → when a look first found that job taken from its queue, not started
-        self._taken: dict[tuple[str, str], float] = {}
+        self.taken = TakenJobs(heartbeat_grace)  # jobs taken from their queue, not started
         # task → (epoch, superstep) whose commit was refused once: a second refusal rolls back
         self._refused: dict[str, tuple[int, int]] = {}
         # task → (restores of it that failed in a row, when the next may begin: monotonic)
@@ -263,6 +201,9 @@ class Coordinator:
         self.archiver = Archiver(store, self._archived)
         self.archived = ArchiveFloor(store)  # a GC number is never reused: see numbering.py
         self.replication = Replication(self.runs)
+        self.verifier = Verifier(client, self.queue, self.runs, heartbeat_grace)
+        self.faults = TaskFaults(self._pause, pause_after)
+        self.phase = ""  # what `tick` is doing for the task at hand, named in its faults
 
     # the loop -----------------------------------------------------------------------------
     def run(self, stop: threading.Event, poll: float = 0.05) -> None:
@@ -292,15 +233,21 @@ class Coordinator:
         )
         above = 0  # the highest task owner token above this lease's
         for task, seen in self.runs.look(active).items():
-            try:
-                if isinstance(seen, Exception):
-                    raise seen
-                self.advance(task, seen)
-            except FencedWrite as exc:
-                log.warning("task not advanced", task=task, error=str(exc))
+            if not self.faults.due(task):
+                continue  # its advance failed a moment ago: it waits out a backoff
+            self.phase = "look"
+            failure = seen if isinstance(seen, Exception) else None
+            if not isinstance(seen, Exception):
+                try:
+                    self.advance(task, seen)
+                except Exception as exc:  # noqa: BLE001 - one task's trouble is that task's alone
+                    failure = exc
+            if failure is None:
+                self.faults.succeeded(task)
+                continue
+            self.faults.failed(task, failure, self.phase)
+            if isinstance(failure, FencedWrite):  # a coordinator with a newer lease owns it
                 above = max(above, self._owner_above(task))
-            except (CairnError, redis.RedisError) as exc:
-                log.warning("task not advanced", task=task, error=str(exc))
         if above:
             self.lease.outrank(above)
 
@@ -349,6 +296,7 @@ class Coordinator:
         else would move it again. Its superstep was aborted and its epoch raised already, so
         it goes back to its latest committed GC, every agent and file together.
         """
+        self.phase = "restore"
         if self.redis.exists(keys.restore_lock(task)):
             return  # the restore runs still
         failed, due = self._restore_due.get(task, (0, 0.0))
@@ -372,6 +320,7 @@ class Coordinator:
     # one superstep ------------------------------------------------------------------------
     def _begin(self, task: str, committed: GlobalCheckpoint | None = None) -> None:
         """Start the superstep after the latest GC (`committed`, when the caller holds it)."""
+        self.phase = "begin"
         limits = self._limits(task)
         latest = self.store.hot.latest_gc(task) if committed is None else committed.number
         if self.archived.behind(task, latest):  # the next number would be an archived one
@@ -472,6 +421,7 @@ class Coordinator:
         log.info("superstep started", task=task, superstep=superstep, agents=list(attempts))
 
     def _watch(self, task: str, seen: Look) -> None:
+        self.phase = "watch"
         run, latest = seen.run, seen.latest
         superstep, number = int(run["superstep"]), int(run["number"])
         if self.archived.behind(task, latest):  # `number` may be an archived GC's
@@ -507,7 +457,7 @@ class Coordinator:
         )
         ids = [s.job for s in watched.values()]
         jobs = JobState.read_many(self.redis, ids, self.queue.key, self.heartbeat_grace, now)
-        jobs = self._taken_for_long(task, ids, jobs, now)
+        jobs = self.taken.judge(task, ids, jobs, now)
         beats = cast(
             list[bytes | None], self.redis.mget([keys.heartbeat(task, a) for a in watched])
         )
@@ -519,27 +469,6 @@ class Coordinator:
                 task, run, agent, step, superstep, failure, now
             ):
                 return
-
-    def _taken_for_long(
-        self, task: str, ids: list[str], jobs: list[JobState | None], now: float
-    ) -> list[JobState | None]:
-        """`jobs`, each seen taken and not started for under the grace counted as waiting.
-
-        A worker takes a job from its queue, then marks it started: a look between the two
-        finds it in neither state, and under load that can last a while. Only a job still
-        taken and not started `heartbeat_grace` s after a look first found it so is one
-        whose worker died in between.
-        """
-        kept = {k: v for k, v in self._taken.items() if k[0] != task}
-        out: list[JobState | None] = []
-        for job_id, job in zip(ids, jobs, strict=True):
-            if job is not None and job.dequeued:
-                first = kept[(task, job_id)] = self._taken.get((task, job_id), now)
-                if now - first < self.heartbeat_grace:
-                    job = replace(job, dequeued=False)  # noqa: PLW2901 - the job as judged
-            out.append(job)
-        self._taken = kept
-        return out
 
     def _ingest(self, task: str, epoch: int, superstep: int, votes: dict[str, LCRef]) -> None:
         """Read the barrier's inputs from LCs as their votes arrive, not all at the last one.
@@ -590,7 +519,7 @@ class Coordinator:
         # Gone, or canceled already (by a coordinator that died before it recorded the
         # retry): nothing left to cancel.
         with contextlib.suppress(NoSuchJobError, InvalidJobOperation, redis.RedisError):
-            Job.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
+            CairnJob.fetch(step.job, connection=self.redis, serializer=JSONSerializer).cancel()
         retry = StepRun(step.attempt + 1, retry_at=now + backoff(step.attempt))
         self.runs.write(task, steps={agent: retry.dump()})
         metrics.STEP_RETRIES.inc()
@@ -606,6 +535,7 @@ class Coordinator:
         manifest, may have gone to a primary replaced since); refused again, the
         superstep rolls back.
         """
+        self.phase = "commit"
         run = seen.run
         record = self._record(task)
         gc = self.store.latest_gc(task)
@@ -696,6 +626,7 @@ class Coordinator:
         may have paused or cancelled it meanwhile) and, under `durability: replicated`, a
         replica holds `committed`, begin the next superstep from it rather than a tick later.
         """
+        self.phase = "after commit"
         self.runs.write(task, {"superstep": 0}, clear_steps=True)
         self._archive(task, committed)
         policy = self._limits(task).checkpoints
@@ -708,6 +639,7 @@ class Coordinator:
         Under `sync` a GC counts as committed for the user only once it is on disk, so the
         next superstep waits for it; under `async` (every `archive_every` GCs) it does not.
         """
+        self.phase = "archive"
         policy = self._limits(task).checkpoints
         job = ArchiveJob(task, gc.number, policy.hot_keep, policy.cold_keep)
         if policy.durability == "sync":
@@ -723,11 +655,25 @@ class Coordinator:
     def _verify(
         self, task: str, gc: GlobalCheckpoint, order: list[str], limits: Limits, epoch: int
     ) -> None:
+        """Judge `gc`'s files by the task's verify command, run on a worker (`Verifier`).
+
+        Until its verdict is in, nothing: the next look asks again. Passed, the task
+        succeeds; failed, every agent is told why and the team goes on, unless that
+        would pass `max_supersteps`; no verdict after every try, the task fails.
+        """
+        self.phase = "verify"
         if not limits.verify:
             self._finish(task, TaskState.SUCCEEDED, "every agent rested", gc)
             return
-        verdict = verify(self.store, gc, limits.verify, self.cache, limits.verify_timeout)
-        self.runs.write(task, {"verify_output": verdict.output[-4_000:]})
+        verdict = self.verifier.poll(task, gc.number, epoch, limits)
+        if verdict is None:
+            return
+        if isinstance(verdict, GaveUp):
+            self._finish(task, TaskState.FAILED, f"verify could not run: {verdict.reason}", gc)
+            return
+        # The verify in flight stays noted until what its verdict decides is done: a try
+        # that fails after this write reads the verdict again, and does not run it again.
+        self.runs.write(task, {"verify_output": verdict.output})
         if verdict.passed:
             self._finish(task, TaskState.SUCCEEDED, "verify passed", gc)
             return
@@ -764,6 +710,7 @@ class Coordinator:
         )
         self.store.prepare_gc(barrier.gc, self.lease.token)
         self.store.commit_gc(barrier.gc, self.lease.token)
+        self.runs.write(task, forget=[VERIFY_FIELD])
         metrics.GC_COMMITS.inc()
         log.info("verify failed; the team goes on", task=task, gc=barrier.gc.number,
                  epoch=barrier.gc.epoch)  # fmt: skip
@@ -774,6 +721,7 @@ class Coordinator:
         After `MAX_ROLLBACKS` rollbacks the task fails instead: a step that fails the same
         way from the same state would fail again.
         """
+        self.phase = "rollback"
         rollbacks = int(run.get("rollbacks", "0"))
         metrics.GC_ABORTS.inc()
         if rollbacks >= MAX_ROLLBACKS:
@@ -803,6 +751,18 @@ class Coordinator:
         assert isinstance(found, model)
         return found
 
+    def _pause(self, task: str, reason: str) -> bool:
+        """Pause `task` with `reason` (`TaskFaults`'s way); False if it was not running.
+
+        Never one that is `restoring`: paused, then resumed, it would run on from a
+        restore that stopped half-way, which only that status says must be done again.
+        """
+        status = cast(bytes | None, self.redis.hget(keys.run(task), "status"))
+        if status is None or status.decode() in (TaskState.PAUSED, RESTORING, *TERMINAL):
+            return False
+        self.runs.write(task, {"status": TaskState.PAUSED, "reason": reason})
+        return True
+
     def _forget(self, task: str) -> None:
         """Drop what this coordinator cached of a task that ended."""
         self._docs = {key: doc for key, doc in self._docs.items() if key[0] != task}
@@ -810,7 +770,9 @@ class Coordinator:
         self._checked.pop(task, None)
         self._refused.pop(task, None)
         self._restore_due.pop(task, None)
-        self._taken = {k: v for k, v in self._taken.items() if k[0] != task}
+        self.taken.forget(task)
+        self.verifier.forget(task)
+        self.faults.forget(task)
         self.archived.forget(task)
         self.replication.forget(task)
 
@@ -824,6 +786,7 @@ class Coordinator:
         end written would leave the task `succeeded` short of its last superstep. The end
         is refused instead, and the task goes on from what the new primary holds.
         """
+        self.phase = "finish"
         # A task that ended has every GC it committed on disk, whatever `archive_every` says.
         latest = self.store.hot.latest_gc(task) if gc is None else gc.number
         if latest is not None:

@@ -13,18 +13,24 @@ import json
 
 import redis
 
+from agents.heartbeat import Heartbeat, worker_token
 from agents.logs import get_logger
+from agents.spec import TaskRecord
 from agents.step import run_step
 from coordinator.environment import environment
 from coordinator.staging import PASSING, refusal, stage
+from coordinator.verify import JOB as VERIFY_JOB
+from coordinator.verify import VERDICT_TTL, VerifyBeats, run_verify
 from storage import keys
 from storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
+from storage.keys import SPEC_DOC
+from storage.redact import redact
 
 STEPS_QUEUE = "cairn-steps"
 CONTROL_QUEUE = "cairn-control"  # restores; workers serve it first
 STEP_JOB = "coordinator.jobs.step_job"
 STAGE_JOB = "coordinator.jobs.stage_job"
-ALLOWED_JOBS = frozenset({STEP_JOB, STAGE_JOB})
+ALLOWED_JOBS = frozenset({STEP_JOB, STAGE_JOB, VERIFY_JOB})
 
 log = get_logger(__name__)
 
@@ -39,8 +45,12 @@ def record_outcome(
     kind: str,
     message: str,
 ) -> None:
-    """Say why an attempt ended without a vote: `retryable`, `fatal` or `fenced`."""
-    value = json.dumps({"attempt": attempt, "kind": kind, "message": message[:500]})
+    """Say why an attempt ended without a vote: `retryable`, `fatal` or `fenced`.
+
+    The message is kept redacted: it becomes the task's reason, its timeline, its log.
+    """
+    said = redact(message)[:500]
+    value = json.dumps({"attempt": attempt, "kind": kind, "message": said})
     client.hset(keys.outcomes(task, epoch, superstep), agent, value)
 
 
@@ -111,3 +121,24 @@ def stage_job(task: str, agent: str, target: int, epoch: int, reason: str) -> st
         env.redis.hset(outcome, agent, json.dumps({"no": refusal(exc, task, agent)}))
         return "no"
     return "yes"
+
+
+def verify_job(task: str, number: int, epoch: int, attempt: int) -> str:
+    """Run the task's verify command on GC `number`'s files and write the verdict.
+
+    Beats while it runs, so the coordinator sees a dead worker within seconds. A try of
+    an epoch a restore has left behind stops at once: nobody reads its verdict.
+    """
+    env = environment()
+    current = int(env.redis.get(keys.epoch(task)) or 0)
+    if current != epoch:
+        log.info("verify fenced", task=task, epoch=epoch, current=current)
+        return "fenced"
+    record = env.store.read_doc(task, SPEC_DOC, TaskRecord)
+    token = worker_token(epoch, number, attempt)
+    beats = Heartbeat(VerifyBeats(env.redis), task, "verify", token, record.policy.heartbeat_ms)
+    with beats, env.lanes.lease() as lane:
+        verdict = run_verify(env.store, task, number, lane, record)
+    env.redis.set(keys.verdict(task, epoch, number), verdict.dump(), ex=VERDICT_TTL)
+    log.info("verify done", task=task, gc=number, passed=verdict.passed)
+    return "passed" if verdict.passed else "failed"

@@ -28,6 +28,7 @@ from storage.backends.redis import parse_ref, script, translated, translating
 from storage.base import HotStore
 from storage.errors import CairnError
 from storage.records import LCRef
+from storage.redact import redact
 from storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -56,9 +57,20 @@ TERMINAL = frozenset(
 RESTORING = "restoring"  # the run status while a restore runs; reported as running
 
 
+# The run fields written for people to read. They quote what failed (a model's error, a
+# verify's output), which may hold a secret: each is redacted as `RunState.write` stores it.
+TEXT_FIELDS = frozenset({"reason", "verify_output"})
+
+
 def _text(value: object) -> str:
     """A run field as stored: an enum as its value, anything else as `str` makes it."""
     return str(value.value) if isinstance(value, Enum) else str(value)
+
+
+def _stored(name: str, value: object) -> str:
+    """The text `RunState.write` stores for run field `name`: `_text`, redacted if for people."""
+    text = _text(value)
+    return redact(text) if name in TEXT_FIELDS else text
 
 
 @dataclass(slots=True)
@@ -122,6 +134,8 @@ class RunState:
     ) -> None:
         """Set run fields and step entries (after clearing the steps, if asked) in one go.
 
+        The fields for people (`TEXT_FIELDS`) are stored redacted.
+
         With `standing_on`, only while GC `standing_on` is the task's latest committed GC
         in this Redis, else `CommitRefused`: a decision drawn from that GC (the task's
         end) is not written where it is missing, as on a new primary that never had it.
@@ -132,7 +146,7 @@ class RunState:
                 keys=[keys.owner(task), keys.run(task), keys.steps(task), keys.latest(task)],
                 args=[
                     "" if token is None else token,
-                    json.dumps({k: _text(v) for k, v in (run or {}).items()}),
+                    json.dumps({k: _stored(k, v) for k, v in (run or {}).items()}),
                     json.dumps(dict(steps or {})),
                     "1" if clear_steps else "0",
                     json.dumps(list(forget)),
@@ -176,14 +190,10 @@ class RunState:
                 )
                 continue
             raw_run, latest, steps = group[-3:]
-            run = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw_run).items()}
-            looks[task] = Look(
-                run,
-                None if latest is None else int(latest),
-                {k.decode(): v for k, v in cast(dict[bytes, bytes], steps).items()},
-                {},
-                taken,
-            )
+            try:  # what one task's state holds concerns that task alone
+                looks[task] = _parse_look(raw_run, latest, steps, taken)
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                looks[task] = exc
         watched = [
             (task, seen) for task, seen in looks.items()
             if isinstance(seen, Look) and int(seen.run.get("superstep", "0"))
@@ -193,9 +203,30 @@ class RunState:
             pipe.hgetall(keys.votes(task, int(seen.run["epoch"]), int(seen.run["superstep"])))
         for (task, seen), raw in zip(watched, pipe.execute(), strict=True):
             votes = cast(dict[bytes, bytes], raw)
-            refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
+            try:
+                refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
+            except (ValueError, TypeError, UnicodeDecodeError) as exc:
+                looks[task] = exc
+                continue
             looks[task] = replace(seen, votes=refs)
         return looks
+
+
+def _parse_look(raw_run: object, latest: object, steps: object, taken: float) -> Look:
+    """A task's `Look` from its replies, the votes left to read; `ValueError` if garbled.
+
+    A superstep or epoch that is not a number fails here, not in the votes' read.
+    """
+    run = {k.decode(): v.decode() for k, v in cast(dict[bytes, bytes], raw_run).items()}
+    if int(run.get("superstep", "0")):
+        int(run["epoch"])
+    return Look(
+        run,
+        None if latest is None else int(cast(bytes, latest)),
+        {k.decode(): v for k, v in cast(dict[bytes, bytes], steps).items()},
+        {},
+        taken,
+    )
 
 
 def read_run(client: redis.Redis, task: str) -> dict[str, str]:

@@ -87,7 +87,12 @@ def in_flight(
     superstep = int(run.get("superstep", "0"))
     if not superstep or not steps:
         return {}
-    attempts = {agent: int(json.loads(raw)["attempt"]) for agent, raw in steps.items()}
+    attempts: dict[str, int] = {}
+    for agent, raw in steps.items():
+        try:
+            attempts[agent] = int(json.loads(raw)["attempt"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a garbled entry (its task is paused for it): no attempt to count
     where = keys.attempt_spend(task, int(run["epoch"]), superstep)
     found = cast(list[bytes | None], client.hmget(where, [f"{a}:{n}" for a, n in attempts.items()]))
     spends: dict[str, Usage] = {}

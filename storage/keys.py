@@ -138,6 +138,20 @@ def outcomes(task: str, epoch_: int, superstep: int) -> str:
     return f"{task_prefix(task)}outcomes:{epoch_}:{superstep}"
 
 
+def verdict(task: str, epoch_: int, number: int) -> str:
+    """String with a TTL: JSON, what the task's verify command said of GC `number`'s files.
+
+    Written by the worker that ran it; per epoch, so a verify of an epoch a restore left
+    behind is never read for the one after.
+    """
+    return f"{task_prefix(task)}verdict:{epoch_}:{number}"
+
+
+def verify_beat(task: str) -> str:
+    """String with a TTL: alive while a worker runs the task's verify command."""
+    return task_prefix(task) + "hb-verify"
+
+
 def owner(task: str) -> str:
     """String: the lease token of the coordinator that owns the task now (it only rises)."""
     return task_prefix(task) + "owner"

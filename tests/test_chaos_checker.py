@@ -250,10 +250,20 @@ def test_a_process_that_quit_on_its_own_is_caught() -> None:
     assert [("process_quit", q) for q in quits] == [(v.invariant, v.detail) for v in said]
 
 
+def test_a_second_task_left_unfinished_is_caught() -> None:
+    """A task a `poison_task` fault stranded is an `isolation` violation, said as found."""
+    history, observed = clean()
+    _, reference = clean()
+    assert [] == check(history, observed, reference, "async", True, stranded=[])
+    stranded = ["victim v (poisoned in commit) ended paused: the coordinator could not"]
+    said = check(history, observed, reference, "async", True, stranded=stranded)
+    assert [("isolation", s) for s in stranded] == [(v.invariant, v.detail) for v in said]
+
+
 def test_every_invariant_has_a_way_to_fail() -> None:
     """Each invariant listed in the table was shown failing above."""
     shown = {"mixed_restore", "lost_commit", "fenced_write", "diverged", "effect_not_once",
-             "stuck", "process_quit"}  # fmt: skip
+             "stuck", "process_quit", "isolation"}  # fmt: skip
     assert shown == set(INVARIANTS)
 
 

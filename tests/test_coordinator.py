@@ -203,7 +203,7 @@ def test_a_new_coordinator_finishes_what_a_dead_one_started(
         g.status for g in cluster.store.list_gcs(task)
     ]
     # The first coordinator is gone: a second one, sharing nothing but Redis, takes over.
-    successor = Coordinator(cluster.client, cluster.store, tmp_path / "other-cache", name="standby")
+    successor = Coordinator(cluster.client, cluster.store, name="standby")
     stop = threading.Event()
     thread = threading.Thread(target=successor.run, args=(stop,))
     thread.start()
@@ -334,11 +334,11 @@ def test_a_commit_made_by_a_coordinator_that_then_died_is_taken_as_done(
 def test_a_coordinator_past_its_lease_is_fenced(cluster: Cluster, tmp_path: Path) -> None:
     """Once a newer leader has claimed a task, the old one's writes are refused."""
     task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    old = Coordinator(cluster.client, cluster.store, tmp_path / "a", name="old", lease_ttl_ms=200)
+    old = Coordinator(cluster.client, cluster.store, name="old", lease_ttl_ms=200)
     assert old.lease.acquire()
     old.advance(task)  # claims the task and starts superstep 1
     time.sleep(0.4)  # ...then stalls past its lease
-    new = Coordinator(cluster.client, cluster.store, tmp_path / "b", name="new")
+    new = Coordinator(cluster.client, cluster.store, name="new")
     assert new.lease.acquire()
     assert new.lease.token is not None
     assert old.lease.token is not None

@@ -21,7 +21,8 @@ from structlog.testing import capture_logs
 from agents.heartbeat import Heartbeat, worker_token
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
-from coordinator.coordinator import HEARTBEAT_GRACE, JobState, _failure
+from coordinator.coordinator import HEARTBEAT_GRACE, _failure
+from coordinator.jobstate import JobState
 from coordinator.numbering import LOST_REASON
 from coordinator.restore import Restorer
 from coordinator.runs import StepRun

@@ -528,8 +528,9 @@ def test_a_restore_that_keeps_failing_is_tried_again_ever_more_slowly(
         return real(store, task, agent, *rest)
 
     monkeypatch.setattr(restore_module, "stage", stage)
-    cluster.coordinator = Coordinator(cluster.client, cluster.store, tmp_path / "inline",
-                                      heartbeat_grace=1.0, restore_on_workers=False)  # fmt: skip
+    cluster.coordinator = Coordinator(
+        cluster.client, cluster.store, heartbeat_grace=1.0, restore_on_workers=False
+    )
     with pytest.raises(Unavailable):
         cluster.coordinator.restorer.restore(task)
     assert b"restoring" == cluster.client.hget(keys.run(task), "status")

@@ -73,14 +73,14 @@ def test_the_store_signs_audits_and_archives_as_the_settings_say(
     monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis, tmp_path: Path
 ) -> None:
     """CAIRN_SIGNING_KEY, CAIRN_AUDIT and CAIRN_ARCHIVE_DIR reach the store `open_store` opens."""
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret")
+    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret-" + "k" * 32)
     monkeypatch.setenv("CAIRN_AUDIT", "1")
     monkeypatch.setenv("CAIRN_ARCHIVE_DIR", str(tmp_path / "archive"))
     store = open_store(load_settings(), redis_client)
     assert store.codec.signs
     assert store.hot.audit  # type: ignore[attr-defined]  # the Redis hot store's flag
     assert tmp_path / "archive" == store.cold.root  # type: ignore[attr-defined]
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "")
+    monkeypatch.delenv("CAIRN_SIGNING_KEY")
     monkeypatch.delenv("CAIRN_AUDIT")
     plain = open_store(load_settings(), redis_client)
     assert not plain.codec.signs
@@ -116,14 +116,24 @@ def test_job_functions_take_the_settings_their_process_was_given(
         use_settings(saved)
 
 
-def test_a_worker_runs_cairns_two_job_functions_and_no_other(redis_client: redis.Redis) -> None:
+def test_a_worker_runs_cairns_three_job_functions_and_no_other(redis_client: redis.Redis) -> None:
     """Each allowed name is a function of `coordinator.jobs`; any other name is refused."""
-    assert {"coordinator.jobs.step_job", "coordinator.jobs.stage_job"} == ALLOWED_JOBS
+    expected = {
+        "coordinator.jobs.step_job",
+        "coordinator.jobs.stage_job",
+        "coordinator.jobs.verify_job",
+    }
+    assert expected == ALLOWED_JOBS
     for name in ALLOWED_JOBS:
         module, function = name.rsplit(".", 1)
         assert jobs is importlib.import_module(module)
         assert callable(getattr(jobs, function))
-    for name in (*ALLOWED_JOBS, "coordinator.restore.stage_job", "os.system"):
+    for name in (
+        *ALLOWED_JOBS,
+        "coordinator.restore.stage_job",
+        "coordinator.verify.run_verify",
+        "os.system",
+    ):
         job = CairnJob(connection=redis_client)  # never saved
         job._func_name = name  # what a job loaded from Redis names
         if name in ALLOWED_JOBS:

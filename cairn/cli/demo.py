@@ -243,7 +243,7 @@ def run_demo(
         stack.callback(workers.stop)
         for _ in range(2):
             workers.start()
-        coordinator = Coordinator(client, store, state / "coordinator", heartbeat_grace=1.0)
+        coordinator = Coordinator(client, store, heartbeat_grace=1.0)
         spec = demo_spec(model, base_url)
         tasks = Tasks(client, store)
         task = tasks.submit(spec, base=demo_dir())

@@ -187,7 +187,6 @@ def run_coordinator(client: Client, name: str, lease_ms: int) -> int:
     coordinator = Coordinator(
         client.redis,
         client.store,
-        settings.cache / "coordinator",
         name=name,
         lease_ttl_ms=lease_ms,
     )
