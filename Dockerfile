@@ -8,6 +8,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
 
+# bubblewrap: the sandbox workers run agents' commands in (docs/operations.md#the-sandbox;
+# a worker container needs the security options named there). util-linux, which it also
+# uses, is in every Debian image.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends bubblewrap \
+    && rm -rf /var/lib/apt/lists/*
+
 # Install the project (with the web console's extra) at the pinned versions, then drop the
 # sources: the processes (and the worker processes they start) import the installed
 # packages only.

@@ -10,14 +10,9 @@ with `cairn.tool` (`agents/toolkit.py`).
 
 from __future__ import annotations
 
-import codecs
 import hashlib
 import json
 import os
-import selectors
-import signal
-import subprocess
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -26,8 +21,9 @@ from pydantic import JsonValue
 
 from agents.models.base import ToolSchema
 from agents.patch import apply_file_patch, parse_patch
+from agents.sandbox import CommandLimits, process_sandbox
 from agents.spec import StepPolicy
-from agents.workspace import Workspace
+from agents.workspace import Workspace, check_path, replace_file
 from storage.errors import ToolError
 from storage.ids import new_id
 from storage.records import Effects, InboxMessage
@@ -36,8 +32,8 @@ MAX_LISTED = 2_000
 MAX_READ = 1_000_000
 MAX_WRITE = 10 * 1024 * 1024  # bytes of a write_file content or an apply_patch patch
 MAX_MESSAGE = 100 * 1024  # bytes of a send_message content
-READ_CHUNK = 64 * 1024  # a pipe holds 64 KiB on Linux: one read empties it
-SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")  # all a command inherits: no secrets
+# All a command inherits from the worker: no secrets. In the sandbox, PATH is the sandbox's.
+SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 
 @dataclass(slots=True)
@@ -171,13 +167,11 @@ def read_file(ctx: ToolContext, args: Args) -> str:
 
 def write_file(ctx: ToolContext, args: Args) -> str:
     """Write a file (creating its directories), replacing what was there."""
-    path = ctx.workspace.resolve(_text(args, "path"))
-    content = _bounded_text(args, "content", "write_file", MAX_WRITE)
-    if path.is_dir():
-        raise ToolError(f"{_text(args, 'path')} is a directory")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(content, encoding="utf-8")
-    return f"wrote {len(content.encode())} bytes to {_text(args, 'path')}"
+    name = _text(args, "path")
+    data = _bounded_text(args, "content", "write_file", MAX_WRITE).encode()
+    where = ctx.workspace.prepare_writes({name: len(data)}, ctx.policy.size_limits())
+    replace_file(where[name], data)
+    return f"wrote {len(data)} bytes to {name}"
 
 
 def apply_patch(ctx: ToolContext, args: Args) -> str:
@@ -185,24 +179,27 @@ def apply_patch(ctx: ToolContext, args: Args) -> str:
     patches = parse_patch(_bounded_text(args, "patch", "apply_patch", MAX_WRITE))
     if not patches:
         raise ToolError("the patch holds no file changes")
-    results: list[tuple[str, str | None]] = []
+    results: dict[str, bytes | None] = {}  # path → its content after the patch; None: gone
     for patch in patches:
         source = ctx.workspace.resolve(patch.old_path) if patch.old_path else None
         original = source.read_text(encoding="utf-8") if source and source.is_file() else None
         target = patch.new_path or patch.old_path
         assert target is not None  # parse_patch never yields a patch with neither path
-        results.append((target, apply_file_patch(original, patch)))
-        if patch.new_path and patch.old_path and patch.new_path != patch.old_path:
-            results.append((patch.old_path, None))  # a rename removes the old name
-    # Everything applied in memory: only now touch the files.
-    for target, content in results:
-        path = ctx.workspace.resolve(target)
-        if content is None:
-            path.unlink(missing_ok=True)
-        else:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            path.write_text(content, encoding="utf-8")
-    return "applied to " + ", ".join(sorted({t for t, _ in results}))
+        content = apply_file_patch(original, patch)
+        path = check_path(target)
+        results[path] = None if content is None else content.encode()
+        if patch.old_path and patch.new_path and check_path(patch.old_path) != path:
+            results[check_path(patch.old_path)] = None  # a rename removes the old name
+    # Everything applied in memory and every path checked: only now touch the files.
+    sizes = {path: None if data is None else len(data) for path, data in results.items()}
+    where = ctx.workspace.prepare_writes(sizes, ctx.policy.size_limits())
+    for path, data in results.items():  # removals first: a file gone may make room for a directory
+        if data is None:
+            where[path].unlink(missing_ok=True)
+    for path, data in results.items():
+        if data is not None:
+            replace_file(where[path], data)
+    return "applied to " + ", ".join(sorted(results))
 
 
 def edit_file(ctx: ToolContext, args: Args) -> str:
@@ -236,7 +233,8 @@ def edit_file(ctx: ToolContext, args: Args) -> str:
     data = (text[:at] + new + text[at + len(old) :]).encode()
     if len(data) > MAX_WRITE:
         raise ToolError(f"the edit makes {name} {len(data)} bytes; at most {MAX_WRITE}")
-    path.write_bytes(data)
+    where = ctx.workspace.prepare_writes({name: len(data)}, ctx.policy.size_limits())
+    replace_file(where[name], data)
     return f"replaced the text at line {_line_of(text, at)} of {name}"
 
 
@@ -256,103 +254,27 @@ def _first_occurrences(text: str, old: str, limit: int) -> list[int]:
 
 
 def run_command(ctx: ToolContext, args: Args) -> str:
-    """Run a shell command in the workspace; return its exit code and output (truncated)."""
+    """Run a shell command on the workspace in the sandbox; return exit code and output (cut)."""
     command = _text(args, "command")
-    if "\x00" in command:  # no program can receive it: Popen would raise ValueError
-        raise ToolError("command contains a NUL byte")
     ctx.workspace.materialize()  # a command may look at any file
     env = {k: os.environ[k] for k in SAFE_ENV if k in os.environ}
-    env["HOME"] = str(ctx.workspace.tree)
     env["CAIRN_IDEMPOTENCY_KEY"] = ctx.idempotency_key  # one call, across retries: docs/design.md
     # No __pycache__ in the workspace: it would be checkpointed as the agent's change, and a
     # module rewritten to the same size within a second would run from its stale bytecode.
     env["PYTHONDONTWRITEBYTECODE"] = "1"
-    proc = subprocess.Popen(  # noqa: S603 - running the model's command is this tool's job
-        ["/bin/sh", "-c", command],
-        cwd=ctx.workspace.tree,
-        env=env,
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,  # its own process group, so a timeout kills it all
+    limits = CommandLimits(
+        ctx.policy.command_timeout, ctx.policy.output_limit, file_bytes=ctx.policy.max_file_bytes
     )
-    assert proc.stdout is not None  # stdout=PIPE
-    output = _Output(ctx.policy.output_limit)
     try:
-        done = _collect(proc, output, time.monotonic() + ctx.policy.command_timeout)
-    finally:
-        if proc.returncode is None:  # timed out, or interrupted: leave nothing running
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
-        proc.stdout.close()
-    if not done:
-        raise ToolError(f"command timed out after {ctx.policy.command_timeout:g} s and was killed")
-    return f"exit code {proc.returncode}\n{output.text()}"
-
-
-class _Output:
-    """A command's output, decoded as it comes, of which only a head and a tail are kept.
-
-    The text is what decoding all of it at once would give, truncated to `limit`
-    characters the same way, yet a command printing gigabytes holds O(`limit`) in memory.
-    """
-
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.head_size = limit // 2
-        self.tail_size = limit - self.head_size
-        self.head = ""
-        self.tail = ""  # what follows the head; trimmed to its last `tail_size` characters
-        self.chars = 0
-        self._decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-
-    def feed(self, data: bytes, *, final: bool = False) -> None:
-        """Take the next bytes of output (`final` when there are no more)."""
-        text = self._decoder.decode(data, final)
-        self.chars += len(text)
-        room = self.head_size - len(self.head)
-        if room > 0:
-            self.head, text = self.head + text[:room], text[room:]
-        self.tail += text
-        if len(self.tail) > 2 * self.tail_size:  # trim rarely: copying is amortized O(1)
-            self.tail = self.tail[-self.tail_size :]
-
-    def text(self) -> str:
-        """The whole output, or its head and tail around a note of how much was cut."""
-        self.feed(b"", final=True)
-        if self.chars <= self.limit:
-            return self.head + self.tail
-        return (
-            self.head
-            + f"\n… [{self.chars - self.limit} characters cut] …\n"
-            + self.tail[-self.tail_size :]
+        finished = process_sandbox().run(
+            command, ctx.workspace.tree, limits, network=ctx.policy.network, env=env
         )
-
-
-def _collect(proc: subprocess.Popen[bytes], output: _Output, deadline: float) -> bool:
-    """Feed `proc`'s output to `output` and wait for it to exit: False if `deadline` came first."""
-    assert proc.stdout is not None  # stdout=PIPE
-    if not _drain(proc.stdout.fileno(), output, deadline):
-        return False
-    try:  # its output is closed, but the command may still run: the deadline covers both
-        proc.wait(timeout=max(0.0, deadline - time.monotonic()))
-    except subprocess.TimeoutExpired:
-        return False
-    return True
-
-
-def _drain(fd: int, output: _Output, deadline: float) -> bool:
-    """Feed what `fd` yields to `output` until end of file (True) or `deadline` (False)."""
-    with selectors.DefaultSelector() as selector:
-        selector.register(fd, selectors.EVENT_READ)
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0 or not selector.select(remaining):
-                return False
-            chunk = os.read(fd, READ_CHUNK)
-            if not chunk:
-                return True
-            output.feed(chunk)
+    except ToolError as exc:  # timed out: what it left is held to the limits all the same
+        removed = ctx.workspace.enforce_limits(ctx.policy.size_limits())
+        raise ToolError(f"{exc}\n{removed}" if removed else str(exc)) from None
+    # What the command left past the task's size limits never reaches a checkpoint.
+    removed = ctx.workspace.enforce_limits(ctx.policy.size_limits())
+    return f"{finished.report()}\n{removed}" if removed else finished.report()
 
 
 def send_message(ctx: ToolContext, args: Args) -> str:

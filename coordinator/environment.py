@@ -5,15 +5,18 @@ process's settings (`process_settings`: those the worker's entry point read, els
 first use), a Redis client, the metered checkpoint store, the lanes of the process's cache
 slot (a workspace tree for each step running at once), the model factory with the
 process's credentials, its tools (built-ins, installed entry points, `CAIRN_TOOLS`
-modules) and its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept across steps and closed at
-exit). Building it serves the worker's metrics, if a port is configured; a worker builds
-it before its first job, so a bad tool module or MCP file stops the worker with its reason
-instead of failing every step.
+modules), its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept across steps and closed at
+exit) and the sandbox its agents' commands run in (`CAIRN_SANDBOX`, probed once). Building
+it serves the worker's metrics, if a port is configured; a worker builds it before its
+first job, so a bad tool module or MCP file stops the worker with its reason instead of
+failing every step, and a worker that cannot sandbox says so as it starts.
 """
 
 from __future__ import annotations
 
 import atexit
+import os
+import sys
 import threading
 from dataclasses import dataclass
 from functools import cache, partial
@@ -21,13 +24,17 @@ from typing import TYPE_CHECKING
 
 import redis
 
+from agents.logs import get_logger
 from agents.mcp.config import load_mcp_config
+from agents.sandbox import Sandbox, sandbox_for, use_sandbox
 from agents.step import ModelFactory, build_model
 from agents.toolkit import ToolRegistry, load_tools
+from agents.tools import Tool
 from coordinator import metrics
 from coordinator.settings import Settings, open_store, process_settings
 from coordinator.slots import Lanes, slot_number, worker_slot
 from storage.backends.redis import connect
+from storage.errors import MissingTool
 from storage.store import CheckpointStore
 
 if TYPE_CHECKING:
@@ -45,9 +52,12 @@ class Environment:
     models: ModelFactory
     tools: ToolRegistry
     mcp: McpManager | None
+    sandbox: Sandbox
 
 
 _BUILDING = threading.Lock()
+log = get_logger(__name__)
+COMMAND_TOOLS = frozenset({"run_command"})  # the tools a worker that cannot sandbox refuses
 
 
 def environment() -> Environment:
@@ -64,7 +74,10 @@ def _environment() -> Environment:
     store = open_store(settings, client, metered=True)
     serve_worker_metrics(settings)
     models = partial(build_model, environ=settings.environ)
+    sandbox = open_sandbox(settings)
     tools = load_tools(settings.tools)
+    if sandbox.refusal is not None:
+        tools = RefusingTools(tools, sandbox.refusal)
     mcp = None
     if settings.mcp_config is not None:
         from agents.mcp.manager import McpManager  # noqa: PLC0415 - the SDK loads only where used
@@ -72,7 +85,47 @@ def _environment() -> Environment:
         mcp = McpManager(load_mcp_config(settings.mcp_config, settings.environ))
         atexit.register(mcp.close)  # a stdio server's process ends with the worker
     lanes = Lanes(worker_slot(settings.cache))
-    return Environment(settings, client, store, lanes, models, tools, mcp)
+    return Environment(settings, client, store, lanes, models, tools, mcp, sandbox)
+
+
+def open_sandbox(settings: Settings) -> Sandbox:
+    """Probe the sandbox `settings.sandbox` asks for and make it the process's.
+
+    A sandbox that is off or cannot run is said at once, in a warning and on stderr: the
+    first is a risk the deployment chose, the second fails every step that runs commands.
+    """
+    sandbox = sandbox_for(settings.sandbox, settings.environ.get("PATH", os.defpath))
+    use_sandbox(sandbox)
+    warning = sandbox.refusal
+    if sandbox.mode == "off":
+        warning = (
+            "CAIRN_SANDBOX=off: agents' commands run unsandboxed, as this worker's user, "
+            "with its files and network"
+        )
+    if warning is not None:
+        log.warning("agents' commands are not sandboxed", sandbox=sandbox.mode, reason=warning)
+        sys.stderr.write(f"cairn worker: warning: {warning}\n")
+    return sandbox
+
+
+class RefusingTools(ToolRegistry):
+    """A worker's tools when it cannot sandbox: asking for a command tool fails the step.
+
+    `get` raises `MissingTool` with the reason for `COMMAND_TOOLS`, so a step whose agent
+    has one fails, fatally and before its model is asked, saying why.
+    """
+
+    def __init__(self, tools: ToolRegistry, refusal: str) -> None:
+        super().__init__()
+        for name in tools:
+            self.add(tools[name], tools.source(name))
+        self.refusal = refusal
+
+    def get(self, name: str) -> Tool | None:
+        """Return the tool called `name`, or None; `MissingTool` for a command tool."""
+        if name in COMMAND_TOOLS:
+            raise MissingTool(self.refusal)
+        return super().get(name)
 
 
 def serve_worker_metrics(settings: Settings) -> None:

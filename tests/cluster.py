@@ -42,9 +42,7 @@ class Cluster:
         self.store = CheckpointStore(
             RedisHotStore(self.client), DiskArchive(tmp / "archive"), Codec()
         )
-        self.coordinator = Coordinator(
-            self.client, self.store, tmp / "coordinator-cache", heartbeat_grace=1.0
-        )
+        self.coordinator = Coordinator(self.client, self.store, heartbeat_grace=1.0)
         self.env: dict[str, str] = {}  # more variables for the processes started from now on
         self.workers: list[subprocess.Popen[bytes]] = []
         self.processes: list[subprocess.Popen[bytes]] = []
@@ -54,6 +52,10 @@ class Cluster:
         return {
             **os.environ,
             "PYTHONPATH": str(ROOT),
+            # The teams here record their effects in a ledger outside the workspace, which
+            # stands for the world outside and which no sandboxed command can write: these
+            # workers run commands bare. The sandbox's tests set `env["CAIRN_SANDBOX"]`.
+            "CAIRN_SANDBOX": "off",
             "CAIRN_REDIS_URL": self.server.url,
             "CAIRN_ARCHIVE_DIR": str(self.tmp / "archive"),
             "CAIRN_CACHE_DIR": str(self.tmp / cache),

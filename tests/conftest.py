@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,6 +10,8 @@ import pytest
 import redis
 import structlog
 
+from agents.logs import RecordHandler
+from agents.sandbox import UNSANDBOXED, process_sandbox, use_sandbox
 from storage.backends.disk import DiskArchive
 from storage.backends.memory import MemoryArchive, MemoryHotStore
 from storage.backends.redis import RedisHotStore, connect
@@ -25,6 +28,9 @@ def _logging_restored() -> Iterator[None]:
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
+    for handler in logging.root.handlers[:]:
+        if isinstance(handler, RecordHandler):  # `configure_logging`'s, on the test's stream
+            logging.root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
@@ -89,6 +95,19 @@ def own_store(own_redis: RedisServer, tmp_path: Path) -> Iterator[CheckpointStor
     client = connect(own_redis.url)
     yield CheckpointStore(RedisHotStore(client), DiskArchive(tmp_path / "archive"), Codec())
     client.close()
+
+
+@pytest.fixture
+def unsandboxed() -> Iterator[None]:
+    """Agents' commands run bare in this process for the test (as `CAIRN_SANDBOX=off`).
+
+    For tests whose commands stand for the world outside: they write a ledger beside the
+    workspace, or kill their own worker, which a sandboxed command cannot.
+    """
+    before = process_sandbox()
+    use_sandbox(UNSANDBOXED)
+    yield
+    use_sandbox(before)
 
 
 @pytest.fixture

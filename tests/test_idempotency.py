@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import redis
 
 from agents.models.base import ModelReply, ModelRequest
@@ -27,6 +28,9 @@ from tests.agent_harness import superstep
 from tests.cluster import ROOT
 
 LEDGER = ROOT / "chaos" / "ledger.py"
+# The ledger is outside the workspace, run by Cairn's own interpreter: no sandboxed command
+# could reach it, so these commands run bare (its subprocess does as `unsandboxed` does).
+pytestmark = pytest.mark.usefixtures("unsandboxed")
 
 
 def pay(ledger: Path, effect: str) -> str:
@@ -108,6 +112,7 @@ SAMPLER = """
 import sys
 from pathlib import Path
 from agents.models.base import ModelReply
+from agents.sandbox import UNSANDBOXED, use_sandbox
 from agents.step import run_step
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
@@ -126,6 +131,7 @@ class Sampler:
         return ModelReply(content="paying", usage=Usage(), tool_calls=[call],
                           crash_after_tools=crash)
 
+use_sandbox(UNSANDBOXED)
 store = CheckpointStore(RedisHotStore(connect(url)), DiskArchive(archive), Codec())
 epoch = store.hot.get_epoch(task)
 run_step(task, "a", 1, epoch, int(attempt), store=store, cache=Path(cache),

@@ -74,6 +74,7 @@ def test_a_worker_in_another_network_namespace_runs_and_restores_the_task(
         env = {
             **os.environ,
             "PYTHONPATH": str(ROOT),
+            "CAIRN_SANDBOX": "off",  # the team's ledger is outside the workspace (tests/cluster.py)
             "CAIRN_REDIS_URL": server.url,
             "CAIRN_ARCHIVE_DIR": str(archive),
             "CAIRN_CACHE_DIR": str(tmp_path / "far"),
@@ -88,7 +89,7 @@ def test_a_worker_in_another_network_namespace_runs_and_restores_the_task(
         while Path(f"/proc/{worker.pid}/ns/net").readlink() == ours:  # `ip` execs the worker
             assert time.monotonic() < deadline, "the worker never entered its namespace"
             time.sleep(0.02)
-        coordinator = Coordinator(client, store, tmp_path / "coordinator", heartbeat_grace=2.0)
+        coordinator = Coordinator(client, store, heartbeat_grace=2.0)
         tasks = Tasks(client, store)
         task = tasks.submit(team_spec(tmp_path / "ledger"))
         deadline = time.monotonic() + 60

@@ -92,6 +92,7 @@ import sys
 from pathlib import Path
 from agents.spec import AgentSpec
 from agents.models.scripted import ScriptedModel
+from agents.sandbox import UNSANDBOXED, use_sandbox
 from agents.step import FIRST_BEAT_MS, run_step
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import RedisHotStore, connect
@@ -99,6 +100,9 @@ from storage.codec import Codec
 from storage.store import CheckpointStore
 
 url, archive, cache, log, task, agent, superstep, attempt = sys.argv[1:9]
+# Its commands stand for the world outside: they write a ledger beside the workspace, or
+# kill this process, which a sandboxed command cannot.
+use_sandbox(UNSANDBOXED)
 store = CheckpointStore(RedisHotStore(connect(url)), DiskArchive(archive), Codec())
 
 def models(spec: AgentSpec) -> ScriptedModel:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from agents.sandbox import WORKDIR
 from agents.spec import TOOL_NAMES, StepPolicy
 from agents.tools import TOOLS, ToolContext
 from agents.workspace import Workspace
@@ -100,14 +101,12 @@ def test_run_command_reports_exit_code_and_output(ctx: ToolContext) -> None:
     )
 
 
-def test_run_command_timeout_kills_the_whole_process_group(
-    ctx: ToolContext, tmp_path: Path
-) -> None:
+def test_run_command_timeout_kills_the_whole_process_group(ctx: ToolContext) -> None:
     """A command past the timeout is killed with its children; the model reads why."""
-    marker = tmp_path / "late"
+    marker = ctx.workspace.tree / "late"  # the one place a sandboxed command can write
     started = time.monotonic()
     with pytest.raises(ToolError, match="timed out after 1 s"):
-        call(ctx, "run_command", command=f"(sleep 3; touch {marker}) & sleep 30")
+        call(ctx, "run_command", command="(sleep 3; touch late) & sleep 30")
     assert time.monotonic() - started < 10
     time.sleep(3.5)
     assert not marker.exists()  # the background child died too
@@ -115,11 +114,11 @@ def test_run_command_timeout_kills_the_whole_process_group(
 
 def test_run_command_sees_no_secrets(ctx: ToolContext, monkeypatch: pytest.MonkeyPatch) -> None:
     """The environment of a command carries PATH and locale, not the worker's secrets."""
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "top-secret")
+    monkeypatch.setenv("CAIRN_SIGNING_KEY", "top-secret-" + "k" * 32)
     monkeypatch.setenv("OPENAI_API_KEY", "sk-secret")
     out = call(ctx, "run_command", command="env")
     assert "secret" not in out
-    assert f"HOME={ctx.workspace.tree}" in out
+    assert f"HOME={WORKDIR}" in out  # the workspace, as the sandbox shows it
     assert "\nPATH=" in out
 
 
