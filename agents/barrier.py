@@ -68,7 +68,8 @@ def build_gc(
     """Return the GC after `previous` that takes in the voted LCs of `superstep`.
 
     Change sets merge in `order` (the team's agent order): the later agent wins a path two
-    agents wrote, and the earlier one gets a message naming the conflict. Messages sent in
+    agents wrote, or a file of one that is a directory of the other's, and the earlier one
+    gets a message naming the conflict. Messages sent in
     the superstep join the inbox, numbered per recipient; messages each voter has read
     leave it. Agents that did not vote keep their LC from `previous`. `notices` are more
     messages to deliver (a failed verification's output, say). `outputs` holds what the
@@ -100,10 +101,7 @@ def build_gc(
             sender=SYSTEM_SENDER,
             recipient=c.loser,
             superstep=superstep,
-            content=(
-                f"Write conflict in superstep {superstep}: you and {c.winner} both wrote "
-                f"{c.path}; {c.winner}'s version was kept. Check it before going on."
-            ),
+            content=conflict_message(c, superstep),
         )
         for c in conflicts
     ]
@@ -124,6 +122,22 @@ def build_gc(
         delivered=delivered,
     )
     return Barrier(gc, conflicts)
+
+
+def conflict_message(conflict: Conflict, superstep: int) -> str:
+    """What the agent whose write did not stay (`conflict.loser`) is told."""
+    c = conflict
+    if not c.clash:
+        return (
+            f"Write conflict in superstep {superstep}: you and {c.winner} both wrote "
+            f"{c.path}; {c.winner}'s version was kept. Check it before going on."
+        )
+    by = f"{c.winner} wrote" if c.winner else "the workspace has"
+    return (
+        f"Write conflict in superstep {superstep}: you wrote {c.path}, but {by} {c.clash}, "
+        f"and one path cannot be both a file and a directory: your {c.path} was dropped. "
+        "Check the workspace before going on."
+    )
 
 
 def read_outputs(

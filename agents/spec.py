@@ -25,6 +25,14 @@ from pydantic import (
 from agents.accounting import Price
 from agents.mcp.names import MCP_REF
 from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
+from agents.userfiles import load_yaml
+from agents.workspace import (
+    FILE_LIMIT,
+    MAX_FILE_LIMIT,
+    MAX_WORKSPACE_LIMIT,
+    WORKSPACE_LIMIT,
+    SizeLimits,
+)
 from storage.errors import InvalidSpec
 from storage.keys import check_name
 from storage.records import Record
@@ -230,6 +238,13 @@ class StepPolicy(Strict):
     command_timeout: float = Field(default=60.0, gt=0, le=24 * 3600)
     output_limit: int = Field(default=16_000, ge=256, le=10_000_000)
     heartbeat_ms: int = Field(default=1_000, ge=50, le=60_000)
+    network: bool = False  # whether agents' commands may use the network (agents/sandbox.py)
+    max_file_bytes: int = Field(default=FILE_LIMIT, ge=1, le=MAX_FILE_LIMIT)
+    max_workspace_bytes: int = Field(default=WORKSPACE_LIMIT, ge=1, le=MAX_WORKSPACE_LIMIT)
+
+    def size_limits(self) -> SizeLimits:
+        """What the workspace's files may hold, one by one and together."""
+        return SizeLimits(self.max_file_bytes, self.max_workspace_bytes)
 
 
 class TaskRecord(Record):
@@ -279,7 +294,7 @@ def _printable(part: str) -> str:
 def load_policy(text: str) -> StepPolicy:
     """Parse a step policy from YAML (e.g. `triggers: {model_reply: true}`)."""
     try:
-        data = yaml.safe_load(text) or {}
+        data = load_yaml(text) or {}
     except yaml.YAMLError as exc:
         raise InvalidSpec(f"invalid policy YAML: {exc}".splitlines()[0]) from None
     return parse_model(StepPolicy, data, "policy")

@@ -38,6 +38,7 @@ from agents.spec import AgentSpec, StepPolicy, TaskRecord
 from agents.toolkit import ToolRegistry, installed_tools
 from agents.tools import Tool, ToolContext, idempotency_key
 from agents.workspace import apply_changes, manifest_blob, net_changes
+from storage.codec import Place
 from storage.errors import FencedWrite, ToolError
 from storage.keys import SPEC_DOC
 from storage.records import (
@@ -147,10 +148,12 @@ class _Step:
         if start.current != f"{epoch}:{superstep}:{attempt}":
             # Fenced before the model is paid for: another attempt owns this step now.
             raise FencedWrite(f"stale attempt {superstep}:{attempt} (current {start.current})")
-        record = warm.record(store, task, start.spec, TaskRecord, f"doc {task}/{SPEC_DOC}")
+        record = warm.record(store, Place.doc(task, SPEC_DOC), start.spec, TaskRecord)
         if record is None:
             record = store.read_doc(task, SPEC_DOC, TaskRecord)
-        gc = warm.record(store, task, start.gc, GlobalCheckpoint, f"gc {task}/{start.latest}")
+        gc = None
+        if start.latest is not None:
+            gc = warm.record(store, Place.gc(task, start.latest), start.gc, GlobalCheckpoint)
         if gc is None:
             gc = store.latest_gc(task)
         if gc is None or gc.superstep != superstep - 1:
@@ -183,7 +186,8 @@ class _Step:
         self.state.superstep, self.state.epoch, self.state.attempt = superstep, epoch, attempt
         self.base_files = warm.manifest(store, task, gc.workspace)
         self.workspace = warm.workspace(cache, task)
-        self.workspace.sync(store, apply_changes(self.base_files, self.state.changes), lazy=True)
+        self.workspace.sync(store, apply_changes(self.base_files, self.state.changes),
+                            lazy=True, limits=self.policy.size_limits())  # fmt: skip
         self.crash_at: int | None = None
         # A decision holds for a call waiting in the LC this step starts from (`approval`).
         self.waiting_at = gc.members[agent].id if agent in gc.members else ""

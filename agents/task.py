@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from agents.spec import TaskRecord
-from agents.workspace import check_path
+from agents.workspace import check_path, tree_clashes
 from storage.chain import AgentState
 from storage.errors import InvalidSpec, ToolError
 from storage.keys import SPEC_DOC
@@ -16,13 +16,10 @@ def start_task(
 ) -> GlobalCheckpoint:
     """Store the task and commit GC 0: every agent's history is its system prompt and the goal.
 
-    Raises `InvalidSpec` for a workspace path that leaves the workspace or a task id in use.
+    Raises `InvalidSpec` for a workspace path that leaves the workspace, files that are not
+    a tree (`a` and `a/b`, or one file named twice), or a task id in use.
     """
-    for path in files:
-        try:
-            check_path(path)
-        except ToolError as exc:
-            raise InvalidSpec(f"invalid workspace file: {exc}") from None
+    files = _tree(files)
     task = record.task
     if store.hot.get_epoch(task) or store.cold.list_gcs(task):
         raise InvalidSpec(f"task {task} exists already")
@@ -56,3 +53,19 @@ def start_task(
     )
     store.prepare_gc(gc)
     return store.commit_gc(gc)
+
+
+def _tree(files: dict[str, bytes]) -> dict[str, bytes]:
+    """`files` under their canonical paths; `InvalidSpec` unless they are a tree."""
+    tree: dict[str, bytes] = {}
+    for path, content in files.items():
+        try:
+            normal = check_path(path)
+        except ToolError as exc:
+            raise InvalidSpec(f"invalid workspace file: {exc}") from None
+        if normal == "." or normal in tree:
+            raise InvalidSpec(f"invalid workspace file {path!r}: not a file of its own")
+        tree[normal] = content
+    for above, below in tree_clashes(tree)[:1]:
+        raise InvalidSpec(f"invalid workspace: {above} is a file and a directory ({below})")
+    return tree

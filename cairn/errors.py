@@ -19,6 +19,7 @@ CairnError
 ├── ToolError            a tool call cannot be done; the model reads why
 │   ├── PatchError       a patch is malformed or does not apply
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
+├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
 ├── MissingTool          an agent names a tool its worker does not have
 ├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 └── RedisServerError     a private redis-server cannot be found or started
@@ -39,6 +40,7 @@ from storage.errors import (
     FencedWrite,
     InvalidName,
     InvalidSpec,
+    InvalidWorkspace,
     MissingTool,
     ModelError,
     NotCommitted,
@@ -64,6 +66,7 @@ __all__ = [
     "FencedWrite",
     "InvalidName",
     "InvalidSpec",
+    "InvalidWorkspace",
     "MissingTool",
     "ModelError",
     "NotCommitted",

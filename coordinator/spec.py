@@ -7,7 +7,6 @@ limits the coordinator enforces.
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 from typing import Literal
@@ -25,12 +24,21 @@ from agents.spec import (
     TaskRecord,
     parse_model,
 )
-from agents.workspace import check_path
+from agents.userfiles import load_json, load_yaml, read_at_most
+from agents.workspace import (
+    FILE_LIMIT,
+    MAX_FILE_LIMIT,
+    MAX_WORKSPACE_LIMIT,
+    WORKSPACE_LIMIT,
+    check_path,
+    tree_clashes,
+)
 from storage.errors import InvalidSpec, RecordNotFound, ToolError
 from storage.records import Record
 from storage.store import CheckpointStore
 
 MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
+MAX_SPEC_BYTES = 16 * 1024 * 1024  # of a spec file; a larger workspace goes in `workspace`
 
 
 class CheckpointPolicy(Strict):
@@ -65,6 +73,9 @@ class TaskSpec(Strict):
     checkpoints: CheckpointPolicy = Field(default_factory=CheckpointPolicy)
     budget: Budget | None = None
     prices: dict[str, Price] = Field(default_factory=dict)  # model → USD per million tokens
+    network: bool = False  # agents' commands and `verify` reach the network (else none)
+    max_file_bytes: int = Field(default=FILE_LIMIT, ge=1, le=MAX_FILE_LIMIT)
+    max_workspace_bytes: int = Field(default=WORKSPACE_LIMIT, ge=1, le=MAX_WORKSPACE_LIMIT)
 
     @model_validator(mode="after")
     def _one_workspace(self) -> TaskSpec:
@@ -73,11 +84,7 @@ class TaskSpec(Strict):
         names = [a.name for a in self.agents]
         if len(names) != len(set(names)):
             raise ValueError(f"agent names must be unique: {names}")
-        for path in self.files:
-            try:
-                check_path(path)
-            except ToolError as exc:
-                raise ValueError(f"files: {exc}") from None
+        _check_files(self.files, self.max_file_bytes)
         for agent in self.agents:
             calls_out = agent.model.split(":")[0] != "scripted"  # a script waits on nothing
             if calls_out and agent.timeout >= self.step_timeout:
@@ -87,8 +94,8 @@ class TaskSpec(Strict):
                     "step_timeout is retried, and its model call paid again"
                 )
         total = sum(len(c.encode(errors="surrogatepass")) for c in self.files.values())
-        if total > MAX_WORKSPACE_BYTES:  # as a `workspace` directory is, in workspace_files
-            raise ValueError(f"files: {total} bytes in all; at most {MAX_WORKSPACE_BYTES}")
+        if total > self._initial_limit():  # as a `workspace` directory is, in workspace_files
+            raise ValueError(f"files: {total} bytes in all; at most {self._initial_limit()}")
         return self
 
     def policy(self) -> StepPolicy:
@@ -100,6 +107,9 @@ class TaskSpec(Strict):
             triggers=triggers,
             full_every=self.checkpoints.full_every,
             command_timeout=min(self.step_timeout, 3600),
+            network=self.network,
+            max_file_bytes=self.max_file_bytes,
+            max_workspace_bytes=self.max_workspace_bytes,
         )
 
     def record(self, task: str) -> TaskRecord:
@@ -119,10 +129,18 @@ class TaskSpec(Strict):
             budget=self.budget,
         )
 
+    def _initial_limit(self) -> int:
+        """The bytes the initial workspace may hold: its limit, within what a submit holds."""
+        return min(MAX_WORKSPACE_BYTES, self.max_workspace_bytes)
+
     def workspace_files(self, base: Path) -> dict[str, bytes]:
-        """Return the initial workspace: inline files, or the directory's regular files."""
+        """Return the initial workspace: inline files, or the directory's regular files.
+
+        Each file is held to `max_file_bytes` (its size read before its content), all of them
+        to `max_workspace_bytes` and to what a submit holds in memory.
+        """
         if self.workspace is None:
-            return {path: content.encode() for path, content in self.files.items()}
+            return {check_path(path): content.encode() for path, content in self.files.items()}
         root = (base / self.workspace).resolve()
         if not root.is_dir():
             raise InvalidSpec(
@@ -136,30 +154,64 @@ class TaskSpec(Strict):
                 path = Path(directory, name)
                 if path.is_symlink() or not path.is_file():
                     continue  # links may lead anywhere; only real files are the workspace
+                relative = path.relative_to(root).as_posix()
+                size = path.stat().st_size
+                if size > self.max_file_bytes:
+                    raise InvalidSpec(
+                        f"invalid task spec: workspace: {relative} is {size} bytes; a file may "
+                        f"have at most {self.max_file_bytes} (max_file_bytes)"
+                    )
                 content = path.read_bytes()
                 total += len(content)
-                if total > MAX_WORKSPACE_BYTES:
+                if total > self._initial_limit():
                     raise InvalidSpec(
-                        f"invalid task spec: workspace is over {MAX_WORKSPACE_BYTES} bytes"
+                        f"invalid task spec: workspace is over {self._initial_limit()} bytes"
                     )
-                files[path.relative_to(root).as_posix()] = content
+                files[relative] = content
         return files
+
+
+def _check_files(files: dict[str, str], max_file: int) -> None:
+    """Raise `ValueError` unless inline `files` are a tree of files of `max_file` bytes or less."""
+    named: dict[str, str] = {}  # canonical path → as the spec wrote it
+    for path, content in files.items():
+        try:
+            normal = check_path(path)
+        except ToolError as exc:
+            raise ValueError(f"files: {exc}") from None
+        if normal == ".":
+            raise ValueError(f"files: {path!r} is the workspace itself, not a file")
+        if normal in named:
+            raise ValueError(f"files: {named[normal]!r} and {path!r} name one file")
+        named[normal] = path
+        size = len(content.encode(errors="surrogatepass"))
+        if size > max_file:
+            raise ValueError(
+                f"files: {normal} is {size} bytes; a file may have at most {max_file} "
+                "(max_file_bytes)"
+            )
+    for above, below in tree_clashes(named)[:1]:
+        raise ValueError(f"files: {above} is a file and a directory ({below})")
 
 
 def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
     """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong."""
     source = Path(path)
     try:
-        text = source.read_text()
+        raw = read_at_most(source, MAX_SPEC_BYTES)
     except OSError as exc:
         raise InvalidSpec(f"cannot read task spec {source}: {exc.strerror}") from None
+    if len(raw) > MAX_SPEC_BYTES:
+        raise InvalidSpec(f"task spec {source} is over {MAX_SPEC_BYTES} bytes")
+    try:
+        text = raw.decode()
     except UnicodeDecodeError as exc:
         raise InvalidSpec(
             f"task spec {source} is not UTF-8 text (byte {exc.start}: {exc.reason})"
         ) from None
     try:
-        data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError, RecursionError) as exc:  # RecursionError: too deep
+        data = load_json(text) if source.suffix == ".json" else load_yaml(text)
+    except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if source.suffix == ".json" else "YAML"
         first = str(exc).splitlines()[0]
         raise InvalidSpec(f"task spec {source} is not valid {kind}: {first}") from None

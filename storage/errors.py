@@ -19,6 +19,7 @@ CairnError
 ├── ToolError            a tool call cannot be done; the model reads why
 │   ├── PatchError       a patch is malformed or does not apply
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
+├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
 ├── MissingTool          an agent names a tool its worker does not have
 ├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 └── RedisServerError     a private redis-server cannot be found or started
@@ -150,6 +151,16 @@ class ToolUnreachable(ToolError):
 
     A new connection may do better, so a step that meets it before the model is asked is
     retried (elsewhere, or later) rather than failed.
+    """
+
+
+class InvalidWorkspace(CairnError):
+    """Raised when a step's tree holds what no workspace may: nothing of it is stored.
+
+    A file over the task's `max_file_bytes` (found by its size, never read), or a path
+    that is both a file and a directory. The built-in tools refuse to make either, and a
+    command's oversize files are removed when it ends, so a worker's own tool made it: the
+    step fails, and is not retried (another attempt would do the same).
     """
 
 

@@ -169,12 +169,14 @@ def watch(args: argparse.Namespace, session: Session) -> int:
 
 def workspace(args: argparse.Namespace, session: Session) -> int:
     """Write the files of the latest (or one) checkpoint into a directory."""
-    done = session.task(args.task).export(args.out, args.checkpoint)
+    done = session.task(args.task).export(args.out, args.checkpoint, include_git=args.include_git)
     if args.json:
         render.emit_json(done)
     else:
+        left = len(done.left_out)
+        unsaid = f"; left out {left} file(s) of git repositories (--include-git)" if left else ""
         session.console.print(
-            f"wrote {len(done.files)} file(s) of checkpoint {done.checkpoint} to {args.out}"
+            f"wrote {len(done.files)} file(s) of checkpoint {done.checkpoint} to {args.out}{unsaid}"
         )
     return Exit.OK
 

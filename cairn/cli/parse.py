@@ -75,6 +75,18 @@ def _global_options(*, shown: bool) -> Parser:
     return options
 
 
+def _export_options(cmd: argparse.ArgumentParser) -> None:
+    """The arguments of `cairn workspace`."""
+    cmd.add_argument("task")
+    cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")
+    cmd.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    cmd.add_argument(
+        "--include-git",
+        action="store_true",
+        help="write .git and bare repositories' HEAD too (git runs what their config names)",
+    )
+
+
 def build_parser() -> Parser:
     """The `cairn` argument parser."""
     hidden = _global_options(shown=False)
@@ -134,10 +146,9 @@ def build_parser() -> Parser:
     command(
         "watch", commands.watch, "follow a task live until it ends (exit 0 if it succeeded)"
     ).add_argument("task")
-    cmd = command("workspace", commands.workspace, "write a checkpoint's files into a directory")
-    cmd.add_argument("task")
-    cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")
-    cmd.add_argument("--out", type=Path, required=True, help="a new or empty directory")
+    _export_options(
+        command("workspace", commands.workspace, "write a checkpoint's files into a directory")
+    )
     for name, doc in (
         ("approve", "let an agent make a tool call"),
         ("reject", "refuse an agent's tool call"),
