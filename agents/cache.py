@@ -16,7 +16,7 @@ from typing import Generic, TypeVar
 
 from agents.workspace import Files, Workspace
 from storage.chain import AgentState
-from storage.codec import DIGEST_END
+from storage.codec import DIGEST_END, Place
 from storage.records import LCRef, Record
 from storage.store import CheckpointStore
 
@@ -54,7 +54,7 @@ class WorkerCache:
         self._states: _LRU[tuple[str, str], tuple[LCRef, AgentState]] = _LRU(states)
         self._manifests: _LRU[tuple[str, str], Files] = _LRU(manifests)
         self._workspaces: _LRU[tuple[Path, str], Workspace] = _LRU(workspaces)
-        self._records: _LRU[tuple[str, type, bytes], Record] = _LRU(manifests)
+        self._records: _LRU[tuple[Place, type, bytes], Record] = _LRU(manifests)
 
     def state(self, task: str, agent: str, ref: LCRef) -> AgentState | None:
         """Return a private copy of the state written as LC `ref`, if this worker wrote it."""
@@ -83,19 +83,20 @@ class WorkerCache:
         self._manifests.put((task, manifest_id), dict(files))
 
     def record(
-        self, store: CheckpointStore, task: str, data: bytes | None, model: type[R], name: str
+        self, store: CheckpointStore, place: Place, data: bytes | None, model: type[R]
     ) -> R | None:
-        """Return the record sealed in `data` (None for None), opening each digest once.
+        """Return the record sealed in `data` for `place` (None for None), opening each once.
 
-        The digest in the envelope commits to the content, so bytes carrying a digest this
-        worker already verified hold that same record. Treat what it returns as read-only.
+        The digest in the envelope commits to the content and the place, so bytes carrying
+        a digest this worker already verified there hold that same record. Treat what it
+        returns as read-only.
         """
         if data is None:
             return None
-        key = (task, model, data[5:DIGEST_END])
+        key = (place, model, data[5:DIGEST_END])
         found = self._records.get(key)
         if found is None:
-            found = store.codec.decode(data, model, name)
+            found = store.codec.decode(data, model, place)
             self._records.put(key, found)
         assert isinstance(found, model)
         return found

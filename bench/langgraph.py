@@ -21,7 +21,6 @@ from functools import partial
 from pathlib import Path
 from typing import Annotated, Any, TypedDict, cast
 
-import ormsgpack
 import redis
 from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
 from langchain_core.runnables import RunnableConfig
@@ -37,6 +36,7 @@ from bench.report import time_together as take_turns
 from bench.storage import Text
 from storage.backends.redis import connect
 from storage.keys import LANGGRAPH_PREFIX as PREFIX
+from storage.keys import ThreadKeys
 from storage.langgraph import CairnSaver
 from storage.redis_server import RedisServer
 
@@ -170,8 +170,9 @@ def stored_whole(c: Contestant, history: int) -> tuple[int, int]:
     saver = cast(CairnSaver, c.saver)
     thread_id = str(thread(history)["configurable"]["thread_id"])
     whole = tails = 0
-    for key in saver.redis.scan_iter(match=f"{PREFIX}:{{{thread_id}}}:b:*:messages:*"):
-        blob = ormsgpack.unpackb(saver.codec.open(cast(bytes, saver.redis.get(key)), str(key)))
+    found = saver.redis.scan_iter(match=f"{PREFIX}:{{{thread_id}}}:b:*:messages:*")
+    blobs = saver._blobs(ThreadKeys(thread_id, ""), [key.decode() for key in found])
+    for blob in blobs.values():
         if "base" in blob:
             tails += 1
         else:

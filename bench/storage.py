@@ -43,7 +43,13 @@ from storage.archive import archive_gc
 from storage.backends.disk import DiskArchive
 from storage.base import LCEntry
 from storage.chain import AgentState, base_after_write, cut_lc
-from storage.codec import DEFAULT_COMPRESS_ABOVE, FLAG_ZSTD, HEADER_SIZE, canonical_bytes
+from storage.codec import (
+    DEFAULT_COMPRESS_ABOVE,
+    FLAG_ZSTD,
+    HEADER_SIZE,
+    Place,
+    canonical_bytes,
+)
 from storage.records import (
     GlobalCheckpoint,
     LCRef,
@@ -277,7 +283,7 @@ def write_phases(b: Bench) -> tuple[dict[str, Samples], Samples]:
     """Time each phase of delta LC writes at BIG messages, and the floor next to them.
 
     The phases mirror `CheckpointStore.write_lc`: cut the LC, make its canonical JSON,
-    seal it (sha256, zstd), and run the fenced write in Redis.
+    seal it (sha256 of its place and bytes, zstd), and run the fenced write in Redis.
     """
     store, codec = b.store, b.store.codec
     state = start_run(b, "phases", BIG).state
@@ -294,7 +300,7 @@ def write_phases(b: Bench) -> tuple[dict[str, Samples], Samples]:
         t1 = now_ns()
         payload = canonical_bytes(lc)
         t2 = now_ns()
-        sealed = codec.seal(payload)
+        sealed = codec.seal(payload, Place.lc(lc.task, lc.agent, lc.id))
         t3 = now_ns()
         store.hot.write_lc(LCEntry(lc, sealed), vote=True)
         t4 = now_ns()
@@ -386,7 +392,7 @@ def bytes_per_step(b: Bench, run: WriteRun) -> None:
         key = keys.lc(run.task, ref.id)
         data = cast(bytes, client.hget(key, "data"))
         sealed.append(len(data))
-        plain.append(len(codec.open(data, key)))
+        plain.append(len(codec.open(data, Place.lc(run.task, AGENT, ref.id))))
         memory.append(int(cast(int, client.memory_usage(key, samples=0))))
     deltas = [i for i, full in enumerate(run.full) if not full]
     fulls = [i for i, full in enumerate(run.full) if full]

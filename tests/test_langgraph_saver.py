@@ -220,8 +220,8 @@ def test_a_long_chat_is_stored_in_pieces_and_reads_back_as_with_langgraphs_saver
     ours, theirs = (g.get_state(config).values["messages"] for g in graphs)
     assert 120 == len(ours)
     assert theirs == ours
-    keys = list(redis_client.scan_iter(match="cairn:lg:{long}:b:_:messages:*"))
-    records = [saver._open(cast(bytes, redis_client.get(k)), "blob") for k in keys]
+    keys = [k.decode() for k in redis_client.scan_iter(match="cairn:lg:{long}:b:_:messages:*")]
+    records = list(saver._blobs(ThreadKeys("long", ""), keys).values())
     held = [len(saver.serde.loads_typed((r["t"], r["d"]))) for r in records]
     assert len(records) >= 120  # a version per step that changed the list
     assert sum(held) <= 8 * 120  # each message written at most ~log2(120) + 1 times
@@ -490,8 +490,8 @@ def test_every_branch_reads_back_what_it_wrote_as_on_langgraphs_saver(
     assert len(expected) > 60
     assert {"", "think"} == {ns for ns, *_ in expected}
     assert expected == every_checkpoint(one, "branches")
-    keys = redis_client.scan_iter(match="cairn:lg:{branches}:b:_:log:*")
-    stored = [one._open(cast(bytes, redis_client.get(k)), "blob") for k in keys]
+    keys = [k.decode() for k in redis_client.scan_iter(match="cairn:lg:{branches}:b:_:log:*")]
+    stored = list(one._blobs(ThreadKeys("branches", ""), keys).values())
     assert any("base" in blob for blob in stored), "the log is kept in pieces"
     assert one.archive("branches", keep=2) > 50
     assert expected == every_checkpoint(CairnSaver(redis_client, tmp_path / "archive"),

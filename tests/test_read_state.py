@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from storage import keys
 from storage.base import LCEntry
 from storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
-from storage.codec import DIGEST_END, Codec, canonical_bytes
+from storage.codec import DIGEST_END, Codec, Place, canonical_bytes
 from storage.errors import CorruptCheckpoint
 from storage.ids import new_id
 from storage.records import (
@@ -86,10 +86,13 @@ REAL = settings(max_examples=60, suppress_health_check=[HealthCheck.function_sco
 def validated_read(store: CheckpointStore, task: str, lc_id: str) -> AgentState:
     """The state as full validation of every verified record of the chain rebuilds it."""
     chain = []
+    wanted = lc_id
     for data in store.hot.read_chain(task, lc_id, 100):
-        lc = LocalCheckpoint.model_validate_json(store.codec.open(data, "lc"))
+        payload = store.codec.open(data, Place.lc(task, "coder", wanted))
+        lc = LocalCheckpoint.model_validate_json(payload)
         lc.checksum, lc.size = data[5:DIGEST_END].hex(), len(data)
         chain.append(lc)
+        wanted = lc.parent_id or ""
     return rebuild(chain)
 
 

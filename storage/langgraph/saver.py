@@ -27,7 +27,7 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import script, translating
-from storage.codec import Codec
+from storage.codec import Codec, Place
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from storage.keys import LANGGRAPH_PREFIX, ThreadKeys, langgraph_slot
 from storage.langgraph.pieces import MAX_PIECES, Grown, Recent, ref_of, stored_form
@@ -79,11 +79,15 @@ class CairnSaver(BaseCheckpointSaver[str]):
         self._refs: Recent[tuple[str, str, str], dict[str, str]] = Recent(REMEMBERED)
 
     # sealing ------------------------------------------------------------------------------
-    def _seal(self, value: object) -> bytes:
-        return self.codec.seal(_pack(value)).data
+    def _seal(self, value: object, place: Place) -> bytes:
+        return self.codec.seal(_pack(value), place).data
 
-    def _open(self, data: bytes, name: str) -> dict[str, Any]:
-        return _unpack(self.codec.open(data, name))
+    def _open(self, data: bytes, place: Place) -> dict[str, Any]:
+        return _unpack(self.codec.open(data, place))
+
+    def _reseal(self, data: bytes, source: Place, target: Place) -> bytes:
+        """A record sealed for `source`, verified, sealed again for `target` (a copy's)."""
+        return self.codec.seal(self.codec.open(data, source), target).data
 
     # put ----------------------------------------------------------------------------------
     def put(
@@ -112,7 +116,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             blob, grown[channel] = stored_form(
                 self.serde, channel, refs[channel], values, last, self.max_pieces
             )
-            blobs.append(self._seal(blob))
+            blobs.append(self._seal(blob, _blob_at(where, blob_keys[-1])))
         merged = get_checkpoint_metadata(config, metadata)
         record = {
             "v": refs,
@@ -129,7 +133,8 @@ class CairnSaver(BaseCheckpointSaver[str]):
         hot = cast(int, translating(lambda: self._put(
             keys=[where.head(), where.checkpoint(checkpoint["id"]), where.ids(),
                   where.namespaces(), where.name(), *blob_keys],
-            args=[checkpoint["id"], parent, fork, where.ns, self._seal(record), where.thread,
+            args=[checkpoint["id"], parent, fork, where.ns,
+                  self._seal(record, _checkpoint_at(where, checkpoint["id"])), where.thread,
                   *blobs],
         )))  # fmt: skip
         # Only now, stored: a refused put must not become the base of the next one.
@@ -170,8 +175,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         raw = self._raw(where, where.checkpoint(checkpoint_id))
         if raw is None:
             return {}
-        name = f"langgraph checkpoint {where.thread}/{where.ns}/{checkpoint_id}"
-        refs: dict[str, str] = self._open(raw, name)["v"]
+        refs: dict[str, str] = self._open(raw, _checkpoint_at(where, checkpoint_id))["v"]
         self._refs.put((where.thread, where.ns, checkpoint_id), refs)
         return refs
 
@@ -190,9 +194,10 @@ class CairnSaver(BaseCheckpointSaver[str]):
         for index, (channel, value) in enumerate(writes):
             idx = WRITES_IDX_MAP.get(channel, index)
             kind, data = self.serde.dumps_typed(value)
-            sealed = self._seal({"task": task_id, "idx": idx, "ch": channel, "t": kind,
-                                 "d": data, "path": task_path})  # fmt: skip
             field = f"{task_id}\x00{idx}"
+            sealed = self._seal({"task": task_id, "idx": idx, "ch": channel, "t": kind,
+                                 "d": data, "path": task_path},
+                                _write_at(where, str(conf["checkpoint_id"]), field))  # fmt: skip
             # Special writes (errors, interrupts) replace; ordinary ones are written once.
             (pipe.hset if idx < 0 else pipe.hsetnx)(key, field, sealed)
         pipe.execute()
@@ -239,8 +244,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 return None
             # Writes put after the checkpoint was archived are still in Redis.
             raw_writes = {**self._cold_writes(where, checkpoint_id), **raw_writes}
-        name = f"langgraph checkpoint {where.thread}/{where.ns}/{checkpoint_id}"
-        record = self._open(raw, name)
+        record = self._open(raw, _checkpoint_at(where, checkpoint_id))
         checkpoint = cast(Checkpoint, self.serde.loads_typed(tuple(record["c"])))
         self._refs.put((where.thread, where.ns, checkpoint_id), record["v"])
         checkpoint["channel_values"] = self._values(where, record["v"], seed=seed)
@@ -249,11 +253,16 @@ class CairnSaver(BaseCheckpointSaver[str]):
             checkpoint=checkpoint,
             metadata=cast(CheckpointMetadata, self.serde.loads_typed(tuple(record["m"]))),
             parent_config=_config(where, record["p"]) if record["p"] else None,
-            pending_writes=self._pending(raw_writes, name),
+            pending_writes=self._pending(where, checkpoint_id, raw_writes),
         )
 
-    def _pending(self, raw: dict[bytes, bytes], name: str) -> list[PendingWrite]:
-        found = [self._open(data, f"{name} write") for data in raw.values()]
+    def _pending(
+        self, where: ThreadKeys, checkpoint_id: str, raw: dict[bytes, bytes]
+    ) -> list[PendingWrite]:
+        found = [
+            self._open(data, _write_at(where, checkpoint_id, field.decode()))
+            for field, data in raw.items()
+        ]
         found.sort(key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]))
         return [(w["task"], w["ch"], self.serde.loads_typed((w["t"], w["d"]))) for w in found]
 
@@ -313,7 +322,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                 if missing_ok:
                     continue
                 raise RecordNotFound(f"langgraph blob {key}")
-            out[key] = self._open(sealed, f"langgraph blob {key}")
+            out[key] = self._open(sealed, _blob_at(where, key))
         return out
 
     def _threads(self) -> list[str]:
@@ -369,13 +378,18 @@ class CairnSaver(BaseCheckpointSaver[str]):
             key = where.checkpoint(checkpoint_id)
             docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
             writes = self._raw_writes(where, checkpoint_id)
-            docs[_cold_name(where.writes(checkpoint_id))] = self._seal(writes)
+            docs[_cold_name(where.writes(checkpoint_id))] = self._seal(
+                writes, _writes_at(where, checkpoint_id)
+            )
         for key in needed:
             docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
         task = _cold_task(where.thread)
-        docs[_ids_doc(where)] = self._seal({"ids": sorted({*self._cold_ids(where), *going})})
+        docs[_ids_doc(where)] = self._seal(
+            {"ids": sorted({*self._cold_ids(where), *going})}, _index_at(where)
+        )
         docs[NSS_DOC] = self._seal({"nss": sorted({*self._cold_namespaces(where.thread),
-                                                   where.ns})})  # fmt: skip
+                                                   where.ns})},
+                                   _namespaces_at(where.thread))  # fmt: skip
         self.cold.put_docs(task, docs)  # on disk, durably, before anything leaves Redis
         pipe = self.redis.pipeline(transaction=True)
         pipe.zrem(where.ids(), *going)
@@ -389,7 +403,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         """Checkpoint id → its record (hot or archived)."""
         return {
             i: self._open(cast(bytes, self._raw(where, where.checkpoint(i))),
-                          f"langgraph checkpoint {where.thread}/{where.ns}/{i}")
+                          _checkpoint_at(where, i))
             for i in ids
         }  # fmt: skip
 
@@ -420,20 +434,20 @@ class CairnSaver(BaseCheckpointSaver[str]):
         raw = self._cold_get(where, where.writes(checkpoint_id))
         if raw is None:
             return {}
-        opened = self._open(raw, f"langgraph writes {where.thread}/{checkpoint_id}")
+        opened = self._open(raw, _writes_at(where, checkpoint_id))
         return {k.encode(): v for k, v in opened.items()}
 
     def _cold_ids(self, where: ThreadKeys) -> list[str]:
         if self.cold is None:
             return []
         raw = self.cold.get_doc(_cold_task(where.thread), _ids_doc(where))
-        return [] if raw is None else list(self._open(raw, "langgraph archive index")["ids"])
+        return [] if raw is None else list(self._open(raw, _index_at(where))["ids"])
 
     def _cold_namespaces(self, thread: str) -> list[str]:
         if self.cold is None:
             return []
         raw = self.cold.get_doc(_cold_task(thread), NSS_DOC)
-        return [] if raw is None else list(self._open(raw, "langgraph archive index")["nss"])
+        return [] if raw is None else list(self._open(raw, _namespaces_at(thread))["nss"])
 
     # the extended capabilities ------------------------------------------------------------
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
@@ -443,15 +457,20 @@ class CairnSaver(BaseCheckpointSaver[str]):
             source, target = ThreadKeys(source_thread_id, ns), ThreadKeys(target_thread_id, ns)
             ids = sorted(self._ids(source))
             records = self._records(source, ids)
+            # Each record is sealed for its place, so the copy is sealed again for its own.
             for key in self._blob_keys(source, records.values()):
-                pipe.set(
-                    key.replace(source.base, target.base, 1), cast(bytes, self._raw(source, key))
-                )
+                copy = key.replace(source.base, target.base, 1)
+                data = cast(bytes, self._raw(source, key))
+                pipe.set(copy, self._reseal(data, _blob_at(source, key), _blob_at(target, copy)))
             for checkpoint_id in ids:
-                record = self._raw(source, source.checkpoint(checkpoint_id))
-                pipe.set(target.checkpoint(checkpoint_id), cast(bytes, record))
+                record = cast(bytes, self._raw(source, source.checkpoint(checkpoint_id)))
+                pipe.set(target.checkpoint(checkpoint_id), self._reseal(
+                    record, _checkpoint_at(source, checkpoint_id),
+                    _checkpoint_at(target, checkpoint_id)))  # fmt: skip
                 for field, data in self._raw_writes(source, checkpoint_id).items():
-                    pipe.hset(target.writes(checkpoint_id), field, data)
+                    pipe.hset(target.writes(checkpoint_id), field, self._reseal(
+                        data, _write_at(source, checkpoint_id, field),
+                        _write_at(target, checkpoint_id, field)))  # fmt: skip
                 pipe.zadd(target.ids(), {checkpoint_id: 0})
             if ids:
                 pipe.set(target.head(), ids[-1])
@@ -514,7 +533,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
                         *(where.writes(i) for i in doomed), *needed]:  # fmt: skip
                 self.cold.delete_doc(task, _cold_name(key))
             left: list[str] = sorted(set(self._cold_ids(where)) - set(doomed))
-            self.cold.put_docs(task, {_ids_doc(where): self._seal({"ids": left})})
+            self.cold.put_docs(task, {_ids_doc(where): self._seal({"ids": left}, _index_at(where))})
 
     # async --------------------------------------------------------------------------------
     async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
@@ -616,6 +635,37 @@ def _cold_task(thread: str) -> str:
 def _cold_name(key: str) -> str:
     """The archive's name for the record Redis keeps at `key`."""
     return "r." + hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:48]
+
+
+def _checkpoint_at(where: ThreadKeys, checkpoint_id: str) -> Place:
+    """The place a checkpoint record is sealed for: its thread, namespace and id."""
+    return Place("langgraph checkpoint", where.thread, (where.ns, checkpoint_id))
+
+
+def _blob_at(where: ThreadKeys, key: str) -> Place:
+    """The place a channel blob is sealed for: its thread and key (namespace, channel, ref)."""
+    return Place("langgraph blob", where.thread, (key,))
+
+
+def _write_at(where: ThreadKeys, checkpoint_id: str, field: str) -> Place:
+    """The place a pending write is sealed for: its checkpoint, task id and index."""
+    task_id, _, idx = field.rpartition("\x00")
+    return Place("langgraph write", where.thread, (where.ns, checkpoint_id, task_id, idx))
+
+
+def _writes_at(where: ThreadKeys, checkpoint_id: str) -> Place:
+    """The place of a checkpoint's archived writes (one record holding them all)."""
+    return Place("langgraph writes", where.thread, (where.ns, checkpoint_id))
+
+
+def _index_at(where: ThreadKeys) -> Place:
+    """The place of a namespace's archived checkpoint ids."""
+    return Place("langgraph index", where.thread, (where.ns,))
+
+
+def _namespaces_at(thread: str) -> Place:
+    """The place of a thread's archived namespaces."""
+    return Place("langgraph namespaces", thread)
 
 
 def _ids_doc(where: ThreadKeys) -> str:
