@@ -38,7 +38,7 @@ from coordinator.views import (
 )
 from storage import keys
 from storage.archive import ArchiveReport
-from storage.errors import Timeout, Unavailable, one_line
+from storage.errors import InvalidSpec, Timeout, Unavailable, one_line
 from storage.records import AgentStatus as AgentState
 
 P = ParamSpec("P")
@@ -265,10 +265,11 @@ class Task:
         worker need be up. A staging job that fails for another reason, or that no worker
         runs within a minute, is `RestoreFailed` too: the task stays `restoring` and its
         coordinator restores it again, to its latest committed checkpoint. An absent
-        checkpoint `to` is `InvalidSpec`.
+        checkpoint `to` is `InvalidSpec`; a damaged one is passed over like any target that
+        cannot be restored whole.
         """
-        if to is not None:
-            views.checkpoint_at(self.client.store, self.id, to)
+        if to is not None and to not in {g.number for g in self.client.store.list_gcs(self.id)}:
+            raise InvalidSpec(f"task {self.id} has no checkpoint {to}")
         restorer = Restorer(self.client.redis, self.client.store, workers=on_workers)
         done = restorer.restore(self.id, to)
         return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)
@@ -301,9 +302,23 @@ class Task:
         return views.workspace_files(self.client.store, self.id, checkpoint)
 
     @_redis_errors
-    def export(self, out_dir: str | os.PathLike[str], checkpoint: int | None = None) -> Export:
-        """Write a checkpoint's files into `out_dir`, a new or empty directory."""
-        return views.export_workspace(self.client.store, self.id, checkpoint, Path(out_dir))
+    def export(
+        self,
+        out_dir: str | os.PathLike[str],
+        checkpoint: int | None = None,
+        *,
+        include_git: bool = False,
+    ) -> Export:
+        """Write a checkpoint's files into `out_dir`, a new or empty directory.
+
+        Files that would make git take a directory for a repository (`.git`, a bare
+        repository's `HEAD`) are left out, and listed as such, unless `include_git`: git
+        runs what a repository's config and hooks name. A checkpoint whose files are not
+        a tree is `InvalidSpec`.
+        """
+        return views.export_workspace(
+            self.client.store, self.id, checkpoint, Path(out_dir), include_git=include_git
+        )
 
     @_redis_errors
     def trace(self, agent: str | None = None) -> list[dict[str, Any]]:

@@ -8,12 +8,13 @@
    epoch with a vote (`coordinator.staging`: one job per agent on the workers' control
    queue, or inline).
 4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
-   inbox and statuses; it moves `latest`. If an agent cannot be staged from the target (a
-   record damaged or missing everywhere, a state too large for one record), drop the
-   staging and try the next older GC; with none left, the task is unrecoverable and its
-   live state is untouched. Staging that failed in passing (`staging.PASSING`), or that no
-   worker ran in time, says nothing of the target: the restore gives up, and the task
-   stays `restoring` until its coordinator restores it again.
+   inbox and statuses; it moves `latest`. If the target's own record is damaged, or an
+   agent cannot be staged from it (a record damaged or missing everywhere, a state too
+   large for one record), drop the staging and try the next older GC; with none left,
+   the task is unrecoverable and its live state is untouched. Staging that failed in
+   passing (`staging.PASSING`), or that no worker ran in time, says nothing of the
+   target: the restore gives up, and the task stays `restoring` until its coordinator
+   restores it again.
 """
 
 from __future__ import annotations
@@ -100,7 +101,7 @@ class Restorer:
         seen = max(
             self.store.hot.get_epoch(task),
             self.store.epoch_floor(task),
-            self.store.read_gc(task, candidates[0]).epoch,
+            self._newest_epoch(task, candidates),
         )
         epoch = self.store.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
@@ -109,7 +110,11 @@ class Restorer:
         for tried, target in enumerate(candidates):
             if tried:  # each try stages under an epoch of its own
                 epoch = self.store.raise_epoch(task, epoch + 1, self.runs.token())
-            gc = self.store.read_gc(task, target)
+            try:
+                gc = self.store.read_gc(task, target)
+            except (CorruptCheckpoint, RecordNotFound) as exc:  # damaged: the next older
+                failures.append(f"GC {target}: {exc}")
+                continue
             attempt = gc.model_copy(update={"number": number, "epoch": epoch})
             try:
                 refused = self._stage_all(task, record, gc, epoch, reason, wait)
@@ -161,8 +166,15 @@ class Restorer:
         if archive(self.store, ArchiveJob(task, number, policy.hot_keep, policy.cold_keep)):
             acknowledge(self.runs, task, number)
 
+    def _newest_epoch(self, task: str, candidates: list[int]) -> int:
+        """The epoch of the newest candidate GC that can be read (0: none can)."""
+        for number in candidates:
+            with contextlib.suppress(CorruptCheckpoint, RecordNotFound):
+                return self.store.read_gc(task, number).epoch
+        return 0
+
     def _candidates(self, task: str, to: int | None) -> list[int]:
-        """Committed GCs to try, newest first, starting at `to`."""
+        """Committed GCs to try, newest first, starting at `to` (a damaged one among them)."""
         committed = [g.number for g in self.store.list_gcs(task) if g.status is GCStatus.COMMITTED]
         if to is not None and to not in committed:
             raise RestoreFailed(f"task {task} has no committed checkpoint {to}")

@@ -68,7 +68,7 @@ class CheckpointMark:
     """A global checkpoint: its superstep, epoch, outcome, where it lives, if it restores."""
 
     number: int
-    superstep: int
+    superstep: int | None  # None: unknown, its only record is damaged (`error` says how)
     status: str
     hot: bool
     cold: bool
@@ -315,7 +315,10 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
         status=state,
         reason=reason or None,
         agents=agents,
-        supersteps=sorted({c.superstep for c in cells} | {m.superstep for m in checkpoints}),
+        supersteps=sorted(
+            {c.superstep for c in cells}
+            | {m.superstep for m in checkpoints if m.superstep is not None}
+        ),
         cells=cells,
         checkpoints=checkpoints,
         slowest=sorted(steps, key=lambda c: -c.duration_ms)[:RANKED],

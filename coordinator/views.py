@@ -11,6 +11,7 @@ out one that is not).
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, cast
@@ -22,7 +23,7 @@ from agents.accounting import Budget
 from agents.approval import decide
 from agents.barrier import StepOutputs, pending_calls
 from agents.spec import TaskRecord
-from agents.workspace import check_path
+from agents.workspace import check_path, directories, tree_clashes
 from coordinator.runs import RESTORING, TaskState, read_run
 from coordinator.spend import in_flight, read_spend, replayed, total
 from storage import keys
@@ -119,13 +120,14 @@ class CheckpointInfo(View):
 
     number: int
     status: GCStatus
-    superstep: int
+    superstep: int | None  # None: unknown, the archive's only copy of its record is damaged
     members: dict[str, str]  # agent → its local checkpoint's id
     hot: bool
     cold: bool
     created_at: datetime | None
     size_bytes: int
     epoch: int | None = None
+    damaged: bool = False  # its record cannot be read whole: no restore uses it
     error: str | None = None  # why the record could not be read whole, when it could not
 
     @field_serializer("created_at")
@@ -164,12 +166,13 @@ class PendingCall(View):
 
 
 class Export(View):
-    """Where a checkpoint's files were written, and which."""
+    """Where a checkpoint's files were written, which, and which were left out (git's)."""
 
     task_id: str
     checkpoint: int
     out: str
     files: list[str]
+    left_out: list[str] = Field(default_factory=list)
 
 
 def require_task(client: redis.Redis, store: CheckpointStore, task: str) -> None:
@@ -324,7 +327,8 @@ def checkpoint_at(store: CheckpointStore, task: str, number: int | None) -> Glob
 def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
     """Every GC of the task, hot or cold, oldest first.
 
-    A GC whose record cannot be read whole is still listed, with `error` saying why.
+    A GC whose record cannot be read whole is still listed, `damaged`, with `error` saying
+    why.
     """
     listed: list[CheckpointInfo] = []
     for info in store.list_gcs(task):
@@ -338,14 +342,17 @@ def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
             "created_at": None,
             "size_bytes": info.size,
         }
-        try:
-            gc = store.read_gc(task, info.number)
-        except CairnError as exc:
-            entry["error"] = str(exc)
+        if info.damaged is not None:  # the listing read it already
+            entry["damaged"], entry["error"] = True, info.damaged
         else:
-            entry["members"] = {agent: ref.id for agent, ref in gc.members.items()}
-            entry["created_at"] = gc.created_at
-            entry["epoch"] = gc.epoch
+            try:
+                gc = store.read_gc(task, info.number)
+            except CairnError as exc:
+                entry["damaged"], entry["error"] = True, str(exc)
+            else:
+                entry["members"] = {agent: ref.id for agent, ref in gc.members.items()}
+                entry["created_at"] = gc.created_at
+                entry["epoch"] = gc.epoch
         listed.append(CheckpointInfo.model_validate(entry))
     return listed
 
@@ -430,23 +437,70 @@ def workspace_files(store: CheckpointStore, task: str, number: int | None) -> di
     return {path: contents[sha] for path, sha in sorted(manifest.files.items())}
 
 
-def export_workspace(store: CheckpointStore, task: str, number: int | None, out: Path) -> Export:
+def export_workspace(
+    store: CheckpointStore,
+    task: str,
+    number: int | None,
+    out: Path,
+    *,
+    include_git: bool = False,
+) -> Export:
     """Write the files of GC `number` (else the latest) into the empty or new directory `out`.
 
-    Raises `InvalidSpec` when `out` holds files already, so an export is exactly the
-    workspace, and `OSError` when it cannot be written.
+    Files git would take for a repository's (`_git_files`) are left out unless
+    `include_git`: agents wrote them, and git runs what a repository's config and hooks
+    name when a person runs git in the directory. Raises `InvalidSpec` when
+    `out` holds files already (an export is exactly the workspace) or the checkpoint's
+    files are not a tree, and `OSError` when `out` cannot be written.
     """
     gc = checkpoint_at(store, task, number)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise InvalidSpec(f"{out} is not an empty directory: choose a new or empty one")
     files = workspace_files(store, task, gc.number)
+    canonical = {check_path(path): path for path in files}
+    if len(canonical) < len(files):
+        raise InvalidSpec(f"checkpoint {gc.number} is not a tree: it names a file twice")
+    for above, below in tree_clashes(canonical)[:1]:
+        raise InvalidSpec(
+            f"checkpoint {gc.number} is not a tree: {above} is a file and a directory ({below})"
+        )
+    left_out = [] if include_git else _git_files(canonical)
     out.mkdir(parents=True, exist_ok=True)
     root = out.resolve()
-    for path, content in files.items():
+    written = sorted(canonical.keys() - set(left_out))
+    for path in written:
         target = root / path
         target.parent.mkdir(parents=True, exist_ok=True)
-        target.write_bytes(content)
-    return Export(task_id=task, checkpoint=gc.number, out=os.fspath(out), files=sorted(files))
+        target.write_bytes(files[canonical[path]])
+    return Export(
+        task_id=task,
+        checkpoint=gc.number,
+        out=os.fspath(out),
+        files=written,
+        left_out=sorted(left_out),
+    )
+
+
+def _git_files(paths: Iterable[str]) -> list[str]:
+    """The paths that would make git take a directory for a repository.
+
+    Any path named `.git` or under one, and the `HEAD` of a directory shaped as a bare
+    repository (`objects/` and `refs/` beside it): without its `HEAD`, git does not take a
+    directory for one. Case and trailing dots or spaces do not count (a macOS or Windows
+    disk ignores them), nor does Windows's short name of `.git`, `git~1`.
+    """
+    present = sorted(paths)
+    folded = {d.lower() for d in directories(present)}
+    found = []
+    for path in present:
+        parts = path.lower().split("/")
+        if any(p.rstrip(". ") in {".git", "git~1"} for p in parts):
+            found.append(path)
+        elif parts[-1] == "head":
+            beside = "/".join([*parts[:-1], ""])
+            if {f"{beside}objects", f"{beside}refs"} <= folded:
+                found.append(path)
+    return found
 
 
 def pending_approval(

@@ -62,6 +62,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from types import FrameType
 from typing import Any
 
@@ -70,13 +71,14 @@ import structlog
 from redis.client import Pipeline
 from redis.exceptions import AuthorizationError
 from rq import Queue, SimpleWorker
-from rq.exceptions import StopRequested
+from rq.exceptions import NoSuchJobError, StopRequested
 from rq.executions import Execution
 from rq.job import Job, JobStatus
+from rq.job_lifecycle import call_exception_handlers, format_exc_info
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
-from rq.utils import now
+from rq.utils import decode_redis_hash, now
 from rq.worker import WorkerStatus
 
 from agents.logs import configure_logging, get_logger
@@ -85,6 +87,7 @@ from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from coordinator.settings import display_url, load_settings, process_settings, use_settings
 from storage.backends.redis import connect
 from storage.errors import InvalidSpec, RefusedJob, one_line
+from storage.redact import redact
 
 log = get_logger(__name__)
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
@@ -104,12 +107,71 @@ DEQUEUE_WAIT = 5
 UNAVAILABLE = 3
 
 
+# The fields of a job's hash that Cairn's enqueues write (RQ's `Job.to_dict` of a job made
+# by `Queue.prepare_data` + `enqueue_many` or by `enqueue_call`, with an id, a timeout and
+# result and failure TTLs) and that RQ writes as a worker runs and ends one. Any other is a
+# Redis writer's: a callback or webhook RQ would call, a dependency, a retry or repeat RQ
+# would act on, a meta or result RQ would deserialize.
+JOB_FIELDS = frozenset({
+    "created_at", "data", "description", "origin", "status", "enqueued_at", "timeout",
+    "result_ttl", "failure_ttl", "started_at", "ended_at", "last_heartbeat", "worker_name",
+    "exc_info",
+})  # fmt: skip
+# Fields RQ writes on every save of a job, empty on Cairn's: a value in one names a function
+# RQ would import and call, or a group RQ would keep.
+EMPTY_FIELDS = frozenset(
+    {"success_callback_name", "failure_callback_name", "stopped_callback_name", "group_id"}
+)
+REFUSED_TTL = 86_400  # seconds a refused job stays in RQ's failed registry, as a failed step
+
+
 class CairnJob(Job):
-    """A job whose function must be one of `ALLOWED_JOBS`."""
+    """A job whose function must be one of `ALLOWED_JOBS`, read from Cairn's fields only.
+
+    Reading a job keeps only the fields in `JOB_FIELDS`, so whatever else a Redis writer
+    put in its hash (callbacks, webhooks, dependencies, retries, repeats, meta) is never
+    seen by RQ, on any path: running it, or sweeping RQ's registries. A job that held such
+    a field, or a field RQ cannot read, carries the reason in `refusal`: a `CairnWorker`
+    marks it failed without running it, and its function is never called.
+    """
+
+    refusal: str | None = None
+
+    def restore(self, raw_data: dict[bytes | str, Any]) -> None:
+        """Load the job from its hash: Cairn's fields only, the others noted in `refusal`."""
+        fields = decode_redis_hash(raw_data)
+        foreign = sorted(
+            name
+            for name, value in fields.items()
+            if name not in JOB_FIELDS and not (name in EMPTY_FIELDS and not value)
+        )
+        kept = {name: value for name, value in fields.items() if name in JOB_FIELDS}
+        reasons = [f"fields Cairn does not set: {', '.join(foreign)}"] if foreign else []
+        try:
+            super().restore(kept)  # without `data`, RQ's NoSuchJobError: not a job at all
+        except NoSuchJobError:
+            raise
+        except Exception:  # noqa: BLE001 - any value RQ cannot parse; named below
+            unreadable = [name for name in sorted(kept) if not self._reads(name, kept[name])]
+            # Each readable alone, not together: none but the call is kept.
+            unreadable = unreadable or sorted(set(kept) - {"data"})
+            reasons.append(f"fields RQ cannot read: {', '.join(unreadable)}")
+            super().restore({n: v for n, v in kept.items() if n not in unreadable})
+        self.refusal = f"job refused: {'; '.join(reasons)}" if reasons else None
+
+    def _reads(self, name: str, value: object) -> bool:
+        """True when RQ reads the field `name` holding `value` on its own."""
+        try:
+            super().restore({"data": b"", name: value})
+        except Exception:  # noqa: BLE001 - whatever RQ's parsing of it raises
+            return False
+        return True
 
     @property
     def func(self) -> Callable[..., Any] | None:
-        """The job's function, imported only if Cairn allows it."""
+        """The job's function, imported only if Cairn allows it and the job is not refused."""
+        if self.refusal is not None:
+            raise RefusedJob(self.refusal)
         if self.func_name not in ALLOWED_JOBS:
             raise RefusedJob(f"refusing job function {self.func_name!r}: not a Cairn job")
         return super().func  # type: ignore[no-any-return]
@@ -130,8 +192,14 @@ class CairnWorker(SimpleWorker):
     Started by stock RQ (`rq worker -w coordinator.worker.CairnWorker`), it reads the
     process's settings and configures Cairn's logging from them (`CAIRN_LOG_FORMAT`,
     `CAIRN_LOG_LEVEL`) unless the process has already.
+
+    It reads every job, and its queues' registries, as a `CairnJob` (whatever job class it
+    is given: RQ's command line passes its own `Job` unless told `-j`), and marks a job
+    Cairn did not make failed without running it. A failed job's traceback is redacted
+    (`storage.redact`) where RQ stores and logs it.
     """
 
+    job_class = CairnJob
     # A job's RQ timeout on a lane's thread: SIGALRM, RQ's default, reaches the main
     # thread only. (Cairn's coordinator retries a step past `step_timeout` long before.)
     death_penalty_class = TimerDeathPenalty
@@ -151,11 +219,17 @@ class CairnWorker(SimpleWorker):
         drain: float = DRAIN_SECONDS,
         **kwargs: Any,  # noqa: ANN401 - RQ's own
     ) -> None:
-        if not structlog.is_configured():
+        try:
             settings = process_settings()
+        except InvalidSpec as exc:
+            # Under stock `rq worker` this is the process's entry: RQ would print a
+            # traceback and exit 1; a bad setting is bad input (exit 2), said in one line.
+            sys.stderr.write(f"{Path(sys.argv[0]).name}: error: {exc}\n")
+            raise SystemExit(2) from None
+        if not structlog.is_configured():
             configure_logging(settings.log_format, settings.log_level)
         if concurrency is None:
-            concurrency = process_settings().worker_concurrency
+            concurrency = settings.worker_concurrency
         self.concurrency, self.drain = concurrency, drain
         # job id → what its lane runs; the condition wakes whoever waits for a free lane
         self._lanes = threading.Condition()
@@ -166,6 +240,10 @@ class CairnWorker(SimpleWorker):
         self._force = threading.Event()
         self._trouble_since: float | None = None  # when Redis began refusing or went out of reach
         super().__init__(*args, **kwargs)
+        if not issubclass(self.job_class, CairnJob):
+            self.job_class = CairnJob
+        for queue in self.queues:  # RQ's sweeps of a queue's registries read its job class
+            queue.job_class = self.job_class
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """Set the worker's state, skipping the round trip when it is already that state.
@@ -258,7 +336,14 @@ class CairnWorker(SimpleWorker):
             self.heartbeat()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """Start `job` on a lane of its own and return (the main thread takes the next)."""
+        """Start `job` on a lane of its own and return (the main thread takes the next).
+
+        A job `CairnJob` refused is not run: it is marked failed (`refuse`).
+        """
+        if isinstance(job, CairnJob) and job.refusal is not None:
+            with self._waiting_out(f"refused job {job.id} not marked failed"):
+                self.refuse(job, queue)
+            return
         with self._lanes, self._waiting_out(f"job {job.id} left for a retry"):
             execution = self.prepare_execution(job)  # BUSY, and in the StartedJobRegistry
             self._running[job.id] = (job, queue, execution)
@@ -282,6 +367,36 @@ class CairnWorker(SimpleWorker):
                     with contextlib.suppress(redis.RedisError):  # the next job sets it anyway
                         self.set_state(WorkerStatus.IDLE)
 
+    def refuse(self, job: CairnJob, queue: Queue) -> None:
+        """Mark a refused job failed, unrun, and log it once.
+
+        Its hash is written anew from what `CairnJob` read, so what it held besides
+        Cairn's fields is gone for every later reader, stock RQ's tools among them; its
+        result says why it was refused (`rq info`, and the coordinator retries a step).
+        """
+        reason = job.refusal or "job refused"
+        log.warning("job refused", job=job.id, queue=queue.name, reason=reason, worker=self.name)
+        job.origin, job.failure_ttl, job.ended_at = queue.name, REFUSED_TTL, now()
+        with self.connection.pipeline() as pipeline:
+            pipeline.delete(job.key)
+            job.set_status(JobStatus.FAILED, pipeline=pipeline)
+            job._handle_failure(reason, pipeline=pipeline, worker_name=self.name)  # saves it
+            pipeline.lrem(queue.intermediate_queue_key, 1, job.id)  # `rq worker` on one queue
+            self.increment_failed_job_count(pipeline)
+            pipeline.execute()
+
+    def handle_exception(self, job: Job, *exc_info: Any) -> None:  # noqa: ANN401 - RQ's own
+        """Log a job's exception, secrets redacted, then call RQ's exception handlers.
+
+        A provider's error or a command's output in the exception can hold an API key.
+        """
+        self.log.error(
+            "Worker %s: job %s: exception raised while executing\n%s",
+            self.name, job.id, redact(format_exc_info(exc_info)),
+            extra={"queue": job.origin, "job_id": job.id},
+        )  # fmt: skip
+        call_exception_handlers(self._exc_handlers, job, *exc_info)
+
     def handle_job_success(
         self, job: Job, queue: Queue, started_job_registry: StartedJobRegistry, execution: Execution
     ) -> None:
@@ -297,8 +412,9 @@ class CairnWorker(SimpleWorker):
         exc_string: str = "",
         execution: Execution | None = None,
     ) -> None:
-        """Record the job's failure, unless the worker already handed it back."""
+        """Record the job's failure (its traceback redacted), unless it was handed back."""
         if job.id not in self._handed_back:
+            exc_string = redact(exc_string)
             super().handle_job_failure(job, queue, started_job_registry, exc_string, execution)
 
     # stopping ------------------------------------------------------------------------------
@@ -364,7 +480,7 @@ def queues(url: str) -> list[Queue]:
     """Cairn's queues on the Redis at `url`, control first."""
     client = connect(url)
     return [
-        Queue(name, connection=client, serializer=JSONSerializer)
+        Queue(name, connection=client, serializer=JSONSerializer, job_class=CairnJob)
         for name in (CONTROL_QUEUE, STEPS_QUEUE)
     ]
 
@@ -404,8 +520,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         settings = load_settings(redis_url=args.url, worker_concurrency=args.concurrency)
         url, _origin = settings.redis()
-    except InvalidSpec as exc:
-        parser.error(str(exc))
+    except InvalidSpec as exc:  # a setting, not the command line: its one line, no usage
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     use_settings(settings)
     configure_logging(settings.log_format, settings.log_level)
     try:  # its tools, MCP servers and metrics (port + 1 + its cache slot) before any job

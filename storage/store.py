@@ -24,7 +24,7 @@ from storage.chain import (
     cut_lc,
     rebuild_unbuilt,
 )
-from storage.codec import GC_ZSTD_LEVEL, Codec, canonical_bytes, parse
+from storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, parse
 from storage.errors import CorruptCheckpoint, RecordNotFound
 from storage.keys import EPOCH_DOC
 from storage.records import (
@@ -78,14 +78,20 @@ def _check_parent(parent: LocalCheckpoint, child: LocalCheckpoint) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GCSummary:
-    """A global checkpoint as listed: where it lives and how big it is."""
+    """A global checkpoint as listed: where it lives and how big it is.
+
+    `damaged` says why an archived GC, in the archive only, cannot be read: its status is
+    then `committed` (the archive holds no other), its superstep unknown (None) and its
+    size the damaged file's.
+    """
 
     number: int
     status: GCStatus
-    superstep: int
+    superstep: int | None
     hot: bool
     cold: bool
     size: int
+    damaged: str | None = None
 
 
 class _ChainLink(Record):
@@ -155,7 +161,7 @@ class CheckpointStore:
         `FencedWrite` when the state's epoch or attempt is no longer current.
         """
         lc = cut_lc(state, level, self.full_every, full=full)
-        sealed = self.codec.encode(lc)
+        sealed = self.codec.encode(lc, Place.lc(lc.task, lc.agent, lc.id))
         puts = (self.codec.seal(content, keyed=False) for content in blobs)
         self.hot.write_lc(LCEntry(lc, sealed, {s.checksum: s.data for s in puts}), vote=vote)
         lc.checksum = sealed.checksum
@@ -274,16 +280,16 @@ class CheckpointStore:
         hot_data: bytes | None,
     ) -> _Verified[P]:
         """Verify one LC (hot bytes, else the archive's) and parse it into `view`."""
-        name = f"lc {task}/{agent}/{lc_id}"
+        place = Place.lc(task, agent, lc_id)
 
         def verify(data: bytes) -> _Verified[P]:
-            record, payload = self.codec.decode_keeping(data, view, name, expect_digest=expect)
+            record, payload = self.codec.decode_keeping(data, view, place, expect_digest=expect)
             if (record.id, record.task, record.agent) != (lc_id, task, agent):
-                raise CorruptCheckpoint(name, "record is not the one its key names")
+                raise CorruptCheckpoint(place.name, "record is not the one its key names")
             return _Verified(record, data, payload)
 
         return first_sound(
-            name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
+            place.name, (lambda: hot_data, lambda: self.cold.get_lc(task, agent, lc_id)), verify
         )
 
     def read_lc(self, task: str, agent: str, lc_id: str) -> LocalCheckpoint:
@@ -313,11 +319,11 @@ class CheckpointStore:
 
     def _open_lc_fields(self, task: str, agent: str, ref: LCRef, view: type[R], hot: Source) -> R:
         """Parse `view` from the first sound copy of an LC: `hot`, then the archive."""
-        name = f"lc {task}/{agent}/{ref.id}"
+        place = Place.lc(task, agent, ref.id)
         return first_sound(
-            name,
+            place.name,
             (hot, lambda: self.cold.get_lc(task, agent, ref.id)),
-            lambda data: self.codec.decode(data, view, name, expect_digest=ref.checksum),
+            lambda data: self.codec.decode(data, view, place, expect_digest=ref.checksum),
         )
 
     def _hot_lc(self, task: str, lc_id: str) -> bytes | None:
@@ -381,7 +387,7 @@ class CheckpointStore:
     # task documents ----------------------------------------------------------------------
     def put_doc(self, task: str, name: str, record: Record) -> None:
         """Store a task-level document in Redis and, durably, in the archive."""
-        sealed = self.codec.encode(record)
+        sealed = self.codec.encode(record, Place.doc(task, name))
         self.cold.put_doc(task, name, sealed.data)
         self.hot.put_doc(task, name, sealed.data)
 
@@ -410,32 +416,33 @@ class CheckpointStore:
 
     def _raised_floor(self, task: str, to: int, current: bytes | None) -> bytes | None:
         """The floor document raised to `to`, or None when it is that high already."""
+        place = Place.doc(task, EPOCH_DOC)
         if current is not None:
-            floor = self.codec.decode(current, EpochFloor, f"doc {task}/{EPOCH_DOC}").epoch
+            floor = self.codec.decode(current, EpochFloor, place).epoch
             if floor >= to:
                 return None
-        return self.codec.encode(EpochFloor(epoch=to)).data
+        return self.codec.encode(EpochFloor(epoch=to), place).data
 
     def epoch_floor(self, task: str) -> int:
         """The highest epoch the archive recorded as handed out for `task` (0: none)."""
         data = self.cold.get_doc(task, EPOCH_DOC)
         if data is None:
             return 0
-        return self.codec.decode(data, EpochFloor, f"doc {task}/{EPOCH_DOC}").epoch
+        return self.codec.decode(data, EpochFloor, Place.doc(task, EPOCH_DOC)).epoch
 
     def read_doc(self, task: str, name: str, model: type[R]) -> R:
         """Return a verified task-level document, from Redis or else the archive."""
-        label = f"doc {task}/{name}"
+        place = Place.doc(task, name)
         return first_sound(
-            label,
+            place.name,
             (lambda: self.hot.get_doc(task, name), lambda: self.cold.get_doc(task, name)),
-            lambda data: self.codec.decode(data, model, label),
+            lambda data: self.codec.decode(data, model, place),
         )
 
     # global checkpoints ------------------------------------------------------------------
     def seal_gc(self, gc: GlobalCheckpoint) -> GCEntry:
         """Seal `gc` into the entry a hot store commits; set its checksum and size."""
-        sealed = self.codec.encode(gc, level=GC_ZSTD_LEVEL)
+        sealed = self.codec.encode(gc, Place.gc(gc.task, gc.number), level=GC_ZSTD_LEVEL)
         gc.checksum, gc.size = sealed.checksum, sealed.size
         return GCEntry(gc, sealed)
 
@@ -503,33 +510,40 @@ class CheckpointStore:
 
     def load_gc(self, task: str, number: int) -> tuple[GlobalCheckpoint, bytes]:
         """Return a verified GC with the exact bytes it was read from."""
-        name = f"gc {task}/{number}"
+        place = Place.gc(task, number)
 
         def verify(data: bytes) -> tuple[GlobalCheckpoint, bytes]:
-            gc = self.codec.decode(data, GlobalCheckpoint, name)
+            gc = self.codec.decode(data, GlobalCheckpoint, place)
             if (gc.task, gc.number) != (task, number):
-                raise CorruptCheckpoint(name, "record is not the one its key names")
+                raise CorruptCheckpoint(place.name, "record is not the one its key names")
             return gc, data
 
         return first_sound(
-            name,
+            place.name,
             (lambda: self.hot.read_gc(task, number), lambda: self.cold.get_gc(task, number)),
             verify,
         )
 
     def latest_gc(self, task: str) -> GlobalCheckpoint | None:
-        """Return the latest committed GC named by Redis, else the newest archived one."""
+        """Return the latest committed GC named by Redis, else the newest sound archived one."""
         number = self.hot.latest_gc(task)
         if number is not None:
             return self.read_gc(task, number)
         for n in reversed(self.cold.list_gcs(task)):
-            gc = self.read_gc(task, n)
+            try:
+                gc = self.read_gc(task, n)
+            except (CorruptCheckpoint, RecordNotFound):  # damaged, or trimmed meanwhile
+                continue
             if gc.status is GCStatus.COMMITTED:
                 return gc
         return None
 
     def list_gcs(self, task: str) -> list[GCSummary]:
-        """List every GC of a task, hot or cold, in number order."""
+        """List every GC of a task, hot or cold, in number order.
+
+        An archived GC whose record is damaged is listed, marked `damaged`; one trimmed
+        from the archive while it was listed is not.
+        """
         hot = {info.number: info for info in self.hot.list_gcs(task)}
         cold = set(self.cold.list_gcs(task))
         out = []
@@ -537,9 +551,16 @@ class CheckpointStore:
             info = hot.get(n)
             if info is not None:
                 out.append(GCSummary(n, info.status, info.superstep, True, n in cold, info.size))
-            else:
+                continue
+            try:
                 gc = self.read_gc(task, n)
-                out.append(GCSummary(n, gc.status, gc.superstep, False, True, gc.size))
+            except RecordNotFound:
+                continue
+            except CorruptCheckpoint as exc:
+                size = len(self.cold.get_gc(task, n) or b"")
+                out.append(GCSummary(n, GCStatus.COMMITTED, None, False, True, size, str(exc)))
+                continue
+            out.append(GCSummary(n, gc.status, gc.superstep, False, True, gc.size))
         return out
 
 

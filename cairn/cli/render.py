@@ -28,6 +28,7 @@ STATUS_STYLE = {
     "COMMITTED": "green",
     "PREPARING": "yellow",
     "ABORTED": "red",
+    "damaged": "bold red",
 }
 
 
@@ -153,13 +154,16 @@ def show_diff(console: Console, found: JSON) -> None:
 
 
 def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
-    """One line per global checkpoint: state, tiers, size."""
+    """One line per global checkpoint: state, tiers, size; then why each damaged one is."""
     table = Table("GC", "status", "superstep", "agents", "hot", "cold", "created", "size")
+    damaged = []
     for row in plain(rows):
+        if row.get("damaged"):
+            damaged.append(f"GC {row['number']} is damaged: {row.get('error')}")
         table.add_row(
             str(row["number"]),
-            styled(row["status"]),
-            str(row["superstep"]),
+            styled("damaged" if row.get("damaged") else row["status"]),
+            "" if row["superstep"] is None else str(row["superstep"]),
             str(len(row["members"])),
             "yes" if row["hot"] else "",
             "yes" if row["cold"] else "",
@@ -167,6 +171,8 @@ def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
             _size(row["size_bytes"]),
         )
     console.print(table)
+    for line in damaged:
+        console.print(line, style="red", markup=False, highlight=False)
 
 
 def show_checkpoint(console: Console, gc: JSON) -> None:
