@@ -13,16 +13,17 @@ reaching it pauses the task at its next barrier.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from agents.userfiles import load_json, load_yaml, read_at_most
 from storage.errors import InvalidSpec
 from storage.records import Usage
 
 PER = 1_000_000  # prices are per million tokens
+MAX_PRICES_BYTES = 1024 * 1024  # of a price table file: a few lines per model
 
 
 class Price(BaseModel):
@@ -75,11 +76,17 @@ def load_prices(path: str | Path) -> dict[str, Price]:
     """
     source = Path(path)
     try:
-        text = source.read_text()
-        data = json.loads(text) if source.suffix == ".json" else yaml.safe_load(text)
-    except (OSError, UnicodeDecodeError, ValueError, yaml.YAMLError) as exc:
-        reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
-        raise InvalidSpec(f"cannot read price table {source}: {reason}") from None
+        raw = read_at_most(source, MAX_PRICES_BYTES)
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read price table {source}: {exc.strerror or exc}") from None
+    if len(raw) > MAX_PRICES_BYTES:
+        raise InvalidSpec(f"price table {source} is over {MAX_PRICES_BYTES} bytes")
+    try:
+        text = raw.decode()
+        data = load_json(text) if source.suffix == ".json" else load_yaml(text)
+    except (ValueError, yaml.YAMLError) as exc:  # UnicodeDecodeError is a ValueError
+        said = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise InvalidSpec(f"cannot read price table {source}: {said}") from None
     if not isinstance(data, dict):
         raise InvalidSpec(f"price table {source}: must map each model to its prices")
     prices: dict[str, Price] = {}

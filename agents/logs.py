@@ -1,7 +1,9 @@
 """Cairn's logging: the loggers of its modules, and the set-up its processes run.
 
 Cairn logs with structlog. A process (the `cairn` CLI, a coordinator, a worker) calls
-`configure_logging` once: console in a terminal, JSON otherwise, context bound per step.
+`configure_logging` once: console in a terminal, JSON otherwise, context bound per step,
+secrets of known shapes redacted; the records of libraries that log through the standard
+library (RQ's among them) are rendered and redacted the same way.
 Used as a library (`cairn.Client` in someone's program), Cairn configures nothing: until
 structlog is configured, its loggers hand their events to the standard library's
 `logging`, under the module's name, where they stay quiet unless that program asks for
@@ -23,11 +25,26 @@ from storage.redact import redact
 
 
 def redact_event(_logger: WrappedLogger, _method: str, event: EventDict) -> EventDict:
-    """A structlog processor: secrets of known shapes in string values become [REDACTED]."""
+    """A structlog processor: secrets of known shapes in string values become [REDACTED].
+
+    Strings inside lists, tuples and dicts too; other values are kept as they are.
+    """
     for name, value in event.items():
-        if isinstance(value, str):
-            event[name] = redact(value)
+        event[name] = _redacted(value)
     return event
+
+
+def _redacted(value: object) -> object:
+    """`value` with every string in it redacted (its lists, tuples and dicts as new ones)."""
+    if isinstance(value, str):
+        return redact(value)
+    if isinstance(value, dict):
+        return {key: _redacted(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_redacted(item) for item in value]
+    if isinstance(value, tuple):
+        return tuple(_redacted(item) for item in value)
+    return value
 
 
 def render_message(_logger: WrappedLogger, _method: str, event: EventDict) -> str:
@@ -100,7 +117,8 @@ def configure_logging(
     `fmt` is `console` or `json` (default: console when stderr is a terminal); `level`
     defaults to `info`. Context bound with `structlog.contextvars` (task, agent,
     superstep, epoch, attempt) is merged into every event. Events go to `stream`, by
-    default stderr.
+    default stderr, and so do the standard library's records (RQ's, redis-py's), rendered
+    the same way through a handler on the root logger; every string is redacted.
     """
     fmt = fmt or ("console" if sys.stderr.isatty() else "json")
     name = (level or "info").upper()
@@ -112,15 +130,44 @@ def configure_logging(
         if fmt == "console"
         else structlog.processors.JSONRenderer(serializer=_json_line)
     )
+    stamp = structlog.processors.TimeStamper(fmt="iso", utc=True)
+    # Redaction is last before rendering, so nothing is added after it; a traceback is made
+    # text before it, as an exception's message may quote a secret.
+    last: list[structlog.typing.Processor] = [structlog.processors.format_exc_info, redact_event]
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
-            redact_event,  # last before rendering: nothing is added after it
+            stamp,
+            *last,
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=structlog.PrintLoggerFactory(stream or sys.stderr),
         cache_logger_on_first_use=False,
     )
+    # Other libraries log through the standard library, RQ among them (a failed job's
+    # traceback, the text of its exception): their records are rendered, and redacted, as
+    # Cairn's own events are. RQ adds no handler of its own when the root logger has one.
+    handler = RecordHandler(stream or sys.stderr)
+    handler.setLevel(numeric)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                stamp,
+                *last,
+            ],
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+        )
+    )
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if isinstance(h, RecordHandler)]:
+        root.removeHandler(old)  # configured anew: the last configuration's handler goes
+    root.addHandler(handler)
+
+
+class RecordHandler(logging.StreamHandler[TextIO]):
+    """The root logger's handler that `configure_logging` adds (told apart by its class)."""

@@ -28,6 +28,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from agents.mcp.names import MAX_SERVER_NAME, is_server_name
+from agents.userfiles import read_at_most
 from storage.errors import InvalidSpec
 
 DEFAULT_TIMEOUT = 60.0  # seconds, for one listing or one call
@@ -86,11 +87,11 @@ def load_mcp_config(
     """
     where = str(path)
     try:
-        data = Path(path).read_bytes()
+        data = read_at_most(path, MAX_CONFIG_BYTES)
     except OSError as exc:
         raise InvalidSpec(f"MCP config {where}: cannot read: {exc.strerror or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
-        raise InvalidSpec(f"MCP config {where}: {len(data)} bytes; at most {MAX_CONFIG_BYTES}")
+        raise InvalidSpec(f"MCP config {where}: over {MAX_CONFIG_BYTES} bytes")
     try:
         document = json.loads(data)
     except (ValueError, UnicodeDecodeError) as exc:

@@ -20,7 +20,7 @@ import orjson
 from pydantic import JsonValue
 
 from agents.models.base import ModelConfig, ModelReply, ModelRequest, ToolSchema, check_reply
-from agents.models.http import DEFAULT_TIMEOUT, Endpoint
+from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
 from storage.errors import ModelError
 from storage.ids import new_id
 from storage.records import Message, Role, ToolCall, Usage
@@ -83,7 +83,7 @@ class AnthropicModel:
             body["system"] = system
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
-        return _parse_reply(self.endpoint.post(orjson.dumps(body)))
+        return _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
 
 
 def build_anthropic(config: ModelConfig) -> AnthropicModel:
@@ -155,8 +155,11 @@ def _wire_tool(tool: ToolSchema) -> dict[str, JsonValue]:
     return {"name": tool.name, "description": tool.description, "input_schema": tool.parameters}
 
 
-def _parse_reply(body: bytes) -> ModelReply:
-    """The reply in a 2xx body; raise a retryable `ModelError` when it has none."""
+def _parse_reply(body: bytes, blot: Callable[[str], str] = redact_error) -> ModelReply:
+    """The reply in a 2xx body; raise a retryable `ModelError` when it has none.
+
+    `blot` makes the error's text from the body (`malformed_reply`).
+    """
     try:
         data = orjson.loads(body)
         texts: list[str] = []
@@ -169,8 +172,7 @@ def _parse_reply(body: bytes) -> ModelReply:
         tokens = _parse_usage(data.get("usage") or {})
     except (ValueError, LookupError, TypeError, AttributeError) as error:
         # orjson.JSONDecodeError and pydantic's ValidationError are ValueErrors.
-        snippet = " ".join(body[:200].decode(errors="replace").split())
-        raise ModelError(f"malformed response ({error!r}): {snippet}", retryable=True) from error
+        raise malformed_reply(error, body, blot) from error
     if not all(isinstance(text, str) for text in texts):
         raise ModelError("malformed response: a text block holds no string", retryable=True)
     content = "".join(texts) if texts else None

@@ -8,8 +8,9 @@ that trickles bytes cannot hold a worker past it, and a step's model call has a 
 task's `step_timeout` can be set above. Timeouts, dropped connections, 408, 409, 429 and
 5xx are retried with exponential backoff and full jitter, honouring `Retry-After`; any
 other status is fatal.
-Every error is one line, bounded, with the API key blotted out; bodies are read up to a
-cap. Proxies come from the `environ` given (`https_proxy`, `http_proxy`, `no_proxy`).
+Every error is one line, bounded, with the API key and secrets of known shapes blotted out;
+bodies are read up to a cap. Proxies come from the `environ` given (`https_proxy`,
+`http_proxy`, `no_proxy`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from email.utils import parsedate_to_datetime
 import orjson
 
 from storage.errors import ModelError
+from storage.redact import redact
 
 # 408 timeout, 409 conflict (OpenAI's "try again"), 429 rate limit; every 5xx as well.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
@@ -109,11 +111,8 @@ class Endpoint:
                 retry += 1
 
     def redact(self, text: str) -> str:
-        """`text` on one line, bounded, with the API key blotted out should a server echo it."""
-        text = " ".join(text.split())
-        if self._secret:
-            text = text.replace(self._secret, "***")
-        return text[:MAX_ERROR_CHARS]
+        """`redact_error` with this endpoint's API key blotted out should a server echo it."""
+        return redact_error(text, self._secret)
 
     def _post_once(self, payload: bytes, deadline: float) -> bytes:
         """One request under `deadline`; raise `_TransientError` or a fatal `ModelError`."""
@@ -211,6 +210,29 @@ def _read(
         chunks.append(chunk)
         size += len(chunk)
     return b"".join(chunks)
+
+
+def redact_error(text: str, secret: str | None = None) -> str:
+    """`text` on one line, bounded, with `secret` and secrets of known shapes blotted out.
+
+    Blotted out before it is cut, so no secret is cut short of what makes it known.
+    """
+    text = " ".join(text.split())
+    if secret:
+        text = text.replace(secret, "***")
+    return redact(text)[:MAX_ERROR_CHARS]
+
+
+def malformed_reply(
+    error: Exception, body: bytes, blot: Callable[[str], str] = redact_error
+) -> ModelError:
+    """The retryable `ModelError` for a 2xx `body` holding no reply, quoting its start.
+
+    A server may answer with anything, an echo of the request's headers among it: `blot`
+    (an endpoint's `redact`, by default `redact_error`) makes the text of the error.
+    """
+    start = body[:MAX_ERROR_BODY_BYTES].decode(errors="replace")
+    return ModelError(blot(f"malformed response ({error!r}): {start}"), retryable=True)
 
 
 def server_message(body: bytes, reason: str) -> str:

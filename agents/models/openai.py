@@ -20,7 +20,7 @@ import orjson
 from pydantic import JsonValue
 
 from agents.models.base import ModelConfig, ModelReply, ModelRequest, ToolSchema, check_reply
-from agents.models.http import DEFAULT_TIMEOUT, Endpoint
+from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
 from storage.errors import ModelError
 from storage.ids import new_id
 from storage.records import Message, ToolCall, Usage
@@ -82,7 +82,7 @@ class OpenAIModel:
         }
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
-        return _parse_reply(self.endpoint.post(orjson.dumps(body)))
+        return _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
 
 
 def build_openai(config: ModelConfig) -> OpenAIModel:
@@ -127,8 +127,11 @@ def _wire_tool(tool: ToolSchema) -> dict[str, JsonValue]:
     return {"type": "function", "function": function}
 
 
-def _parse_reply(body: bytes) -> ModelReply:
-    """The reply in a 2xx body; raise a retryable `ModelError` when it has none."""
+def _parse_reply(body: bytes, blot: Callable[[str], str] = redact_error) -> ModelReply:
+    """The reply in a 2xx body; raise a retryable `ModelError` when it has none.
+
+    `blot` makes the error's text from the body (`malformed_reply`).
+    """
     try:
         data = orjson.loads(body)
         message = data["choices"][0]["message"]
@@ -143,8 +146,7 @@ def _parse_reply(body: bytes) -> ModelReply:
         )
     except (ValueError, LookupError, TypeError, AttributeError) as error:
         # orjson.JSONDecodeError and pydantic's ValidationError are ValueErrors.
-        snippet = " ".join(body[:200].decode(errors="replace").split())
-        raise ModelError(f"malformed response ({error!r}): {snippet}", retryable=True) from error
+        raise malformed_reply(error, body, blot) from error
     if not isinstance(content, str | None):
         raise ModelError(f"malformed response: content is {type(content).__name__}", retryable=True)
     return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
