@@ -67,5 +67,18 @@ mutants: system-test $(STAMP)
 demo: system-demo $(STAMP)
 	$(BIN)/cairn demo
 
+# docker-compose.yml's secrets, fresh from `secrets`, in .env (mode 0600, never committed):
+# the Redis password, the signing key and the console's token. An existing .env is kept
+# as it is (set -C: the shell will not write over one), so this is safe to run again.
+COMPOSE_SECRETS := CAIRN_REDIS_PASSWORD CAIRN_SIGNING_KEY CAIRN_CONSOLE_TOKEN
+SECRET_LINES := import secrets, sys; [print(f"{n}={secrets.token_hex(32)}") for n in sys.argv[1:]]
+.PHONY: compose-env
+compose-env:
+	@if [ -e .env ]; then echo "make: .env exists, left as it is (remove it for new secrets)" >&2; \
+	else values=$$($(PYTHON) -c '$(SECRET_LINES)' $(COMPOSE_SECRETS)) \
+	&& (umask 077 && set -C && printf '%s\n' \
+		"# docker-compose.yml's secrets, made by make compose-env: keep private, never commit" \
+		"$$values" > .env) && echo "make: wrote .env (mode 0600) for docker-compose.yml" >&2; fi
+
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache .hypothesis

@@ -6,7 +6,7 @@
 | state_dir | `CAIRN_STATE_DIR` | `.cairn` |
 | archive_dir | `CAIRN_ARCHIVE_DIR` | `<state_dir>/archive` |
 | cache_dir | `CAIRN_CACHE_DIR` | `<state_dir>/cache` |
-| signing_key | `CAIRN_SIGNING_KEY` | none (records are hashed, not signed) |
+| signing_key | `CAIRN_SIGNING_KEY` | none (records are hashed, not signed); 32 bytes or more |
 | log_format | `CAIRN_LOG_FORMAT` | `console` in a terminal, else `json` |
 | log_level | `CAIRN_LOG_LEVEL` | `warning` for one-shot commands, `info` for processes |
 | metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint; see `coordinator.metrics`) |
@@ -18,6 +18,7 @@
 | console_host | `CAIRN_CONSOLE_HOST` | `127.0.0.1`: where `cairn console` listens |
 | console_port | `CAIRN_CONSOLE_PORT` | 8737 |
 | console_token | `CAIRN_CONSOLE_TOKEN` | none: required for a console on a non-loopback address |
+| sandbox | `CAIRN_SANDBOX` | `bwrap`: agents' commands run in bubblewrap; `off` runs them bare |
 
 This is the one module that reads the process environment. Every process reads its
 settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
@@ -45,7 +46,14 @@ from typing import Annotated, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 import redis
-from pydantic import Field, PrivateAttr, SecretStr, ValidationError, field_validator
+from pydantic import (
+    Field,
+    PrivateAttr,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from coordinator.metrics import MeteredHotStore, MeteredStore
@@ -63,6 +71,9 @@ SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)
 SECRET_OPTIONS = ("password", "sentinel_password")  # URL options that display_url masks
 LOG_FORMATS = ("console", "json")
 LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
+SIGNING_KEY_VARIABLE = "CAIRN_SIGNING_KEY"
+MIN_SIGNING_KEY_BYTES = 32  # SHA-256's output: RFC 2104 calls a shorter HMAC key weaker
+MAKE_A_KEY = "make one with `openssl rand -hex 32`"
 
 
 class Settings(BaseSettings):
@@ -86,7 +97,35 @@ class Settings(BaseSettings):
     console_host: str = "127.0.0.1"
     console_port: int = Field(default=8737, ge=1, le=65_535)
     console_token: SecretStr | None = None
+    sandbox: Literal["bwrap", "off"] = "bwrap"  # how a worker runs agents' commands
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit_empty_key(cls, data: object) -> object:
+        # env_ignore_empty drops an empty variable before validation; for the signing key an
+        # empty one is kept, so that `_strong_key` refuses it rather than signing nothing.
+        explicit_empty = os.environ.get(SIGNING_KEY_VARIABLE) == ""
+        if explicit_empty and isinstance(data, dict) and "signing_key" not in data:
+            return {**data, "signing_key": ""}
+        return data
+
+    @field_validator("signing_key")
+    @classmethod
+    def _strong_key(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None:
+            return None
+        size = len(value.get_secret_value().encode())
+        if size == 0:
+            raise ValueError(
+                "is set but empty (a secret that did not reach this process?): unset it to "
+                f"run without signing, or {MAKE_A_KEY}"
+            )
+        if size < MIN_SIGNING_KEY_BYTES:
+            raise ValueError(
+                f"must be at least {MIN_SIGNING_KEY_BYTES} bytes, not {size}: {MAKE_A_KEY}"
+            )
+        return value
 
     @field_validator("redis_url")
     @classmethod

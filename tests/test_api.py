@@ -189,7 +189,7 @@ def test_the_langgraph_saver_is_the_storage_one_signing_with_the_settings_key(
     pytest.importorskip("langgraph.checkpoint.base")
     saver = importlib.import_module("cairn.langgraph").CairnSaver
     assert issubclass(saver, importlib.import_module("storage.langgraph").CairnSaver)
-    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret")
+    monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret-" + "k" * 32)
     assert saver(redis_client).codec.signs
     monkeypatch.delenv("CAIRN_SIGNING_KEY")
     assert not saver(redis_client).codec.signs

@@ -6,6 +6,7 @@ network and a key.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -67,18 +68,22 @@ def test_the_scripted_team_succeeds_on_two_workers(cluster: Cluster) -> None:
     assert load_spec(path).files["test_words.py"].encode() == files["test_words.py"]
 
 
+# The compose network's Redis, with the password from .env (`make compose-env`).
+REDIS_URL = re.compile(r"redis://:\$\{CAIRN_REDIS_PASSWORD:\?[^}]*\}@redis:6379/0")
+
+
 def test_the_compose_services_run_real_cairn_commands_and_share_the_archive() -> None:
     """docker-compose.yml: commands the CLI accepts, one archive volume, Redis with AOF."""
     compose = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
     services = compose["services"]
     redis = services["redis"]
-    assert ["--appendonly", "yes", "--appendfsync", "everysec"] == redis["command"][1:]
-    assert "redis-cli" in redis["healthcheck"]["test"]
+    assert ["--appendonly", "yes", "--appendfsync", "everysec"] == redis["command"][1:5]
+    assert "redis-cli ping" in " ".join(redis["healthcheck"]["test"])
     for name in ("coordinator", "worker"):
         service = services[name]
         assert "cairn" == service["command"][0]
         assert name == build_parser().parse_args(service["command"][1:]).command
-        assert "redis://redis:6379/0" == service["environment"]["CAIRN_REDIS_URL"]
+        assert REDIS_URL.fullmatch(service["environment"]["CAIRN_REDIS_URL"])
         assert "archive:/data/archive" in service["volumes"]
         assert "service_healthy" == service["depends_on"]["redis"]["condition"]
         assert "container_name" not in service  # `--scale worker=N` needs none
@@ -89,6 +94,6 @@ def test_the_compose_services_run_real_cairn_commands_and_share_the_archive() ->
     assert ["console"] == console["profiles"]  # started only when asked for
     assert ["127.0.0.1:8737:8737"] == console["ports"]
     assert "CAIRN_CONSOLE_TOKEN" in console["environment"]
-    assert "redis://redis:6379/0" == console["environment"]["CAIRN_REDIS_URL"]
+    assert REDIS_URL.fullmatch(console["environment"]["CAIRN_REDIS_URL"])
     assert "CAIRN_CONSOLE_TOKEN" not in services["worker"]["environment"]
     assert "'.[console]'" in (ROOT / "Dockerfile").read_text()

@@ -1,7 +1,8 @@
 """The console as a Starlette application: pages, the JSON API and the two static files.
 
 `build_app` wires the routes of `cairn.console.pages` and `cairn.console.api` behind the
-`Guard` of `cairn.console.security`; `cairn.console.launch` serves it with uvicorn.
+`Guard` of `cairn.console.security`, itself behind the body limit of
+`cairn.console.limits`; `cairn.console.launch` serves it with uvicorn.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from starlette.routing import Route
 
 from cairn.client import Client
 from cairn.console.api import Api
+from cairn.console.limits import BodyLimit
 from cairn.console.pages import Pages
 from cairn.console.security import Guard, GuardMiddleware, refused
 
@@ -24,7 +26,6 @@ STATIC_TYPES = {
     "console.js": "text/javascript; charset=utf-8",
     "console.css": "text/css; charset=utf-8",
 }
-MAX_BODY_BYTES = 64 * 1024  # of a POST: an action's few fields
 
 
 def _static_files() -> dict[str, bytes]:
@@ -55,7 +56,8 @@ def build_app(client: Client, guard: Guard) -> Starlette:
             *Api(client).routes(),
             Route("/static/{name}", serve_static),
         ],
-        middleware=[Middleware(GuardMiddleware, guard=guard)],
+        # The body limit first: every body is read (or refused) before any answer, the
+        # Guard's refusals included, so no answer is cut off by a reset.
+        middleware=[Middleware(BodyLimit), Middleware(GuardMiddleware, guard=guard)],
         exception_handlers={HTTPException: http_error},
-        max_body_size=MAX_BODY_BYTES,
     )
