@@ -26,7 +26,7 @@ from agents.logs import get_logger
 from storage import keys
 from storage.backends.redis import parse_ref, script, translated, translating
 from storage.base import HotStore
-from storage.errors import CairnError
+from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from storage.records import LCRef
 from storage.redact import redact
 from storage.store import CheckpointStore
@@ -242,7 +242,12 @@ def abort_in_flight(runs: RunState, store: CheckpointStore, task: str) -> None:
     """
     run = runs.read(task)
     superstep = int(run.get("superstep", "0"))
-    latest = store.latest_gc(task)
+    try:  # only the shape of the GC to abort; a restore falls back past a damaged latest
+        latest = store.latest_gc(task) if superstep else None
+    except (CorruptCheckpoint, RecordNotFound) as exc:
+        log.warning("superstep in flight not aborted: the latest GC is unreadable", task=task,
+                    why=str(exc))  # fmt: skip
+        latest = None
     if superstep and "number" in run and latest is not None:
         intent = latest.model_copy(
             update={

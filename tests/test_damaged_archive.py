@@ -10,10 +10,11 @@ from __future__ import annotations
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
+from storage import keys
 from storage.records import GCStatus
 from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
@@ -93,3 +94,34 @@ def test_a_damaged_archived_gc_is_marked_and_every_other_gc_restores(
     assert 0 == code, err
     assert max(sound) == json.loads(out)["restored_to"]
     assert [damaged] == [row["number"] for row in listed(run, task) if row["damaged"]]
+
+
+def test_a_restore_falls_back_when_the_latest_gc_is_damaged_in_redis_and_on_disk(
+    cluster: Cluster, run: Run, tmp_path: Path
+) -> None:
+    """The GC Redis names as the latest, damaged in both tiers: a restore takes the one before.
+
+    Reading the latest GC (to abort a superstep in flight) must not stop the restore
+    that falls back past it.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    assert "succeeded" == cluster.drive(task)["status"]
+    latest = cluster.store.hot.latest_gc(task)
+    assert latest is not None
+    before = cluster.store.read_gc(task, latest - 1).workspace
+    key = keys.gc(task, latest)
+    stored = bytearray(cast(bytes, cluster.client.hget(key, "data")))
+    stored[len(stored) // 2] ^= 0x40
+    cluster.client.hset(key, "data", bytes(stored))
+    path = tmp_path / "archive" / "tasks" / task / "gc" / f"{latest:012d}.rec"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0x40
+    path.write_bytes(bytes(data))
+
+    code, out, err = run("restore", task, "--json")
+    assert 0 == code, err
+    assert latest - 1 == json.loads(out)["restored_to"]
+    restored = cluster.store.latest_gc(task)
+    assert restored is not None
+    assert before == restored.workspace
