@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from enum import Enum
-from typing import cast
+from typing import Self, cast
 
 import redis
 
@@ -73,22 +73,28 @@ def _stored(name: str, value: object) -> str:
     return redact(text) if name in TEXT_FIELDS else text
 
 
+class Entry:
+    """A dataclass kept in Redis as a JSON object of its fields (a step, a verify in flight)."""
+
+    __slots__ = ()
+
+    def dump(self) -> str:
+        """The JSON kept in Redis."""
+        return json.dumps(asdict(self))  # type: ignore[call-overload] # subclasses are dataclasses
+
+    @classmethod
+    def load(cls, raw: bytes) -> Self:
+        """Read the JSON kept in Redis (`TypeError` or `ValueError` when it is not one)."""
+        return cls(**json.loads(raw))
+
+
 @dataclass(slots=True)
-class StepRun:
+class StepRun(Entry):
     """One agent's step of the superstep in flight, as kept in the task's `steps` hash."""
 
     attempt: int
     job: str = ""
     retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
-
-    def dump(self) -> str:
-        """The JSON kept in Redis."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def load(cls, raw: bytes) -> StepRun:
-        """Read the JSON kept in Redis."""
-        return cls(**json.loads(raw))
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from agents.logs import get_logger
 from agents.spec import TaskRecord
 from agents.tools import ToolContext, run_command
 from agents.workspace import Workspace
+from coordinator.runs import Entry
 from coordinator.spec import LIMITS_DOC, Limits
 from storage import keys
 from storage.errors import ToolError
@@ -61,23 +62,14 @@ class Verdict:
 
 
 @dataclass(frozen=True, slots=True)
-class VerifyRun:
-    """The verify in flight: of which GC in which epoch, which try, its job, its backoff."""
+class VerifyRun(Entry):
+    """The verify in flight, the run hash's `verify` field: its GC, epoch, try, job, backoff."""
 
     epoch: int
     gc: int
     attempt: int
     job: str = ""
     retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
-
-    def dump(self) -> str:
-        """The JSON kept in the run hash."""
-        return json.dumps(asdict(self))
-
-    @classmethod
-    def load(cls, raw: bytes) -> VerifyRun:
-        """Read the JSON kept in the run hash (`TypeError`/`ValueError` if it is not one)."""
-        return cls(**json.loads(raw))
 
     def token_suffix(self) -> str:
         """How this try's heartbeat token ends (see `agents.heartbeat.worker_token`)."""
