@@ -270,9 +270,12 @@ def run_command(ctx: ToolContext, args: Args) -> str:
             command, ctx.workspace.tree, limits, network=ctx.policy.network, env=env
         )
     except ToolError as exc:  # timed out: what it left is held to the limits all the same
+        ctx.workspace.reclaim()
         removed = ctx.workspace.enforce_limits(ctx.policy.size_limits())
         raise ToolError(f"{exc}\n{removed}" if removed else str(exc)) from None
-    # What the command left past the task's size limits never reaches a checkpoint.
+    # The tree is the worker's again (modes, no links), and what the command left past
+    # the task's size limits never reaches a checkpoint.
+    ctx.workspace.reclaim()
     removed = ctx.workspace.enforce_limits(ctx.policy.size_limits())
     return f"{finished.report()}\n{removed}" if removed else finished.report()
 

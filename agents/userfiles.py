@@ -3,10 +3,12 @@
 Every such input is bounded before it is trusted with memory. A file is read up to its
 limit and no further, so `/dev/zero` or an endless pipe is refused like a large file. A
 YAML or JSON document holds at most `MAX_VALUES` values (scalars, lists and mappings,
-keys included), counted as they are built: PyYAML spends about a kilobyte on each, so
-16 MiB of `[],` would take gigabytes. YAML aliases (`*name`, and so `<<` merge keys) are
-refused: an alias shares one value where it is used, and validation copies it at each
-use, so a few kilobytes of nested aliases ("billion laughs") become gigabytes.
+keys included): a YAML document's are counted as they are built (PyYAML spends about a
+kilobyte on each, so 16 MiB of `[],` would take gigabytes), a JSON document's once
+parsed (the stdlib's parser builds 16 MiB into some hundreds of megabytes at most).
+YAML aliases (`*name`, and so `<<` merge keys) are refused: an alias shares one value
+where it is used, and validation copies it at each use, so a few kilobytes of nested
+aliases ("billion laughs") become gigabytes.
 """
 
 from __future__ import annotations

@@ -123,6 +123,7 @@ class Workspace:
         self._sizes: dict[str, int] = {}  # blob sha → its bytes, for those this process saw
         # path → (sha, mtime_ns, size) of each file as this process last wrote or hashed it
         self._index: dict[str, tuple[str, int, int]] = {}
+        self.reclaim()  # an earlier process's command may have left the tree locked or linked
         self._hash_tree()
         self._target: Files = self.files_on_disk()  # what the tree holds, as of now
         self._dirs: set[str] | None = None  # the directories of `_target`, once asked for
@@ -252,6 +253,29 @@ class Workspace:
                 f"{limits.total} bytes"
             )
         return "\n".join(notes)
+
+    def reclaim(self) -> None:
+        """Take the tree back from a command: all of it the worker's again, no links in it.
+
+        A command may `chmod` what it made (it runs as the worker's user when the worker
+        is not root) and leave symlinks, FIFOs and the like, which no checkpoint holds:
+        every directory is made readable, writable and searchable by its owner again, every
+        file readable and writable, and whatever is neither is removed, so that capture,
+        the limits and the next sync are neither stopped by the one nor led by the other.
+        Call it when a command has finished.
+        """
+        _own(self.tree, directory=True)
+        stack = [str(self.tree)]
+        while stack:
+            with os.scandir(stack.pop()) as entries:
+                for entry in entries:
+                    if entry.is_dir(follow_symlinks=False):
+                        _own(Path(entry.path), directory=True)
+                        stack.append(entry.path)
+                    elif entry.is_file(follow_symlinks=False):
+                        _own(Path(entry.path), directory=False)
+                    else:
+                        Path(entry.path).unlink()
 
     def _is_file(self, path: str) -> bool:
         """Whether `path` is a file of the tree the step sees."""
@@ -495,6 +519,14 @@ class Workspace:
             if not dirs and not names and Path(directory) != self.tree:
                 with contextlib.suppress(OSError):
                     Path(directory).rmdir()
+
+
+def _own(path: Path, *, directory: bool) -> None:
+    """Give `path`'s owner back what the worker needs of it: rwx on a directory, rw on a file."""
+    mode = stat.S_IMODE(path.lstat().st_mode)
+    wanted = mode | (0o700 if directory else 0o600)
+    if wanted != mode:
+        path.chmod(wanted)
 
 
 def replace_file(path: Path, data: bytes) -> None:

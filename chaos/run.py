@@ -570,6 +570,12 @@ class ChaosRun:
             if done.returncode == 0 or time.monotonic() > deadline or self.done.is_set():
                 break
             time.sleep(1.0)
+        # Every other task Redis lost too, as an operator restores them all.
+        for other in self.victims:
+            for _ in range(int(FLUSHALL_RESTORE_FOR)):
+                if self._cairn("restore", other, "--json").returncode == 0:
+                    break
+                time.sleep(1.0)
         return {"restore_exit": done.returncode, "tries": tries, "flushed_at": flushed_at}
 
     def _corrupt_archive(self, fault: Fault) -> dict[str, object] | None:
@@ -682,7 +688,17 @@ class ChaosRun:
         """
         assert self.client is not None
         client = self.client
-        task = self._submit(f"victim-{len(self.victims)}", victim())
+        # Submitting may fail while another fault holds (the archive's disk full under
+        # `sync`, a primary moving): tried again for a while, as a person would.
+        deadline = time.monotonic() + 15.0
+        while True:
+            try:
+                task = self._submit(f"victim-{len(self.victims)}", victim())
+                break
+            except RuntimeError as exc:
+                if time.monotonic() > deadline or self.done.is_set():
+                    raise subprocess.SubprocessError(str(exc)) from None
+                time.sleep(1.0)
         phase = POISON_PHASES[int(fault.value * len(POISON_PHASES))]
         poison(client, task, phase)
         self.victims[task] = phase

@@ -243,7 +243,8 @@ class Coordinator:
                 except Exception as exc:  # noqa: BLE001 - one task's trouble is that task's alone
                     failure = exc
             if failure is None:
-                self.faults.succeeded(task)
+                running = isinstance(seen, Look) and seen.run.get("status") == TaskState.RUNNING
+                self.faults.succeeded(task, running)
                 continue
             self.faults.failed(task, failure, self.phase)
             if isinstance(failure, FencedWrite):  # a coordinator with a newer lease owns it

@@ -9,13 +9,16 @@ follows:
   at most one line every `LOG_EVERY` seconds counting those left unsaid, and one line
   when the task advances again.
 - A failure that says nothing about the task (`PASSING`: Redis out of reach or full, a
-  disk full, a restore that failed in passing, a stale lease) is tried again at the next
-  look, as it passes for every task at once.
+  disk full, a restore that failed in passing, a stale lease; not Redis's plain error
+  replies, such as a key of the wrong type, which are about what the task's keys hold)
+  is tried again at the next look, as it passes for every task at once.
 - Any other (a record that fails its check, state that does not parse, a bug) is tried
   again after a backoff (0.25 s doubling to `MAX_WAIT`), so a task that fails at every
   try costs the loop little; lasting `PAUSE_AFTER` seconds over at least `PAUSE_TRIES`
-  tries, it pauses the task, its reason naming the phase and the error: a person can
-  look, restore the task to a checkpoint, and resume it.
+  tries, while another running task advanced meanwhile, it pauses the task, its reason
+  naming the phase and the error: a person can look, restore the task to a checkpoint,
+  and resume it. A coordinator that advances no task at all (a wrong signing key, a bug
+  that every task meets) pauses none: the trouble is its own, and a standby may do better.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ from storage.errors import (
     Unavailable,
     one_line,
 )
+from storage.redact import redact
 
 log = get_logger(__name__)
 PASSING = (redis.RedisError, Unavailable, ArchiveError, RestoreFailed, CommitRefused, FencedWrite)
@@ -67,14 +71,21 @@ class TaskFaults:
     def __init__(self, pause: Callable[[str, str], bool], after: float = PAUSE_AFTER) -> None:
         self._pause, self._after = pause, after
         self._streaks: dict[str, _Streak] = {}
+        self._advanced_at = float("-inf")  # monotonic: a running task last went through
 
     def due(self, task: str, now: float | None = None) -> bool:
         """Say whether `task` may be advanced now (False while it waits out a backoff)."""
         streak = self._streaks.get(task)
         return streak is None or (time.monotonic() if now is None else now) >= streak.due
 
-    def succeeded(self, task: str) -> None:
-        """Note that advancing `task` went through: its run of failures, if any, ends."""
+    def succeeded(self, task: str, running: bool = True, now: float | None = None) -> None:
+        """Note that advancing `task` went through: its run of failures, if any, ends.
+
+        A `running` task that went through shows that this coordinator can advance tasks:
+        only then is a task that keeps failing its own trouble, and paused.
+        """
+        if running:
+            self._advanced_at = time.monotonic() if now is None else now
         streak = self._streaks.pop(task, None)
         if streak is not None:
             log.info("task advanced again", task=task, failed_tries=streak.tries)
@@ -84,17 +95,21 @@ class TaskFaults:
         now = time.monotonic() if now is None else now
         streak = self._streaks.setdefault(task, _Streak(since=now))
         streak.tries += 1
-        error = f"{type(exc).__name__}: {one_line(exc)[:MAX_ERROR]}"
+        # Redacted before it is cut: a secret cut short may no longer look like one.
+        error = f"{type(exc).__name__}: {redact(one_line(exc))[:MAX_ERROR]}"
         if streak.tries == 1 or now - streak.logged_at >= LOG_EVERY:
             log.warning("task not advanced", task=task, phase=phase, error=error,
                         tries=streak.tries, unsaid=streak.unsaid)  # fmt: skip
             streak.logged_at, streak.unsaid = now, 0
         else:
             streak.unsaid += 1
-        if isinstance(exc, PASSING):
+        if _passing(exc):
             return  # tried again at the next look: it passes for every task at once
         streak.due = now + min(MAX_WAIT, 0.25 * 2.0 ** (streak.tries - 1))
-        if now - streak.since >= self._after and streak.tries >= PAUSE_TRIES:
+        lasting = now - streak.since >= self._after and streak.tries >= PAUSE_TRIES
+        # A coordinator that advances no task (its signing key wrong, a bug of its own)
+        # fails them all alike: that is not theirs to be paused for.
+        if lasting and self._advanced_at > streak.since:
             reason = f"{FAULT_REASON} ({phase}, {streak.tries} tries): {error}"
             if self._pause(task, reason):
                 log.error("task paused: the coordinator could not advance it", task=task,
@@ -103,3 +118,15 @@ class TaskFaults:
     def forget(self, task: str) -> None:
         """Drop what was noted of `task` (it ended)."""
         self._streaks.pop(task, None)
+
+
+def _passing(exc: BaseException) -> bool:
+    """Say whether `exc` is trouble that passes, and passes for every task alike.
+
+    Redis's plain error replies (a key of the wrong type, a script refusing what it read)
+    are about what one task's keys hold; its other errors (out of reach, out of memory,
+    read-only, loading) are about Redis.
+    """
+    if type(exc) is redis.ResponseError:
+        return False
+    return isinstance(exc, PASSING)

@@ -20,7 +20,7 @@ from agents.step import run_step
 from coordinator.environment import environment
 from coordinator.staging import PASSING, refusal, stage
 from coordinator.verify import JOB as VERIFY_JOB
-from coordinator.verify import VERDICT_TTL, VerifyBeats, run_verify
+from coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
 from storage import keys
 from storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
 from storage.keys import SPEC_DOC
@@ -136,7 +136,8 @@ def verify_job(task: str, number: int, epoch: int, attempt: int) -> str:
         return "fenced"
     record = env.store.read_doc(task, SPEC_DOC, TaskRecord)
     token = worker_token(epoch, number, attempt)
-    beats = Heartbeat(VerifyBeats(env.redis), task, "verify", token, record.policy.heartbeat_ms)
+    beating = VerifyBeats(env.redis, VerifyRun(epoch, number, attempt))
+    beats = Heartbeat(beating, task, "verify", token, record.policy.heartbeat_ms)
     with beats, env.lanes.lease() as lane:
         verdict = run_verify(env.store, task, number, lane, record)
     env.redis.set(keys.verdict(task, epoch, number), verdict.dump(), ex=VERDICT_TTL)

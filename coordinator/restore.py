@@ -129,14 +129,17 @@ class Restorer:
                 restored.members = self.store.hot.get_votes(task, epoch, gc.superstep)
                 self.store.prepare_gc(restored, self.runs.token())
                 self.store.commit_gc(restored, self.runs.token())
+                # Said once committed, before it is archived: the archive's acknowledgement
+                # of GC `number` is this restore's, not that of a GC of the old epoch a
+                # Redis that lost its data once held under the same number.
+                log.info("task restored", task=task, to=target, to_epoch=gc.epoch, gc=number,
+                         epoch=epoch)  # fmt: skip
                 self._make_durable(task, number, policy)
                 self.runs.write(
                     task, {"status": TaskState.RUNNING, "superstep": 0}, forget=["reason"]
                 )
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()
-                log.info("task restored", task=task, to=target, to_epoch=gc.epoch, gc=number,
-                         epoch=epoch)  # fmt: skip
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
             self.store.abort_gc(attempt, self.runs.token())

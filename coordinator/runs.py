@@ -27,7 +27,7 @@ from storage import keys
 from storage.backends.redis import parse_ref, script, translated, translating
 from storage.base import HotStore
 from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
-from storage.records import LCRef
+from storage.records import GlobalCheckpoint, LCRef
 from storage.redact import redact
 from storage.store import CheckpointStore
 
@@ -207,7 +207,10 @@ class RunState:
         pipe = self.redis.pipeline(transaction=False)
         for task, seen in watched:
             pipe.hgetall(keys.votes(task, int(seen.run["epoch"]), int(seen.run["superstep"])))
-        for (task, seen), raw in zip(watched, pipe.execute(), strict=True):
+        for (task, seen), raw in zip(watched, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(raw, Exception):  # a key of the wrong type: that task's trouble
+                looks[task] = translated(raw) if isinstance(raw, redis.ResponseError) else raw
+                continue
             votes = cast(dict[bytes, bytes], raw)
             try:
                 refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
@@ -248,22 +251,30 @@ def abort_in_flight(runs: RunState, store: CheckpointStore, task: str) -> None:
     """
     run = runs.read(task)
     superstep = int(run.get("superstep", "0"))
-    try:  # only the shape of the GC to abort; a restore falls back past a damaged latest
-        latest = store.latest_gc(task) if superstep else None
-    except (CorruptCheckpoint, RecordNotFound) as exc:
-        log.warning("superstep in flight not aborted: the latest GC is unreadable", task=task,
-                    why=str(exc))  # fmt: skip
-        latest = None
-    if superstep and "number" in run and latest is not None:
-        intent = latest.model_copy(
-            update={
-                "number": int(run["number"]),
-                "superstep": superstep,
-                "epoch": int(run["epoch"]),
-            }
-        )
+    if superstep and "number" in run:
         try:
+            intent = _in_flight(store, task, int(run["number"]), superstep, int(run["epoch"]))
             store.abort_gc(intent, runs.token())
-        except CairnError as exc:  # e.g. it committed in the meantime
+        except CairnError as exc:  # e.g. it committed in the meantime, or nothing is readable
             log.info("superstep in flight not aborted", task=task, why=str(exc))
     runs.write(task, {"superstep": 0}, clear_steps=True)
+
+
+def _in_flight(
+    store: CheckpointStore, task: str, number: int, superstep: int, epoch: int
+) -> GlobalCheckpoint:
+    """The GC of the superstep in flight, to abort: the latest GC, renumbered, as its shape.
+
+    A latest GC that cannot be read (damaged in Redis and on disk, which a restore falls
+    back past) lends no shape; the record prepared for the superstep does. Raises
+    `CorruptCheckpoint` or `RecordNotFound` when neither can be read.
+    """
+    at = {"number": number, "superstep": superstep, "epoch": epoch}
+    try:
+        latest = store.latest_gc(task)
+    except (CorruptCheckpoint, RecordNotFound) as exc:
+        log.warning("latest GC unreadable; aborting from the prepared one", task=task,
+                    why=str(exc))  # fmt: skip
+        latest = None
+    shape = latest if latest is not None else store.read_gc(task, number)
+    return shape.model_copy(update=at)

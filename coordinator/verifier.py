@@ -55,8 +55,7 @@ class Verifier:
         pipe = self.redis.pipeline(transaction=False)
         pipe.hget(keys.run(task), FIELD)
         pipe.get(keys.verdict(task, epoch, number))
-        pipe.get(keys.verify_beat(task))
-        raw, said, beat = cast(list[bytes | None], pipe.execute())
+        raw, said = cast(list[bytes | None], pipe.execute())
         current = VerifyRun.load(raw) if raw is not None else None
         if current is None or (current.epoch, current.gc) != (epoch, number):
             self._launch(task, VerifyRun(epoch, number, 1), limits)
@@ -67,9 +66,10 @@ class Verifier:
             if now >= current.retry_at:
                 self._launch(task, current, limits)
             return None
+        beat = keys.verify_beat(task, epoch, number, current.attempt)
+        beating = bool(self.redis.exists(beat))  # this very try's: no other beats there
         [job] = JobState.read_many(self.redis, [current.job], self.queue.key, self.grace, now)
         [job] = self.taken.judge(task, [current.job], [job], now)
-        beating = beat is not None and beat.decode().endswith(current.token_suffix())
         # The job's own time limit is `verify_timeout`: a little more before it counts as hung.
         why = job_over(job, "a verdict", limits.verify_timeout + 30, beating, self.grace, now)
         if why is None:

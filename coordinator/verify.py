@@ -71,10 +71,6 @@ class VerifyRun(Entry):
     job: str = ""
     retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
 
-    def token_suffix(self) -> str:
-        """How this try's heartbeat token ends (see `agents.heartbeat.worker_token`)."""
-        return f":{self.epoch}:{self.gc}:{self.attempt}"
-
 
 # the worker's side ------------------------------------------------------------------------
 def run_verify(
@@ -101,12 +97,13 @@ def run_verify(
 
 
 class VerifyBeats:
-    """The heartbeat of a verify job: one key per task, its token naming the try."""
+    """Where a verify's heartbeat is kept: a key of its own try (`keys.verify_beat`)."""
 
-    def __init__(self, client: redis.Redis) -> None:
-        self.redis = client
+    def __init__(self, client: redis.Redis, run: VerifyRun) -> None:
+        self.redis, self.run = client, run
 
     def beat(self, task: str, agent: str, token: str, ttl_ms: int) -> bool:
-        """Keep the task's verify beat alive with `token` (never fenced: tokens say whose)."""
-        self.redis.set(keys.verify_beat(task), token, px=ttl_ms)
+        """Keep this try's beat alive (never fenced: no other try shares its key)."""
+        run = self.run
+        self.redis.set(keys.verify_beat(task, run.epoch, run.gc, run.attempt), token, px=ttl_ms)
         return True

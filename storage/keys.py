@@ -147,9 +147,13 @@ def verdict(task: str, epoch_: int, number: int) -> str:
     return f"{task_prefix(task)}verdict:{epoch_}:{number}"
 
 
-def verify_beat(task: str) -> str:
-    """String with a TTL: alive while a worker runs the task's verify command."""
-    return task_prefix(task) + "hb-verify"
+def verify_beat(task: str, epoch_: int, number: int, attempt: int) -> str:
+    """String with a TTL: alive while a worker runs that try of the verify of GC `number`.
+
+    One per try: a try still running after another was launched (its worker was judged
+    dead, or a restore left it behind) must not pass for that one, nor hide it.
+    """
+    return f"{task_prefix(task)}hb-verify:{epoch_}:{number}:{attempt}"
 
 
 def owner(task: str) -> str:

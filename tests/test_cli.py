@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -17,6 +18,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -511,6 +513,17 @@ def test_up_runs_a_private_redis_that_other_commands_find(
         assert 3 == len(processes)  # redis-server, the coordinator, one worker
         url = (state / "redis.url").read_text().strip()
         assert [] == [cmdline(pid) for pid in processes if url in cmdline(pid)]
+        # Its Redis asks for a password (a command allowed the network shares the loopback),
+        # which only this user can read.
+        assert 0o600 == stat.S_IMODE((state / "redis.url").stat().st_mode)
+        parts = urlsplit(url)
+        assert parts.password
+        assert parts.hostname is not None
+        assert parts.port is not None
+        bare = redis.Redis(host=parts.hostname, port=parts.port)
+        with pytest.raises(redis.AuthenticationError):
+            bare.ping()
+        bare.close()
     finally:
         code = stop(up)
     assert 0 == code

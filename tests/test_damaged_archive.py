@@ -125,3 +125,35 @@ def test_a_restore_falls_back_when_the_latest_gc_is_damaged_in_redis_and_on_disk
     restored = cluster.store.latest_gc(task)
     assert restored is not None
     assert before == restored.workspace
+
+
+def test_a_superstep_in_flight_is_aborted_though_the_latest_gc_is_damaged(
+    cluster: Cluster, run: Run, tmp_path: Path
+) -> None:
+    """A restore while a superstep runs, the latest GC damaged: the superstep's GC is aborted.
+
+    Its prepared record gives the shape of what to abort, so no GC stays PREPARING for good.
+    """
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger", slow=2.0))
+    cluster.tick_until(lambda: (cluster.store.hot.latest_gc(task) or 0) >= 1)
+    cluster.start_superstep(task)
+    latest = cluster.store.hot.latest_gc(task)
+    assert latest is not None
+    in_flight = int(cast(bytes, cluster.client.hget(keys.run(task), "number")))
+    assert in_flight == latest + 1
+    key = keys.gc(task, latest)
+    stored = bytearray(cast(bytes, cluster.client.hget(key, "data")))
+    stored[len(stored) // 2] ^= 0x40
+    cluster.client.hset(key, "data", bytes(stored))
+    archived = tmp_path / "archive" / "tasks" / task / "gc" / f"{latest:012d}.rec"
+    if archived.exists():
+        data = bytearray(archived.read_bytes())
+        data[len(data) // 2] ^= 0x40
+        archived.write_bytes(bytes(data))
+
+    code, out, err = run("restore", task, "--json")
+    assert 0 == code, err
+    assert latest - 1 == json.loads(out)["restored_to"]
+    statuses = {g.number: g.status for g in cluster.store.list_gcs(task)}
+    assert GCStatus.ABORTED == statuses[in_flight]

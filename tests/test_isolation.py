@@ -8,6 +8,7 @@ a hostile Redis writer, or a bug of ours, would leave it).
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import cast
@@ -155,7 +156,18 @@ def garble_votes(cluster: Cluster, task: str) -> None:
     cluster.client.hset(vote, "intruder", b"\xff\xfe not a vote")
 
 
-@pytest.mark.parametrize(("garble", "phase"), [(garble_steps, "watch"), (garble_votes, "look")])
+def garble_vote_type(cluster: Cluster, task: str) -> None:
+    """Make the votes of the superstep in flight a key of the wrong type (a string)."""
+    epoch, superstep = cast(list[bytes], cluster.client.hmget(keys.run(task), "epoch", "superstep"))
+    vote = keys.votes(task, int(epoch), int(superstep))
+    cluster.client.delete(vote)
+    cluster.client.set(vote, b"not a hash")
+
+
+@pytest.mark.parametrize(
+    ("garble", "phase"),
+    [(garble_steps, "watch"), (garble_votes, "look"), (garble_vote_type, "look")],
+)
 def test_garbage_in_one_tasks_state_pauses_it_alone(
     cluster: Cluster, tmp_path: Path, garble: object, phase: str
 ) -> None:
@@ -199,3 +211,24 @@ def test_every_phase_a_poison_can_name_is_a_method_of_the_coordinator() -> None:
     for method in PHASES.values():
         assert callable(getattr(Coordinator, method)), method
     assert set(REACHED) < set(PHASES)
+
+
+def test_a_coordinator_that_advances_no_task_pauses_none(poisoned: Cluster, tmp_path: Path) -> None:
+    """Every task failing alike (the coordinator's own trouble) pauses none of them.
+
+    As with a coordinator started with the wrong signing key: it logs, backs off, and
+    the tasks run on once it (or a standby) can advance them.
+    """
+    cluster = poisoned
+    tasks = [cluster.tasks.submit(team_spec(tmp_path / "ledger")) for _ in range(2)]
+    for task in tasks:
+        poison(cluster.client, task, "begin")
+    deadline = time.monotonic() + 6 * PAUSE_AFTER
+    while time.monotonic() < deadline:
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    assert ["running", "running"] == [cluster.status(t)["status"] for t in tasks]
+    for task in tasks:
+        cure(cluster.client, task)
+    cluster.tick_until(lambda: all(cluster.tasks.status(t).ended for t in tasks))
+    assert ["succeeded", "succeeded"] == [cluster.status(t)["status"] for t in tasks]

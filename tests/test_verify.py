@@ -41,6 +41,11 @@ def verify_run(cluster: Cluster, task: str) -> VerifyRun | None:
     return None if raw is None else VerifyRun.load(raw)
 
 
+def beat_of(task: str, run: VerifyRun) -> str:
+    """The heartbeat key of the verify try `run` of `task`."""
+    return keys.verify_beat(task, run.epoch, run.gc, run.attempt)
+
+
 def test_a_long_verify_holds_up_no_other_task(cluster: Cluster, tmp_path: Path) -> None:
     """While one task's verify runs for a minute, another task runs from start to end."""
     cluster.start_worker()
@@ -83,11 +88,14 @@ def test_a_worker_killed_in_a_verify_is_seen_and_the_verify_tried_again(
     cluster.start_worker()
     task = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 2 && true"))
 
-    def verify_beats() -> bool:
-        return cluster.client.get(keys.verify_beat(task)) is not None
+    def first_try_beats() -> bool:
+        run = verify_run(cluster, task)
+        return run is not None and bool(cluster.client.exists(beat_of(task, run)))
 
-    cluster.tick_until(verify_beats)
-    beat = cast(bytes, cluster.client.get(keys.verify_beat(task))).decode()
+    cluster.tick_until(first_try_beats)
+    run = verify_run(cluster, task)
+    assert run is not None
+    beat = cast(bytes, cluster.client.get(beat_of(task, run))).decode()
     os.kill(int(beat.split(":")[1]), signal.SIGKILL)
     status = cluster.drive(task)
     assert ("succeeded", "verify passed") == (status["status"], status["reason"])
@@ -142,7 +150,9 @@ def test_a_garbled_verdict_pauses_its_task_alone(
         cluster.client, cluster.store, heartbeat_grace=1.0, pause_after=0.5
     )
     cluster.start_worker()
-    victim = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 2"))
+    cluster.start_worker()  # one for the other task while the victim's verify holds one
+    # Its verify runs on, so no real verdict comes to replace the garbled one.
+    victim = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 60"))
     cluster.tick_until(lambda: verify_run(cluster, victim) is not None)
     run = verify_run(cluster, victim)
     assert run is not None
@@ -154,3 +164,32 @@ def test_a_garbled_verdict_pauses_its_task_alone(
     )
     assert "succeeded" == cluster.status(other)["status"]
     assert "(verify," in str(cluster.status(victim)["reason"])
+    cluster.tasks.cancel(victim)
+
+
+def test_a_verify_left_running_by_a_restore_does_not_pass_for_the_next_one(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A restore during a verify: the old try beats on beside the new one, each on its own.
+
+    The old try's beat must neither make the new try look alive nor dead: the new one is
+    judged by its own beat, runs to its verdict, and is never tried again.
+    """
+    cluster.start_worker()
+    cluster.start_worker()
+    task = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 4 && true"))
+
+    def first_try_beats() -> bool:
+        run = verify_run(cluster, task)
+        return run is not None and bool(cluster.client.exists(beat_of(task, run)))
+
+    cluster.tick_until(first_try_beats)
+    old = verify_run(cluster, task)
+    assert old is not None
+    cluster.coordinator.restorer.restore(task, reason="a person goes back")
+    status = cluster.drive(task)
+    assert ("succeeded", "verify passed") == (status["status"], status["reason"])
+    new = verify_run(cluster, task)
+    assert new is not None
+    assert new.epoch > old.epoch
+    assert 1 == new.attempt  # judged by its own beat: never taken for dead

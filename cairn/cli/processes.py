@@ -12,6 +12,7 @@ command line, which any user of the machine can read (`ps`, `/proc/PID/cmdline`)
 from __future__ import annotations
 
 import contextlib
+import secrets
 import signal
 import subprocess
 import sys
@@ -198,9 +199,9 @@ def run_coordinator(client: Client, name: str, lease_ms: int) -> int:
 def run_up(settings: Settings, workers: int, console: Console) -> int:
     """`cairn up`: Redis (a private one unless configured), a coordinator and workers.
 
-    A private redis-server keeps its data (AOF) under the state directory, and while it
-    runs its URL is in `<state>/redis.url`, so other `cairn` commands in this directory
-    find it without configuration.
+    A private redis-server (with a password made for this run) keeps its data (AOF) under
+    the state directory, and while it runs its URL is in `<state>/redis.url` (mode 0600),
+    so other `cairn` commands in this directory find it without configuration.
     """
     state = settings.state_dir
     server: RedisServer | None = None
@@ -209,8 +210,13 @@ def run_up(settings: Settings, workers: int, console: Console) -> int:
         ping(url, "CAIRN_REDIS_URL")
     else:
         _refuse_second_up(settings)
-        server = RedisServer(state / "redis", appendonly=True).start()
+        # A password of its own, though it listens on the loopback only: an agent's command
+        # allowed the network (`network: true`) shares this host's loopback.
+        password = secrets.token_hex(16)
+        server = RedisServer(state / "redis", appendonly=True, password=password).start()
         url = server.url
+        settings.url_file.touch(mode=0o600)  # it holds the password: this user's alone
+        settings.url_file.chmod(0o600)
         settings.url_file.write_text(url + "\n")
     logs = state / "logs"
     env = settings.child_env(url)
