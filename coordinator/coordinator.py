@@ -13,11 +13,8 @@ Whatever advancing one task raises stays with that task (`coordinator.isolation`
 from __future__ import annotations
 
 import contextlib
-import json
 import threading
 import time
-from dataclasses import dataclass
-from enum import Enum
 from typing import TypeVar, cast
 
 import redis
@@ -32,9 +29,10 @@ from coordinator import metrics
 from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
 from coordinator.isolation import PAUSE_AFTER, TaskFaults
 from coordinator.jobs import STEP_JOB, STEPS_QUEUE
-from coordinator.jobstate import JobState, TakenJobs, job_over
+from coordinator.jobstate import JobState, TakenJobs, backoff, step_failure
 from coordinator.lease import Lease
 from coordinator.numbering import ArchiveFloor, restore_from_archive
+from coordinator.plan import Barrier, Plan, Then
 from coordinator.replication import Replication
 from coordinator.restore import Restorer
 from coordinator.runs import (
@@ -68,7 +66,6 @@ from storage.store import CheckpointStore
 log = get_logger(__name__)
 R = TypeVar("R", bound=Record)
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
-MAX_BACKOFF = 30.0
 MAX_ROLLBACKS = 3
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
 # Seconds a look's status and budget are trusted for beginning the next superstep with a
@@ -77,91 +74,6 @@ FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead
 FRESH_LOOK = 0.1
 UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
 INTERRUPTED_REASON = "a restore stopped half-way"
-
-
-def backoff(tries: int) -> float:
-    """Seconds to wait before try `tries + 1` of what failed `tries` times (a step, a restore).
-
-    0.25 s after the first failure, doubling each time, at most `MAX_BACKOFF`.
-    """
-    return min(MAX_BACKOFF, 0.25 * 2.0 ** (tries - 1))
-
-
-def _failure(
-    step: StepRun,
-    epoch: int,
-    superstep: int,
-    outcome: bytes | None,
-    job: JobState | None,
-    beat: str | None,
-    limits: Limits,
-    grace: float,
-    now: float,
-) -> tuple[str, str] | None:
-    """Why the current attempt of a step is over without a vote, or None if it is not.
-
-    `outcome` is what the job recorded, `job` its RQ job (None once gone), `beat` the
-    step's heartbeat token, which must be this attempt's of this epoch: after a restore a
-    zombie of the old epoch may beat for the same superstep and attempt.
-    """
-    if outcome is not None:
-        said = json.loads(outcome)
-        if said["attempt"] == step.attempt and said["kind"] != "fenced":
-            return str(said["kind"]), str(said["message"])
-    mine = f":{epoch}:{superstep}:{step.attempt}"  # the token of this very attempt
-    beating = beat is not None and beat.endswith(mine)
-    why = job_over(job, "a vote", limits.step_timeout, beating, grace, now)
-    return None if why is None else ("retryable", why)
-
-
-@dataclass(frozen=True, slots=True)
-class Barrier:
-    """What starting a superstep reads besides the latest GC, in one round trip."""
-
-    running: bool  # the run's status is `running` (not paused or ended meanwhile)
-    epoch: int
-    restoring: bool  # a restore holds the task's lock
-    budget: bytes | None  # the budget last set (`Tasks.budget`), if any
-    spent: dict[str, Usage]  # agent → what its model calls spent
-
-    @classmethod
-    def read(cls, client: redis.Redis, task: str) -> Barrier:
-        """Read them for `task`."""
-        pipe = client.pipeline(transaction=False)
-        pipe.hmget(keys.run(task), ["status", "budget"])
-        pipe.get(keys.epoch(task))
-        pipe.exists(keys.restore_lock(task))
-        pipe.hgetall(keys.spend(task))
-        (status, budget), epoch, locked, spend = pipe.execute()
-        running = status == TaskState.RUNNING.value.encode()
-        return cls(running, int(epoch or 0), bool(locked), budget, parse_spend(spend)[0])
-
-    def may_begin(self, latest: GlobalCheckpoint) -> bool:
-        """Say whether the superstep after `latest` may begin now.
-
-        Not once the task was paused, ended or restored since the caller looked, nor while
-        a restore that raised the epoch past `latest`'s holds the lock: it leads until it
-        commits or gives up.
-        """
-        return self.running and not (self.epoch != latest.epoch and self.restoring)
-
-
-class Then(str, Enum):
-    """What follows a committed GC when no superstep starts after it (yet)."""
-
-    VERIFY = "verify"  # every agent rests: run the task's verify command
-    WAIT = "wait"  # an agent's tool call waits for a person's approval
-    FAIL = "fail"  # past max_supersteps
-    PAUSE = "pause"  # the budget is reached
-
-
-@dataclass(frozen=True, slots=True)
-class Plan:
-    """What follows a committed GC: the next superstep's agents, else `then` and its reason."""
-
-    agents: tuple[str, ...] = ()
-    then: Then | None = None
-    reason: str = ""
 
 
 class Coordinator:
@@ -464,7 +376,7 @@ class Coordinator:
         )
         for (agent, step), job, raw in zip(watched.items(), jobs, beats, strict=True):
             beat = None if raw is None else raw.decode()
-            failure = _failure(step, epoch, superstep, outcomes.get(agent.encode()), job, beat,
+            failure = step_failure(step, epoch, superstep, outcomes.get(agent.encode()), job, beat,
                                limits, self.heartbeat_grace, now)  # fmt: skip
             if failure is not None and not self._retry(
                 task, run, agent, step, superstep, failure, now

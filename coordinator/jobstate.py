@@ -4,17 +4,25 @@ A job answers by writing what it was for (a step its vote, a verify its verdict)
 that will not is found from its RQ job, read field by field without loading it
 (`JobState`), and from the heartbeat its job keeps alive while it runs: gone, failed,
 finished without answering, taken by a worker that died before starting it, past its
-timeout, or its worker silent (`job_over`).
+timeout, or its worker silent (`job_over`); for a step, what its job said of its end
+comes first (`step_failure`). What failed is tried again after a `backoff`.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import redis
 from rq.job import Job, JobStatus
 from rq.utils import utcparse
+
+if TYPE_CHECKING:
+    from coordinator.runs import StepRun
+    from coordinator.spec import Limits
+
+MAX_BACKOFF = 30.0  # seconds: the longest wait before a try of what keeps failing
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,3 +140,38 @@ class TakenJobs:
     def forget(self, task: str) -> None:
         """Drop what was noted of `task`'s jobs."""
         self._first = {k: v for k, v in self._first.items() if k[0] != task}
+
+
+def backoff(tries: int) -> float:
+    """Seconds to wait before try `tries + 1` of what failed `tries` times (a step, a restore).
+
+    0.25 s after the first failure, doubling each time, at most `MAX_BACKOFF`.
+    """
+    return min(MAX_BACKOFF, 0.25 * 2.0 ** (tries - 1))
+
+
+def step_failure(
+    step: StepRun,
+    epoch: int,
+    superstep: int,
+    outcome: bytes | None,
+    job: JobState | None,
+    beat: str | None,
+    limits: Limits,
+    grace: float,
+    now: float,
+) -> tuple[str, str] | None:
+    """Why the current attempt of a step is over without a vote, or None if it is not.
+
+    `outcome` is what the job recorded, `job` its RQ job (None once gone), `beat` the
+    step's heartbeat token, which must be this attempt's of this epoch: after a restore a
+    zombie of the old epoch may beat for the same superstep and attempt.
+    """
+    if outcome is not None:
+        said = json.loads(outcome)
+        if said["attempt"] == step.attempt and said["kind"] != "fenced":
+            return str(said["kind"]), str(said["message"])
+    mine = f":{epoch}:{superstep}:{step.attempt}"  # the token of this very attempt
+    beating = beat is not None and beat.endswith(mine)
+    why = job_over(job, "a vote", limits.step_timeout, beating, grace, now)
+    return None if why is None else ("retryable", why)

@@ -21,8 +21,8 @@ from structlog.testing import capture_logs
 from agents.heartbeat import Heartbeat, worker_token
 from agents.spec import AgentSpec, TaskRecord
 from agents.task import start_task
-from coordinator.coordinator import HEARTBEAT_GRACE, _failure
-from coordinator.jobstate import JobState
+from coordinator.coordinator import HEARTBEAT_GRACE
+from coordinator.jobstate import JobState, step_failure
 from coordinator.numbering import LOST_REASON
 from coordinator.restore import Restorer
 from coordinator.runs import StepRun
@@ -239,8 +239,8 @@ def test_a_zombie_of_an_old_epoch_does_not_pass_for_the_step_it_was_restored_int
     zombie = f"host:1:{1}:{3}:{1}"
     live = f"host:2:{2}:{3}:{1}"
     step, limits = StepRun(1, "job"), Limits()
-    assert _failure(step, 2, 3, None, job, zombie, limits, HEARTBEAT_GRACE, now) is not None
-    assert _failure(step, 2, 3, None, job, live, limits, HEARTBEAT_GRACE, now) is None
+    assert step_failure(step, 2, 3, None, job, zombie, limits, HEARTBEAT_GRACE, now) is not None
+    assert step_failure(step, 2, 3, None, job, live, limits, HEARTBEAT_GRACE, now) is None
 
 
 def test_a_zombie_heartbeat_stops_once_another_attempt_is_current(
