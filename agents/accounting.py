@@ -18,7 +18,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.userfiles import load_json, load_yaml, read_at_most
+from agents.userfiles import load_json, load_yaml, read_bounded
 from storage.errors import InvalidSpec
 from storage.records import Usage
 
@@ -75,12 +75,7 @@ def load_prices(path: str | Path) -> dict[str, Price]:
     Raises `InvalidSpec` naming the file and what is wrong.
     """
     source = Path(path)
-    try:
-        raw = read_at_most(source, MAX_PRICES_BYTES)
-    except OSError as exc:
-        raise InvalidSpec(f"cannot read price table {source}: {exc.strerror or exc}") from None
-    if len(raw) > MAX_PRICES_BYTES:
-        raise InvalidSpec(f"price table {source} is over {MAX_PRICES_BYTES} bytes")
+    raw = read_bounded(source, MAX_PRICES_BYTES, f"price table {source}")
     try:
         text = raw.decode()
         data = load_json(text) if source.suffix == ".json" else load_yaml(text)

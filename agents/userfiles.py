@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from storage.errors import InvalidSpec
+
 MAX_VALUES = 100_000
 
 
@@ -30,6 +32,20 @@ def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes:
     """
     with open(path, "rb") as stream:  # noqa: PTH123 - a path or a device, read in one call
         return stream.read(limit + 1)
+
+
+def read_bounded(path: str | os.PathLike[str], limit: int, name: str) -> bytes:
+    """Return the file's bytes, at most `limit`; `InvalidSpec` naming `name` else.
+
+    One line either way: "cannot read NAME: why", or "NAME is over LIMIT bytes".
+    """
+    try:
+        data = read_at_most(path, limit)
+    except OSError as exc:
+        raise InvalidSpec(f"cannot read {name}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise InvalidSpec(f"{name} is over {limit} bytes")
+    return data
 
 
 class _BoundedLoader(yaml.SafeLoader):  # type: ignore[misc] # PyYAML has no type hints

@@ -24,7 +24,7 @@ from agents.spec import (
     TaskRecord,
     parse_model,
 )
-from agents.userfiles import load_json, load_yaml, read_at_most
+from agents.userfiles import load_json, load_yaml, read_bounded
 from agents.workspace import (
     FILE_LIMIT,
     MAX_FILE_LIMIT,
@@ -197,12 +197,7 @@ def _check_files(files: dict[str, str], max_file: int) -> None:
 def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
     """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong."""
     source = Path(path)
-    try:
-        raw = read_at_most(source, MAX_SPEC_BYTES)
-    except OSError as exc:
-        raise InvalidSpec(f"cannot read task spec {source}: {exc.strerror}") from None
-    if len(raw) > MAX_SPEC_BYTES:
-        raise InvalidSpec(f"task spec {source} is over {MAX_SPEC_BYTES} bytes")
+    raw = read_bounded(source, MAX_SPEC_BYTES, f"task spec {source}")
     try:
         text = raw.decode()
     except UnicodeDecodeError as exc:

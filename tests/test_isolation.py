@@ -53,6 +53,17 @@ def synced(spec: TaskSpec) -> TaskSpec:
     return spec.model_copy(update={"checkpoints": policy})
 
 
+def tick_until_paused(cluster: Cluster, victim: str, *, beside: str) -> None:
+    """Tick until the task `beside` the victim has ended and the victim is paused."""
+    cluster.tick_until(
+        lambda: (
+            cluster.tasks.status(beside).ended
+            and cluster.tasks.status(victim).state is TaskState.PAUSED
+        ),
+        timeout=90,
+    )
+
+
 def test_a_task_failing_in_any_phase_is_paused_alone_and_the_others_finish(
     poisoned: Cluster, tmp_path: Path
 ) -> None:
@@ -110,13 +121,7 @@ def test_a_rollback_that_fails_pauses_the_task_alone(poisoned: Cluster, tmp_path
     victim = cluster.tasks.submit(failing)
     poison(cluster.client, victim, "rollback")
     bystander = cluster.tasks.submit(spec)
-    cluster.tick_until(
-        lambda: (
-            cluster.tasks.status(bystander).ended
-            and cluster.tasks.status(victim).state is TaskState.PAUSED
-        ),
-        timeout=90,
-    )
+    tick_until_paused(cluster, victim, beside=bystander)
     assert "succeeded" == cluster.status(bystander)["status"]
     assert str(cluster.status(victim)["reason"]).startswith(f"{FAULT_REASON} (rollback,")
 
@@ -189,13 +194,7 @@ def test_garbage_in_one_tasks_state_pauses_it_alone(
     cluster.start_superstep(victim)
     garble(cluster, victim)
     bystander = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    cluster.tick_until(
-        lambda: (
-            cluster.tasks.status(bystander).ended
-            and cluster.tasks.status(victim).state is TaskState.PAUSED
-        ),
-        timeout=90,
-    )
+    tick_until_paused(cluster, victim, beside=bystander)
     assert "succeeded" == cluster.status(bystander)["status"]
     assert str(cluster.status(victim)["reason"]).startswith(f"{FAULT_REASON} ({phase},")
 

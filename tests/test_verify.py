@@ -46,6 +46,16 @@ def beat_of(task: str, run: VerifyRun) -> str:
     return keys.verify_beat(task, run.epoch, run.gc, run.attempt)
 
 
+def tick_until_verify_beats(cluster: Cluster, task: str) -> None:
+    """Tick until the task's verify try in flight beats (a worker runs it)."""
+
+    def beats() -> bool:
+        run = verify_run(cluster, task)
+        return run is not None and bool(cluster.client.exists(beat_of(task, run)))
+
+    cluster.tick_until(beats)
+
+
 def test_a_long_verify_holds_up_no_other_task(cluster: Cluster, tmp_path: Path) -> None:
     """While one task's verify runs for a minute, another task runs from start to end."""
     cluster.start_worker()
@@ -88,11 +98,7 @@ def test_a_worker_killed_in_a_verify_is_seen_and_the_verify_tried_again(
     cluster.start_worker()
     task = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 2 && true"))
 
-    def first_try_beats() -> bool:
-        run = verify_run(cluster, task)
-        return run is not None and bool(cluster.client.exists(beat_of(task, run)))
-
-    cluster.tick_until(first_try_beats)
+    tick_until_verify_beats(cluster, task)
     run = verify_run(cluster, task)
     assert run is not None
     beat = cast(bytes, cluster.client.get(beat_of(task, run))).decode()
@@ -179,11 +185,7 @@ def test_a_verify_left_running_by_a_restore_does_not_pass_for_the_next_one(
     cluster.start_worker()
     task = cluster.tasks.submit(with_verify(team_spec(tmp_path / "ledger"), "sleep 4 && true"))
 
-    def first_try_beats() -> bool:
-        run = verify_run(cluster, task)
-        return run is not None and bool(cluster.client.exists(beat_of(task, run)))
-
-    cluster.tick_until(first_try_beats)
+    tick_until_verify_beats(cluster, task)
     old = verify_run(cluster, task)
     assert old is not None
     cluster.coordinator.restorer.restore(task, reason="a person goes back")
