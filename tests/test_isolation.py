@@ -9,7 +9,7 @@ a hostile Redis writer, or a bug of ours, would leave it).
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 from typing import cast
 
@@ -53,15 +53,26 @@ def synced(spec: TaskSpec) -> TaskSpec:
     return spec.model_copy(update={"checkpoints": policy})
 
 
-def tick_until_paused(cluster: Cluster, victim: str, *, beside: str) -> None:
-    """Tick until the task `beside` the victim has ended and the victim is paused."""
-    cluster.tick_until(
-        lambda: (
-            cluster.tasks.status(beside).ended
-            and cluster.tasks.status(victim).state is TaskState.PAUSED
-        ),
-        timeout=90,
-    )
+def tick_until_paused(cluster: Cluster, victims: Collection[str], beside: TaskSpec) -> list[str]:
+    """Tick until every victim is paused, a task of `beside` running next to them meanwhile.
+
+    A failing task is paused only while another task advances (a coordinator that
+    advances none pauses none), so a task beside that ended before a victim's trouble
+    began would leave that victim waiting: another is submitted whenever the last one has
+    ended. Returns the tasks beside, all ended.
+    """
+    besides = [cluster.tasks.submit(beside)]
+
+    def paused_and_ended() -> bool:
+        if not cluster.tasks.status(besides[-1]).ended:
+            return False
+        if all(cluster.tasks.status(t).state is TaskState.PAUSED for t in victims):
+            return True
+        besides.append(cluster.tasks.submit(beside))
+        return False
+
+    cluster.tick_until(paused_and_ended, timeout=90)
+    return besides
 
 
 def test_a_task_failing_in_any_phase_is_paused_alone_and_the_others_finish(
@@ -79,17 +90,11 @@ def test_a_task_failing_in_any_phase_is_paused_alone_and_the_others_finish(
         poison(cluster.client, task, phase)
     unarchived = cluster.tasks.submit(spec)
     poison(cluster.client, unarchived, "archive")
-    bystander = cluster.tasks.submit(spec)
-
-    def ended_or_paused() -> bool:
-        done = cluster.tasks.status(bystander).ended and cluster.tasks.status(unarchived).ended
-        return done and all(
-            cluster.tasks.status(t).state is TaskState.PAUSED for t in victims.values()
-        )
 
     with capture_logs() as logs:
-        cluster.tick_until(ended_or_paused, timeout=90)
-    assert "succeeded" == cluster.status(bystander)["status"]
+        besides = tick_until_paused(cluster, victims.values(), beside=spec)
+        cluster.tick_until(lambda: cluster.tasks.status(unarchived).ended, timeout=90)
+    assert all("succeeded" == cluster.status(t)["status"] for t in besides)
     assert "succeeded" == cluster.status(unarchived)["status"]
     for phase, task in victims.items():
         status = cluster.status(task)
@@ -105,7 +110,7 @@ def test_a_task_failing_in_any_phase_is_paused_alone_and_the_others_finish(
         cure(cluster.client, task)
         cluster.tasks.resume(task)
     cluster.tick_until(lambda: all(cluster.tasks.status(t).ended for t in victims.values()))
-    expected = files_and_histories(cluster, bystander)[0]
+    expected = files_and_histories(cluster, besides[0])[0]
     for phase, task in victims.items():
         assert "succeeded" == cluster.status(task)["status"], phase
         assert expected == files_and_histories(cluster, task)[0], phase
@@ -120,9 +125,8 @@ def test_a_rollback_that_fails_pauses_the_task_alone(poisoned: Cluster, tmp_path
     failing = TaskSpec.model_validate(data)
     victim = cluster.tasks.submit(failing)
     poison(cluster.client, victim, "rollback")
-    bystander = cluster.tasks.submit(spec)
-    tick_until_paused(cluster, victim, beside=bystander)
-    assert "succeeded" == cluster.status(bystander)["status"]
+    besides = tick_until_paused(cluster, [victim], beside=spec)
+    assert all("succeeded" == cluster.status(t)["status"] for t in besides)
     assert str(cluster.status(victim)["reason"]).startswith(f"{FAULT_REASON} (rollback,")
 
 
@@ -193,15 +197,14 @@ def test_garbage_in_one_tasks_state_pauses_it_alone(
     victim = cluster.tasks.submit(spec)
     cluster.start_superstep(victim)
     garble(cluster, victim)
-    bystander = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    tick_until_paused(cluster, victim, beside=bystander)
-    assert "succeeded" == cluster.status(bystander)["status"]
+    besides = tick_until_paused(cluster, [victim], beside=team_spec(tmp_path / "ledger"))
+    assert all("succeeded" == cluster.status(t)["status"] for t in besides)
     assert str(cluster.status(victim)["reason"]).startswith(f"{FAULT_REASON} ({phase},")
 
     cluster.coordinator.restorer.restore(victim, reason="a person mends it")  # and resumes it
     cluster.tick_until(lambda: cluster.tasks.status(victim).ended, timeout=90)
     assert "succeeded" == cluster.status(victim)["status"]
-    expected = files_and_histories(cluster, bystander)[0]
+    expected = files_and_histories(cluster, besides[0])[0]
     assert expected == files_and_histories(cluster, victim)[0]
 
 
