@@ -26,9 +26,31 @@ $(BENCH_STAMP): $(STAMP)
 	@if $(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'; then touch $(BENCH_STAMP); \
 	else echo "make: the bench extra (DBOS) did not install; the peer part will say why" >&2; fi
 
-install: $(STAMP)
+# LangGraph's own tests, which tests/test_langgraph_suite.py runs on CairnSaver: PyPI's wheel
+# has none, so this unpacks those of the installed langgraph's sdist (pip download, once per
+# version) in $(VENV)/langgraph-suite/. Tests never download.
+LANGGRAPH_SUITE := $(VENV)/.installed-langgraph-suite
+$(LANGGRAPH_SUITE): $(STAMP)
+	$(BIN)/python -m tests.langgraph_suite fetch
+	touch $(LANGGRAPH_SUITE)
 
-test: system-test $(STAMP)
+install: $(STAMP) $(LANGGRAPH_SUITE)
+
+# The npm MCP servers tests/test_mcp_servers.py runs, at these versions, in $(NPM_MCP): installed
+# again only when the pins change; without npm (scripts/system-deps installs it) it says so and
+# the tests that need them skip (outside CI).
+NPM_MCP := $(VENV)/npm-mcp
+NPM_MCP_PACKAGES := @modelcontextprotocol/server-filesystem@2026.8.31 \
+	@modelcontextprotocol/server-everything@2026.8.31
+.PHONY: npm-mcp
+npm-mcp:
+	@if ! command -v npm >/dev/null 2>&1; then \
+		echo "make: no npm, so no npm MCP servers: their tests in tests/test_mcp_servers.py skip" >&2; \
+	elif [ "$$(cat $(NPM_MCP)/.installed 2>/dev/null)" != "$(NPM_MCP_PACKAGES)" ]; then \
+		npm install --prefix $(NPM_MCP) --save-exact --no-audit --no-fund --loglevel=error $(NPM_MCP_PACKAGES) \
+		&& echo "$(NPM_MCP_PACKAGES)" > $(NPM_MCP)/.installed; fi
+
+test: system-test $(STAMP) npm-mcp $(LANGGRAPH_SUITE)
 	$(BIN)/pytest
 
 lint: $(STAMP)

@@ -354,8 +354,15 @@ class _Step:
     ) -> None:
         redacted = redact_optional(result)
         content = redacted if error is None else redact(f"error: {error}")
+        images, self.ctx.images = self.ctx.images, []  # a failed call's go nowhere
         self.state.messages.append(
-            Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content=content)
+            Message(
+                role=Role.TOOL,
+                tool_call_id=call.id,
+                name=call.name,
+                content=content,
+                images=images if error is None else [],
+            )
         )
         effects = tool.effects if tool is not None else None
         self._trace(call.name, call.args, redacted, effects, error, started, clock, None, key)

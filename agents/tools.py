@@ -26,7 +26,7 @@ from agents.spec import StepPolicy
 from agents.workspace import Workspace, check_path, replace_file
 from storage.errors import ToolError
 from storage.ids import new_id
-from storage.records import Effects, InboxMessage
+from storage.records import Effects, ImagePart, InboxMessage
 
 MAX_LISTED = 2_000
 MAX_READ = 1_000_000
@@ -48,6 +48,9 @@ class ToolContext:
     task: str = ""
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
+    # Images the current call returned, beside its text, for a model that takes them: the
+    # step moves them into the call's result message.
+    images: list[ImagePart] = field(default_factory=list)
     # The current call's key, or how to work it out: most tools never read it.
     _key: str | Callable[[], str] = field(default="", init=False, repr=False)
 

@@ -14,7 +14,7 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-SCHEMA_VERSION = 2  # what this code writes; older records are read through storage/upcast.py
+SCHEMA_VERSION = 3  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
@@ -99,6 +99,23 @@ class ToolCall(BaseModel):
     args: dict[str, JsonValue] = Field(default_factory=dict)
 
 
+class ImagePart(BaseModel):
+    """An image a tool returned, kept for a model that takes images: its type and bytes.
+
+    The message's text notes it too, so a model shown no images still reads what came back.
+    """
+
+    model_config = STRICT
+
+    media_type: str  # image/png, image/jpeg, image/gif or image/webp
+    data: str  # base64 of the image's bytes
+
+    @property
+    def size(self) -> int:
+        """The image's size in bytes (decoded)."""
+        return len(self.data.rstrip("=")) * 3 // 4
+
+
 class Message(BaseModel):
     """One message of the model-facing history (chat-completions shaped)."""
 
@@ -109,6 +126,9 @@ class Message(BaseModel):
     name: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
     tool_call_id: str | None = None
+    # A tool result's images. Left out of the stored form when empty, so a message without
+    # any is stored as it was before messages carried images.
+    images: list[ImagePart] = Field(default_factory=list, exclude_if=lambda images: not images)
 
 
 class Usage(BaseModel):

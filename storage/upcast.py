@@ -12,6 +12,8 @@ Steps:
   1 → 2: a local checkpoint keeps its history's running model usage (`usage`, None
          before: the reader adds up the trace), and usage carries `cost_usd`; task
          documents gained `prices` and `budget`. All added, with defaults.
+  2 → 3: a message keeps a tool result's images (`images`, empty before, and left out
+         of the stored form while empty). Added, with a default.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ def _additive(record: Json) -> Json:
 
 ADDITIVE: Final[Upcaster] = _additive
 # version → the step from it to the next one
-UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE}
+UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE}
 
 
 def needs_json(version: int) -> bool:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agents.barrier import build_gc, runnable
 from agents.spec import AgentSpec, StepPolicy, TaskRecord, Turn
@@ -15,6 +16,9 @@ from agents.step import ModelFactory, build_model, run_step
 from storage.keys import SPEC_DOC
 from storage.records import GlobalCheckpoint
 from storage.store import CheckpointStore
+
+if TYPE_CHECKING:  # the `mcp` SDK is imported by the tests that start MCP servers
+    from agents.mcp.manager import McpManager
 
 
 def record(task: str, *agents: AgentSpec, policy: StepPolicy | None = None) -> TaskRecord:
@@ -35,9 +39,16 @@ def scripted(name: str, turns: Sequence[Mapping[str, object]], **extra: object) 
 
 
 def superstep(
-    store: CheckpointStore, task: str, cache: Path, models: ModelFactory = build_model
+    store: CheckpointStore,
+    task: str,
+    cache: Path,
+    models: ModelFactory = build_model,
+    mcp: McpManager | None = None,
 ) -> GlobalCheckpoint | None:
-    """Run one superstep (attempt 1 for each runnable agent) and commit its GC; None if idle."""
+    """Run one superstep (attempt 1 for each runnable agent) and commit its GC; None if idle.
+
+    `mcp` serves the agents' `mcp:` tools, as a worker's manager does.
+    """
     spec = store.read_doc(task, SPEC_DOC, TaskRecord)
     order = [a.name for a in spec.agents]
     gc = store.latest_gc(task)
@@ -50,7 +61,7 @@ def superstep(
     for agent in agents:
         store.hot.begin_attempt(task, agent, s, 1)
         votes[agent] = run_step(
-            task, agent, s, epoch, 1, store=store, cache=cache, models=models
+            task, agent, s, epoch, 1, store=store, cache=cache, models=models, mcp=mcp
         ).lc
     barrier = build_gc(store, gc, votes, order, number=gc.number + 1, superstep=s, epoch=epoch)
     store.prepare_gc(barrier.gc)
@@ -64,10 +75,11 @@ def drive(
     *,
     limit: int = 60,
     models: ModelFactory = build_model,
+    mcp: McpManager | None = None,
 ) -> GlobalCheckpoint:
     """Run supersteps until no agent is runnable; return the last GC."""
     for _ in range(limit):
-        if superstep(store, task, cache, models) is None:
+        if superstep(store, task, cache, models, mcp) is None:
             gc = store.latest_gc(task)
             assert gc is not None
             return gc

@@ -294,6 +294,28 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         "two writers racing on one thread get an error, not two silent branches",
     ),
+    Mutant(
+        "langgraph-archive-drops-the-whole-writes-hash",
+        "storage/backends/lua/lg_archive.lua",
+        "redis.call('DEL', KEYS[i + 1])",
+        "redis.call('DEL', KEYS[i + 1], KEYS[n + i + 1])",
+        (
+            "tests/test_langgraph_archive.py::"
+            "test_archiving_while_threads_put_and_write_loses_nothing",
+        ),
+        "a write put while its checkpoint is archived stays in Redis",
+    ),
+    Mutant(
+        "langgraph-archive-drops-a-replaced-write",
+        "storage/backends/lua/lg_archive.lua",
+        "if redis.call('HGET', writes, ARGV[j]) == ARGV[j + 1] then",
+        "if true then",
+        (
+            "tests/test_langgraph_archive.py::"
+            "test_an_archive_cut_short_then_done_again_reads_the_write_replaced_meanwhile",
+        ),
+        "a write Redis holds with another value than the archive's stays in Redis",
+    ),
 )
 
 

@@ -15,7 +15,7 @@ from agents.models.base import ModelRequest, ToolSchema
 from agents.models.registry import build_model
 from agents.spec import AgentSpec
 from storage.errors import ModelError
-from storage.records import Message, Role, ToolCall, Usage
+from storage.records import ImagePart, Message, Role, ToolCall, Usage
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
 
 FAKE_KEY = "sk-ant-test-secret-0123456789"
@@ -258,3 +258,33 @@ def test_tool_input_that_is_no_object_comes_back_raw(server: ScriptedServer) -> 
     answer = model_for(server, []).complete(ask())
     assert [ToolCall(id="t1", name="f", args={"_raw": "[1,2]"})] == answer.tool_calls
     assert answer.content is None
+
+
+def test_a_tool_results_images_go_out_as_image_blocks(server: ScriptedServer) -> None:
+    """A result's images follow its text as base64 `image` blocks; another type is a note.
+
+    The shape is the Messages API's `tool_result` with a list of `text` and `image` blocks
+    (`ToolResultBlockParam`, `ImageBlockParam` with a `Base64ImageSourceParam`).
+    """
+    server.script = [message(text("a red square"))]
+    png = ImagePart(media_type="image/png", data="iVBORw0KGgo=")
+    bmp = ImagePart(media_type="image/bmp", data="Qk0=")
+    notes = "two pictures\n[image/png, 8 bytes]\n[image/bmp, 2 bytes"
+    history = [
+        Message(role=Role.USER, content="look"),
+        Message(role=Role.ASSISTANT, tool_calls=[ToolCall(id="t1", name="see", args={})]),
+        Message(role=Role.TOOL, content=f"{notes}]", tool_call_id="t1", images=[png, bmp]),
+    ]
+    model_for(server, []).complete(ModelRequest(messages=history, tools=[]))
+    [result] = server.received[0].body["messages"][-1]["content"]
+    assert {
+        "type": "tool_result",
+        "tool_use_id": "t1",
+        "content": [
+            text(f"{notes}: not shown to this model]"),
+            {
+                "type": "image",
+                "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
+            },
+        ],
+    } == result

@@ -41,7 +41,7 @@ from storage.codec import BINDING_TAG, FLAG_BOUND, Codec, Place, canonical_bytes
 from storage.errors import CorruptCheckpoint
 from storage.keys import EPOCH_DOC, SPEC_DOC, ThreadKeys
 from storage.langgraph import CairnSaver
-from storage.langgraph.saver import _cold_name, _cold_task
+from storage.langgraph.places import cold_name, cold_task
 from storage.records import LCRef, LocalCheckpoint, Message, Record, Role, ToolCall, Usage
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
@@ -397,10 +397,8 @@ def test_a_langgraph_record_of_another_thread_is_refused(
         saver.archive("a", keep=0)
         saver.archive("b", keep=0)
         for source, target in moves.items():
-            found = (
-                tmp_path / "lg" / "tasks" / _cold_task("a") / "doc" / f"{_cold_name(source)}.rec"
-            )
-            into = tmp_path / "lg" / "tasks" / _cold_task("b") / "doc" / f"{_cold_name(target)}.rec"
+            found = tmp_path / "lg" / "tasks" / cold_task("a") / "doc" / f"{cold_name(source)}.rec"
+            into = tmp_path / "lg" / "tasks" / cold_task("b") / "doc" / f"{cold_name(target)}.rec"
             into.write_bytes(found.read_bytes())
     with pytest.raises(CorruptCheckpoint, match=f"langgraph checkpoint b//{b_id}"):
         note_of(saver, "b", b_id)

@@ -25,7 +25,7 @@ from agents.models.openai import OpenAIModel
 from agents.models.registry import build_model, default_key_variables
 from agents.spec import AgentSpec
 from storage.errors import ModelError
-from storage.records import Message, Role, ToolCall, Usage
+from storage.records import ImagePart, Message, Role, ToolCall, Usage
 
 FAKE_KEY = "sk-test-secret-0123456789"
 
@@ -530,3 +530,19 @@ def test_a_proxy_from_the_environment_given(server: ScriptedServer) -> None:
     )
     assert "direct" == direct.complete(ask()).content
     assert "/v1/chat/completions" == server.received[1].path
+
+
+def test_a_tool_results_images_are_notes_saying_they_are_not_shown(
+    server: ScriptedServer,
+) -> None:
+    """A chat `tool` message takes text only: each image's note says the model lacks it."""
+    server.script = [reply("ok")]
+    image = ImagePart(media_type="image/png", data="iVBORw0KGgo=")
+    history = [
+        Message(role=Role.USER, content="look"),
+        Message(role=Role.ASSISTANT, tool_calls=[ToolCall(id="c1", name="see", args={})]),
+        Message(role=Role.TOOL, content="[image/png, 8 bytes]", tool_call_id="c1", images=[image]),
+    ]
+    model_for(server, []).complete(ModelRequest(messages=history, tools=[]))
+    sent = server.received[0].body["messages"][-1]
+    assert "[image/png, 8 bytes: not shown to this model]" == sent["content"]

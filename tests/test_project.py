@@ -91,7 +91,7 @@ def test_lua_scripts_ship_with_the_package() -> None:
     """Every protocol script is package data, so an installed Cairn can load it."""
     lua = resources.files("storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
-    expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_put"]
+    expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_archive", "lg_put"]
     expected += ["prepare_gc", "raise_epoch", "read_chain", "run_write", "spend", "step_start"]
     expected += ["walk_chains", "write_lc"]
     assert [f"{name}.lua" for name in expected] == names

@@ -2,9 +2,10 @@
 
 `config` reads a worker's servers (the `mcpServers` JSON shape), `names` maps spec names
 (`mcp:<server>`, `mcp:<server>/<tool>`) and model-facing names (`<server>__<tool>`),
-`manager` keeps the sessions (`McpManager`), and `tools` makes registry entries of the
-servers' tools. Importing this package does not import the `mcp` SDK; `manager` and
-`tools` do (`pip install 'cairn-agents[mcp]'`).
+`manager` keeps the sessions (`McpManager`), `results` renders what a call returned for a
+model (text, and images beside it), and `tools` makes registry entries of the servers'
+tools. Importing this package does not import the `mcp` SDK; `manager` and `results` do
+(`pip install 'cairn-agents[mcp]'`).
 """
 
 from agents.mcp.config import McpServer, load_mcp_config

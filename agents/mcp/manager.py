@@ -6,18 +6,31 @@ contexts must be left by the task that entered them), and a step's thread hands 
 a coroutine and waits for it, never longer than the server's `timeout`. Sessions open on
 first use, one per server.
 
-A server that died (a stdio process killed between steps) is noticed when its stream
-ends; the next listing or call opens a new session first. A listing that fails on a
-broken connection is retried once on a new one. A call is retried once only when its
-request never reached the transport; once written it may have taken effect, so its
-failure is the model's to read (the idempotency key in `_meta` lets the server drop a
-repeat).
+A session ends when its server does: a stdio process that died, noticed when its stream
+ends, or an HTTP server that answers 404 to a request carrying the session's
+`Mcp-Session-Id` (a restarted server knows no session it had; the MCP spec then wants a
+new `initialize`). Some servers answer such a request with 400 instead: after any other
+4xx a `ping` asks, and a session whose ping is refused too has ended the same way. A
+listing or call on an ended session opens a new one first, and lists the server's tools
+again. A listing that fails on a broken or ended session is retried once on a new one.
+A call is retried once only when it cannot have taken effect: its request never reached
+the transport, or the server refused it at the HTTP level for a session that ended.
+Once written otherwise it may have, so its failure is the model's to read (the
+idempotency key in `_meta` lets the server drop a repeat). A session that failed (a
+broken connection, a call past its deadline) is closed in the background: a call
+returns at its deadline.
+
+A result reaches the model as `agents/mcp/results.py` renders it: text with no base64 in
+it, and images beside it for a provider that takes them. Tools a server marks task-only
+(`execution.taskSupport: required`) are left out of the listing: Cairn does not run MCP
+tasks, so a model could never call them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import importlib.metadata
 import json
 import sys
 import threading
@@ -33,10 +46,11 @@ try:
     import anyio
     import httpx2
     import mcp_types
+    from httpx2 import codes
     from mcp import Client, MCPError, StdioServerParameters, stdio_client
     from mcp.client import Transport
     from mcp.client._transport import ReadStream, WriteStream  # the types of `Transport`
-    from mcp.client.streamable_http import streamable_http_client
+    from mcp.client.streamable_http import MCP_SESSION_ID, streamable_http_client
     from mcp.shared.message import SessionMessage
     from mcp_types import CONNECTION_CLOSED
 except ImportError as exc:  # the optional extra is not installed
@@ -47,6 +61,7 @@ except ImportError as exc:  # the optional extra is not installed
 from agents.logs import get_logger
 from agents.mcp.config import McpServer
 from agents.mcp.names import tool_name
+from agents.mcp.results import ToolOutput, render_result
 from storage.errors import ToolError, ToolUnreachable
 from storage.records import Effects
 
@@ -55,11 +70,24 @@ CONNECT_TIMEOUT = 30.0  # seconds to start a server (or reach it) and shake hand
 STOP_TIMEOUT = 5.0  # seconds for a session to close before its task is cancelled
 MAX_PAGES = 100  # of one tools/list: a server paging forever cannot hang a step
 GRACE = 5.0  # seconds a caller waits past a coroutine's own deadline
+PROBE_TIMEOUT = 5.0  # seconds for the ping that asks whether a session still stands
 MAX_TEXT = 16_000  # characters of a result a model reads, unless the caller says
 T = TypeVar("T")
 TransportStreams = tuple[ReadStream[SessionMessage | Exception], WriteStream[SessionMessage]]
 
 log = get_logger(__name__)
+
+
+def _client_info() -> mcp_types.Implementation:
+    """What Cairn calls itself to servers: its distribution's name and installed version."""
+    try:
+        version = importlib.metadata.version("cairn-agents")
+    except importlib.metadata.PackageNotFoundError:  # run from a tree that is not installed
+        version = "0+unknown"
+    return mcp_types.Implementation(name="cairn-agents", version=version)
+
+
+CLIENT_INFO = _client_info()
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,37 +107,6 @@ def effects_of(annotations: mcp_types.ToolAnnotations | None) -> Effects:
     """`none` for a tool whose annotations say `readOnlyHint: true`, else `external`."""
     read_only = annotations is not None and annotations.read_only_hint is True
     return Effects.NONE if read_only else Effects.EXTERNAL
-
-
-def render_result(result: mcp_types.CallToolResult, limit: int) -> str:
-    """A tool's result as the model reads it, at most about `limit` characters.
-
-    Text blocks as they are, embedded text resources by their text, other blocks
-    (images, audio, binary resources, links) by a one-line note; the structured content as
-    JSON when no block holds text. The middle of a longer text is cut, with a note.
-    """
-    parts = [_block_text(block) for block in result.content]
-    texts = [isinstance(block, mcp_types.TextContent) for block in result.content]
-    if result.structured_content is not None and not any(texts):
-        parts.append(json.dumps(result.structured_content, ensure_ascii=False))
-    text = "\n".join(parts) or "(no output)"
-    if len(text) <= limit:
-        return text
-    head, tail = limit // 2, limit - limit // 2
-    return f"{text[:head]}\n… [{len(text) - limit} characters cut] …\n{text[-tail:]}"
-
-
-def _block_text(block: mcp_types.ContentBlock) -> str:
-    if isinstance(block, mcp_types.TextContent):
-        return block.text
-    if isinstance(block, mcp_types.ImageContent | mcp_types.AudioContent):
-        return f"[{block.type}: {block.mime_type}, {len(block.data) * 3 // 4} bytes]"
-    if isinstance(block, mcp_types.ResourceLink):
-        return f"[resource link: {block.uri}]"
-    contents = block.resource
-    if isinstance(contents, mcp_types.TextResourceContents):
-        return contents.text
-    return f"[resource: {contents.uri}, {contents.mime_type or 'binary'}]"
 
 
 class McpManager:
@@ -137,6 +134,8 @@ class McpManager:
         self._sessions: dict[str, _Session] = {}
         self._locks: dict[str, asyncio.Lock] = {}
         self._listings: dict[str, list[McpToolInfo]] = {}
+        self._closing: set[asyncio.Task[None]] = set()  # sessions closing in the background
+        self._left_out: set[tuple[str, str]] = set()  # task-only tools, logged once each
 
     def __enter__(self) -> McpManager:
         return self
@@ -158,24 +157,30 @@ class McpManager:
         deadline = 2 * (self.connect_timeout + spec.timeout)  # with one reconnect
         return self._run(self._list(server), deadline, f"listing MCP server {server!r}")
 
-    def call_tool(
+    def call_tool_output(
         self, server: str, tool: str, args: Mapping[str, Any], key: str, *, limit: int = MAX_TEXT
-    ) -> str:
+    ) -> ToolOutput:
         """Call `tool` of `server` with `args`, and `key` as `_meta["cairn/idempotency_key"]`.
 
-        Returns what the model reads: `render_result` of the result, in at most about
-        `limit` characters. Raises `ToolError` for a result marked `isError` (its text), a
-        protocol error, a timeout or a lost connection; the message says which.
+        Returns what the model reads: `render_result` of the result, its text in at most
+        about `limit` characters. Raises `ToolError` for a result marked `isError` (its
+        text), a protocol error, a timeout or a lost connection; the message says which.
         """
         spec = self._spec(server)
         deadline = 2 * (self.connect_timeout + spec.timeout)  # with one reconnect
         result = self._run(
             self._call(server, tool, dict(args), key), deadline, f"MCP tool {server}/{tool}"
         )
-        text = render_result(result, limit)
+        output = render_result(result, limit)
         if result.is_error:
-            raise ToolError(text)
-        return text
+            raise ToolError(output.text)
+        return output
+
+    def call_tool(
+        self, server: str, tool: str, args: Mapping[str, Any], key: str, *, limit: int = MAX_TEXT
+    ) -> str:
+        """`call_tool_output`'s text alone: what a model shown no images reads."""
+        return self.call_tool_output(server, tool, args, key, limit=limit).text
 
     def close(self) -> None:
         """End every session and stop the loop's thread; wait for both."""
@@ -228,12 +233,12 @@ class McpManager:
         async with self._lock(server):
             listed = self._listings.get(server)
             session = self._sessions.get(server)
-            if listed is not None and session is not None and not session.transport.closed:
+            if listed is not None and session is not None and session.transport.usable:
                 return listed
             try:
                 listed = await self._list_once(server)
             except ToolUnreachable:
-                await self._drop(server)
+                self._drop(server)
                 listed = await self._list_once(server)  # a listing is safe to repeat
             self._listings[server] = listed
             return listed
@@ -252,8 +257,23 @@ class McpManager:
                     if cursor is None:
                         break
         except BaseException as exc:
+            if isinstance(exc, MCPError):
+                await _check_session(session, spec.timeout)
             raise _failure(exc, session, f"listing MCP server {server!r}", spec.timeout) from exc
-        return [_info(server, tool) for tool in tools]
+        return [_info(server, tool) for tool in tools if self._callable(server, tool)]
+
+    def _callable(self, server: str, tool: mcp_types.Tool) -> bool:
+        """False for a task-only tool, which Cairn cannot call (logged once per tool)."""
+        if tool.execution is None or tool.execution.task_support != "required":
+            return True
+        if (server, tool.name) not in self._left_out:
+            self._left_out.add((server, tool.name))
+            log.info(
+                "MCP tool left out: it runs only as a task, and Cairn does not run MCP tasks",
+                server=server,
+                tool=tool.name,
+            )
+        return False
 
     async def _call(
         self, server: str, tool: str, args: dict[str, Any], key: str
@@ -268,15 +288,19 @@ class McpManager:
                 async with asyncio.timeout(spec.timeout):
                     return await session.client.call_tool(tool, args, meta=meta)
             except BaseException as exc:
+                if isinstance(exc, MCPError):
+                    await _check_session(session, spec.timeout)
                 failure = _failure(exc, session, f"MCP tool {server}/{tool}", spec.timeout)
                 if not isinstance(failure, ToolUnreachable):
                     raise failure from exc
-                async with self._lock(server):
-                    if self._sessions.get(server) is session:
-                        await self._drop(server)
+                if self._sessions.get(server) is session:
+                    self._drop(server)
                 if attempt == 1 and key and key not in session.transport.sent:
                     log.info("MCP call not sent; retrying on a new session", server=server)
                     continue  # the request never left: no effect can have happened
+                if attempt == 1 and key in session.transport.refused:
+                    log.info("MCP session ended; retrying the call it refused", server=server)
+                    continue  # refused unread, for a session the server no longer has
                 raise ToolError(f"{failure}; it may or may not have taken effect") from exc
         raise AssertionError("unreachable")  # pragma: no cover
 
@@ -292,26 +316,53 @@ class McpManager:
         Called with the server's lock held.
         """
         session = self._sessions.get(server)
-        if session is not None and not session.transport.closed:
+        if session is not None and session.transport.usable:
             return session
         if session is not None:
-            log.info("starting a new MCP session: the last one's server hung up", server=server)
-            await self._drop(server)
+            why = "ended the session" if session.transport.expired else "hung up"
+            log.info(f"starting a new MCP session: the last one's server {why}", server=server)
+            self._drop(server)
         session = await _Session.open(
             server, self.servers[server], self.connect_timeout, self.errlog
         )
         self._sessions[server] = session
         return session
 
-    async def _drop(self, server: str) -> None:
+    def _drop(self, server: str) -> None:
+        """Forget the server's session and listing; close the session in the background."""
         self._listings.pop(server, None)
         session = self._sessions.pop(server, None)
         if session is not None:
-            await session.close()
+            # Not awaited: a stdio server's exit can take seconds, past a call's deadline.
+            closing = asyncio.get_running_loop().create_task(session.close())
+            self._closing.add(closing)
+            closing.add_done_callback(self._closing.discard)
 
     async def _close_all(self) -> None:
         for server in list(self._sessions):
-            await self._drop(server)
+            self._drop(server)
+        if self._closing:
+            await asyncio.wait(set(self._closing))
+
+
+async def _check_session(session: _Session, timeout: float) -> None:
+    """After an HTTP 4xx other than 404 to the session's requests, ask if it still stands.
+
+    Some servers answer a session id they do not know with 400, not the spec's 404. A
+    `ping` the server refuses too says the session is gone there: it ends here as after a
+    404, and the calls refused with that 4xx count as refused unread.
+    """
+    transport = session.transport
+    if transport.expired or not transport.doubted:
+        return
+    transport.doubted = False
+    try:
+        async with asyncio.timeout(min(timeout, PROBE_TIMEOUT)):
+            await session.client.send_ping()
+    except Exception:  # noqa: BLE001 - any failure: the session does not answer
+        log.info("MCP server refused a ping on the session: it ended", server=transport.server)
+        transport.expired = True
+        transport.refused |= transport.rejected
 
 
 def _failure(exc: BaseException, session: _Session, what: str, timeout: float) -> ToolError:
@@ -319,6 +370,8 @@ def _failure(exc: BaseException, session: _Session, what: str, timeout: float) -
     if isinstance(exc, TimeoutError):
         return ToolUnreachable(f"{what} timed out after {timeout:g} s")
     if isinstance(exc, MCPError):
+        if session.transport.expired:
+            return ToolUnreachable(f"{what}: the server ended the session ({exc.error.message})")
         if exc.code == CONNECTION_CLOSED or session.transport.closed:
             return ToolUnreachable(f"{what}: connection closed")
         return ToolError(f"{what}: {exc.error.message}")
@@ -362,8 +415,8 @@ class _Session:
         cls, server: str, spec: McpServer, timeout: float, errlog: TextIO | None
     ) -> _Session:
         """Start (or reach) `server` and shake hands; `ToolError` if it fails or takes too long."""
-        transport = _Tracked(_transport(spec, errlog), server)
-        client = Client(transport, cache=None)
+        transport = _Tracked(spec, server, errlog)
+        client = Client(transport, cache=None, client_info=CLIENT_INFO)
         ready: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         stop = asyncio.Event()
         task = asyncio.create_task(_hold(client, ready, stop), name=f"mcp:{server}")
@@ -406,7 +459,7 @@ async def _hold(client: Client, ready: asyncio.Future[None], stop: asyncio.Event
             ready.cancel()
 
 
-def _transport(spec: McpServer, errlog: TextIO | None) -> Transport:
+def _transport(spec: McpServer, errlog: TextIO | None, tracked: _Tracked) -> Transport:
     if spec.command is not None:
         params = StdioServerParameters(
             command=spec.command, args=spec.args, env=spec.env or None, cwd=spec.cwd
@@ -414,7 +467,9 @@ def _transport(spec: McpServer, errlog: TextIO | None) -> Transport:
         return stdio_client(params, errlog=errlog or sys.stderr)
     assert spec.url is not None  # McpServer has a command or a url
     http = httpx2.AsyncClient(
-        headers=spec.headers, timeout=httpx2.Timeout(spec.timeout, read=spec.timeout)
+        headers=spec.headers,
+        timeout=httpx2.Timeout(spec.timeout, read=spec.timeout),
+        event_hooks={"response": [tracked.see_response]},
     )
     return _Owning(streamable_http_client(spec.url, http_client=http), http)
 
@@ -446,13 +501,51 @@ class _Owning(AbstractAsyncContextManager[TransportStreams]):
 
 
 class _Tracked(AbstractAsyncContextManager[TransportStreams]):
-    """A transport that notes when the server hung up and which calls' keys it wrote."""
+    """A transport that notes how its session ended, and what became of calls' requests.
 
-    def __init__(self, inner: Transport, server: str) -> None:
-        self.inner, self.server = inner, server
+    The server hung up (`closed`) or answered 404 for the session (`expired`); the keys of
+    the calls written (`sent`), and of those the server refused with that 404 (`refused`),
+    or with another 4xx (`rejected`, refused too once the session proves gone).
+    """
+
+    def __init__(self, spec: McpServer, server: str, errlog: TextIO | None) -> None:
+        self.server = server
         self.closed = False  # the server's stream ended: the session is dead
+        self.expired = False  # the server answered 404 for the session: it is gone there
         self.leaving = False  # this side is closing the session: its end is no news
         self.sent: set[str] = set()  # idempotency keys of tools/call requests written
+        self.refused: set[str] = set()  # ... and of those the server refused with that 404
+        self.doubted = False  # a request got another 4xx: the session may be gone
+        self.rejected: set[str] = set()  # keys of calls refused with another 4xx
+        self.inner = _transport(spec, errlog, self)
+
+    @property
+    def usable(self) -> bool:
+        """Whether the session may take another request (its server has not left it)."""
+        return not (self.closed or self.expired)
+
+    async def see_response(self, response: httpx2.Response) -> None:
+        """Note a 4xx to a request carrying the session's id.
+
+        A 404 is the spec's word for a session the server no longer has (restarted, or
+        expired there): the session is over, and the server did not handle the request, so
+        a call it answered so had no effect. Another 4xx (a refusal at the HTTP level, the
+        request not handled either) leaves the session in doubt (`_check_session`).
+        """
+        status = response.status_code
+        if MCP_SESSION_ID not in response.request.headers or not codes.is_client_error(status):
+            return
+        key = _call_key(response.request.content)
+        if status != codes.NOT_FOUND:
+            self.doubted = True
+            if key is not None:
+                self.rejected.add(key)
+            return
+        if not (self.expired or self.leaving):
+            log.info("MCP server ended the session (HTTP 404)", server=self.server)
+        self.expired = True
+        if key is not None:
+            self.refused.add(key)
 
     async def __aenter__(self) -> TransportStreams:
         read, write = await self.inner.__aenter__()
@@ -513,6 +606,24 @@ class _WatchedRead:
         return None
 
 
+def _call_key(body: bytes) -> str | None:
+    """The idempotency key of the tools/call request that is HTTP `body`, if it is one."""
+    try:
+        message = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(message, dict) or message.get("method") != "tools/call":
+        return None
+    return _key_of(message.get("params"))
+
+
+def _key_of(params: object) -> str | None:
+    """The idempotency key in a tools/call request's params, if any."""
+    meta = params.get("_meta") if isinstance(params, dict) else None
+    key = meta.get(META_KEY) if isinstance(meta, dict) else None
+    return key if isinstance(key, str) else None
+
+
 class _WatchedWrite:
     """A write stream that notes the idempotency key of each tools/call it writes."""
 
@@ -521,12 +632,10 @@ class _WatchedWrite:
 
     async def send(self, item: SessionMessage, /) -> None:
         message = item.message
-        key = None
         if isinstance(message, mcp_types.JSONRPCRequest) and message.method == "tools/call":
-            meta = (message.params or {}).get("_meta")
-            key = meta.get(META_KEY) if isinstance(meta, dict) else None
-        if isinstance(key, str):
-            self.owner.sent.add(key)  # before: a send that raises may still have delivered
+            key = _key_of(message.params)
+            if key is not None:
+                self.owner.sent.add(key)  # before: a send that raises may still have delivered
         await self.inner.send(item)
 
     async def aclose(self) -> None:

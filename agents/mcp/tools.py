@@ -3,9 +3,10 @@
 `server_tools` gives the `Tool`s of one server, in the registry's shape (`agents/tools.py`):
 the model-facing name (`agents/mcp/names.py`), the server's description and input schema,
 the effects its annotations imply, and a `run` that calls the server through the worker's
-`McpManager` with the call's idempotency key. `agent_tools` resolves a spec's tool names,
-built-in, registered or `mcp:`, to the tools an agent is offered. Importing this module
-does not import the `mcp` SDK: a worker without MCP servers passes no manager.
+`McpManager` with the call's idempotency key, and hands the step the images it returned.
+`agent_tools` resolves a spec's tool names, built-in, registered or `mcp:`, to the tools an
+agent is offered. Importing this module does not import the `mcp` SDK: a worker without
+MCP servers passes no manager.
 """
 
 from __future__ import annotations
@@ -86,9 +87,11 @@ def agent_tools(
 
 def _tool(manager: McpManager, info: McpToolInfo) -> Tool:
     def run(ctx: ToolContext, args: Args) -> str:
-        return manager.call_tool(
+        output = manager.call_tool_output(
             info.server, info.tool, args, ctx.idempotency_key, limit=ctx.policy.output_limit
         )
+        ctx.images.extend(output.images)  # the result's message takes them to the model
+        return output.text
 
     return Tool(info.name, info.description, info.input_schema, info.effects, run)
 

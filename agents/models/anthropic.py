@@ -3,11 +3,12 @@
 Cairn's history is chat-completions shaped; this module maps it to the Messages API and
 back: leading system messages become `system`; an assistant turn's tool calls become
 `tool_use` blocks and the tool results after it one user turn of `tool_result` blocks
-(several calls in one turn go out and come back together); turns of one role in a row
-are merged, since the API wants user and assistant to alternate. The transport is
-`agents.models.http.Endpoint`, not the `anthropic` SDK, for the reasons in openai.py and
-one more: the SDK refuses a non-streaming request whose `max_tokens` could take over ten
-minutes unless the caller sets its own timeout (docs/models.md weighs it in full).
+(several calls in one turn go out and come back together), a result's images as `image`
+blocks in its content; turns of one role in a row are merged, since the API wants user
+and assistant to alternate. The transport is `agents.models.http.Endpoint`, not the
+`anthropic` SDK, for the reasons in openai.py and one more: the SDK refuses a
+non-streaming request whose `max_tokens` could take over ten minutes unless the caller
+sets its own timeout (docs/models.md weighs it in full).
 """
 
 from __future__ import annotations
@@ -19,7 +20,15 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
-from agents.models.base import ModelConfig, ModelReply, ModelRequest, ToolSchema, check_reply
+from agents.models.base import (
+    IMAGE_TYPES,
+    ModelConfig,
+    ModelReply,
+    ModelRequest,
+    ToolSchema,
+    check_reply,
+    unshown_images,
+)
 from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
 from storage.errors import ModelError
 from storage.ids import new_id
@@ -134,7 +143,9 @@ def _wire_blocks(message: Message) -> tuple[str, list[JsonValue]]:
             "type": "tool_result",
             "tool_use_id": message.tool_call_id or "",
         }
-        if text:
+        if message.images:
+            result["content"] = _result_blocks(message)
+        elif text:
             result["content"] = text
         return "user", [result]
     blocks: list[JsonValue] = [{"type": "text", "text": text}] if text.strip() else []
@@ -148,6 +159,25 @@ def _wire_blocks(message: Message) -> tuple[str, list[JsonValue]]:
         # A system message after the conversation began: the API has no such turn.
         blocks = [{"type": "text", "text": f"(system) {text}"}]
     return "user", blocks
+
+
+def _result_blocks(message: Message) -> list[JsonValue]:
+    """A tool result's text and images as `tool_result` content blocks.
+
+    Images of a type the API takes are `image` blocks after the text; the text notes any
+    other as not shown (a record is not bound to this provider's types).
+    """
+    shown = [image for image in message.images if image.media_type in IMAGE_TYPES]
+    text = unshown_images(message, [i for i in message.images if i.media_type not in IMAGE_TYPES])
+    blocks: list[JsonValue] = [{"type": "text", "text": text}] if text else []
+    blocks.extend(
+        {
+            "type": "image",
+            "source": {"type": "base64", "media_type": image.media_type, "data": image.data},
+        }
+        for image in shown
+    )
+    return blocks
 
 
 def _wire_tool(tool: ToolSchema) -> dict[str, JsonValue]:

@@ -9,7 +9,7 @@ colon and the agent's options. docs/models.md is the guide for writing one.
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -17,11 +17,14 @@ import orjson
 from pydantic import JsonValue
 
 from storage.errors import ModelError
-from storage.records import Message, ToolCall, Usage
+from storage.records import ImagePart, Message, ToolCall, Usage
 
 MAX_REPLY_CHARS = 1_000_000  # characters of a reply's text
 MAX_TOOL_CALLS = 64  # tool calls in one reply
 MAX_ARGS_BYTES = 1_000_000  # bytes of one tool call's arguments, serialized as JSON
+# Image types the providers that take images all take (Anthropic, OpenAI, Gemini).
+IMAGE_TYPES = frozenset({"image/png", "image/jpeg", "image/gif", "image/webp"})
+NOT_SHOWN = "not shown to this model"  # what an image's note adds when a model lacks it
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,6 +133,28 @@ def check_reply(reply: ModelReply) -> ModelReply:
                 retryable=True,
             )
     return reply
+
+
+def image_note(media_type: str, size: int, why: str = "") -> str:
+    """The one line a tool result's text holds for an image: `[image/png, 27,310 bytes]`.
+
+    `why` says why a model is not shown it, when it is not.
+    """
+    return f"[{media_type}, {size:,} bytes{f': {why}' if why else ''}]"
+
+
+def unshown_images(message: Message, images: Iterable[ImagePart] | None = None) -> str | None:
+    """`message`'s text for a model not shown `images` (all the message's unless given).
+
+    Each of their notes in the text (`image_note`) says so: for a provider that takes no
+    images, or not of that type.
+    """
+    text = message.content
+    for image in message.images if images is None else images:
+        note = image_note(image.media_type, image.size)
+        unshown = image_note(image.media_type, image.size, NOT_SHOWN)
+        text = (text or "").replace(note, unshown, 1)
+    return text
 
 
 def json_size(value: JsonValue) -> int:

@@ -19,7 +19,14 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
-from agents.models.base import ModelConfig, ModelReply, ModelRequest, ToolSchema, check_reply
+from agents.models.base import (
+    ModelConfig,
+    ModelReply,
+    ModelRequest,
+    ToolSchema,
+    check_reply,
+    unshown_images,
+)
 from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
 from storage.errors import ModelError
 from storage.ids import new_id
@@ -99,8 +106,11 @@ def build_openai(config: ModelConfig) -> OpenAIModel:
 
 
 def _wire_message(message: Message) -> dict[str, JsonValue]:
-    """`message` in the chat-completions shape."""
-    wire: dict[str, JsonValue] = {"role": message.role.value, "content": message.content}
+    """`message` in the chat-completions shape.
+
+    A tool message takes text only: a result's images are its notes, saying so.
+    """
+    wire: dict[str, JsonValue] = {"role": message.role.value, "content": unshown_images(message)}
     if message.name is not None:
         wire["name"] = message.name
     if message.tool_calls:

@@ -27,6 +27,11 @@ Keys live under `cairn:lg:{<thread>}:` (storage/keys.py), one hash slot per thre
 Values are serialized with LangGraph's serializer (`JsonPlusSerializer`, no pickle).
 Channel versions are LangGraph's integers; a blob's key names the put that wrote it, so
 two branches of a thread (a replay, an `update_state` fork) never share one.
+
+The modules: `saver` (the checkpointer: puts, fencing, forks, reads), `threaded` (its
+async methods, each its sync twin on a thread), `pieces` (the stored form of a list that
+only grew), `tiers` (reads from Redis, else the archive), `cold` (moving checkpoints to
+the archive) and `places` (each record's sealed place and archive name).
 """
 
 from storage.langgraph.saver import CairnSaver

@@ -68,6 +68,11 @@ class Recent(Generic[K, V]):
         with self._lock:
             return self._items.pop(key, None)
 
+    def newest(self, wanted: Callable[[K], bool]) -> list[K]:
+        """The keys `wanted` accepts, the most recently used first."""
+        with self._lock:
+            return [k for k in reversed(self._items) if wanted(k)]
+
     def forget(self, keep: Callable[[K], bool]) -> None:
         """Drop every entry whose key `keep` rejects."""
         with self._lock:
@@ -124,3 +129,19 @@ def ref_of(version: object, checkpoint_id: str) -> str:
     channel version, and each still reads back what it wrote.
     """
     return f"{version}@{checkpoint_id}"
+
+
+def no_value_ref(version: object) -> str:
+    """The ref of a channel version that no put ever stored: the channel holds no value.
+
+    LangGraph reads a version no saver stored a blob for as a channel without a value (a
+    migrated thread's renamed channels carry such versions). A put records that as this
+    ref, so a read needs no blob for it, while a blob missing under any other ref is still
+    damage, and says so.
+    """
+    return f"{version}@"
+
+
+def holds_value(ref: str) -> bool:
+    """Whether a ref names a stored blob (not `no_value_ref`)."""
+    return not ref.endswith("@")

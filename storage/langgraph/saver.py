@@ -2,18 +2,15 @@
 
 from __future__ import annotations
 
-import asyncio
-import hashlib
-from collections.abc import AsyncIterator, Iterable, Iterator, Sequence
+import random
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import ormsgpack
 import redis
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import (
     WRITES_IDX_MAP,
-    BaseCheckpointSaver,
     ChannelVersions,
     Checkpoint,
     CheckpointMetadata,
@@ -28,26 +25,32 @@ from langgraph.checkpoint.serde.base import SerializerProtocol
 from storage.backends.disk import DiskArchive
 from storage.backends.redis import script, translating
 from storage.codec import Codec, Place
-from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
-from storage.keys import LANGGRAPH_PREFIX, ThreadKeys, langgraph_slot
-from storage.langgraph.pieces import MAX_PIECES, Grown, Recent, ref_of, stored_form
+from storage.errors import CairnError
+from storage.keys import ThreadKeys
+from storage.langgraph.cold import ColdTier
+from storage.langgraph.pieces import (
+    MAX_PIECES,
+    Grown,
+    Recent,
+    holds_value,
+    no_value_ref,
+    ref_of,
+    stored_form,
+)
+from storage.langgraph.places import (
+    blob_at,
+    checkpoint_at,
+    open_record,
+    seal_record,
+    write_at,
+)
+from storage.langgraph.threaded import ThreadedSaver
+from storage.langgraph.tiers import Tiers
 
 REMEMBERED = 1_000  # threads' channels (and forks) a saver remembers for its next put
-NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces
 
 
-def _pack(value: object) -> bytes:
-    return ormsgpack.packb(value)
-
-
-def _unpack(data: bytes) -> dict[str, Any]:
-    found = ormsgpack.unpackb(data)
-    if not isinstance(found, dict):
-        raise CorruptCheckpoint("langgraph record", "not a map")
-    return found
-
-
-class CairnSaver(BaseCheckpointSaver[str]):
+class CairnSaver(ThreadedSaver):
     """A LangGraph `BaseCheckpointSaver`, sync and async, on Redis and a disk archive."""
 
     def __init__(
@@ -71,23 +74,45 @@ class CairnSaver(BaseCheckpointSaver[str]):
         self.cold = DiskArchive(archive) if archive is not None else None
         self.max_pieces = max_pieces
         self._put = script(client, "lg_put")
+        self._tiers = Tiers(client, self.codec, self.cold)
+        self._cold_tier = ColdTier(client, self.codec, self.cold, self._tiers)
         # (thread, ns, channel) → the list last stored or read; bounded, for a saver that
         # serves many threads holds their histories.
         self._grown: Recent[tuple[str, str, str], Grown] = Recent(REMEMBERED)
-        self._forks: Recent[tuple[str, str, str], bool] = Recent(REMEMBERED)  # read by id
+        # (thread, ns, checkpoint id) a caller of this saver went back to (`_chosen`): a
+        # put may fork from it (time travel).
+        self._forks: Recent[tuple[str, str, str], bool] = Recent(REMEMBERED)
         # (thread, ns, checkpoint id) → its channels' blob refs, for a put of its child.
         self._refs: Recent[tuple[str, str, str], dict[str, str]] = Recent(REMEMBERED)
 
     # sealing ------------------------------------------------------------------------------
     def _seal(self, value: object, place: Place) -> bytes:
-        return self.codec.seal(_pack(value), place).data
+        return seal_record(self.codec, value, place)
 
     def _open(self, data: bytes, place: Place) -> dict[str, Any]:
-        return _unpack(self.codec.open(data, place))
+        return open_record(self.codec, data, place)
 
     def _reseal(self, data: bytes, source: Place, target: Place) -> bytes:
         """A record sealed for `source`, verified, sealed again for `target` (a copy's)."""
         return self.codec.seal(self.codec.open(data, source), target).data
+
+    # versions -----------------------------------------------------------------------------
+    # LangGraph's version type is a TypeVar of int, float or str, one per saver; this one
+    # serves threads of either kind, which its generics cannot say.
+    def get_next_version(  # type: ignore[override]
+        self, current: int | str | None, channel: None = None
+    ) -> int | str:
+        """The version after `current`: an integer after an integer (Cairn's own form).
+
+        After a string (the form SqliteSaver, PostgresSaver and InMemorySaver write, met in
+        a thread moved here from one of them) it is a string of theirs: the counter
+        zero-padded to 32 digits, a dot and a random fraction, so one thread's versions
+        stay of one type and ordered, and two branches that reach one count differ.
+        """
+        if current is None or isinstance(current, int):
+            return (current or 0) + 1
+        count = int(str(current).split(".", 1)[0]) + 1
+        return f"{count:032}.{random.random():016}"  # noqa: S311 - apart, not secret
 
     # put ----------------------------------------------------------------------------------
     def put(
@@ -100,7 +125,10 @@ class CairnSaver(BaseCheckpointSaver[str]):
         """Store a checkpoint as the new head of its thread's namespace.
 
         Raises `FencedWrite` when its parent is not the head (another writer extended the
-        thread since this one read it), unless this saver read that parent by its id.
+        thread since this one read it), unless a caller of this saver went back to that
+        parent: read it by id, listed it before a named checkpoint, or read by id a
+        checkpoint whose parent it is (LangGraph's replays, `update_state` forks,
+        `__copy__` siblings, and the subgraphs of a replay).
         """
         conf = config["configurable"]
         where = ThreadKeys(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
@@ -116,7 +144,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             blob, grown[channel] = stored_form(
                 self.serde, channel, refs[channel], values, last, self.max_pieces
             )
-            blobs.append(self._seal(blob, _blob_at(where, blob_keys[-1])))
+            blobs.append(self._seal(blob, blob_at(where, blob_keys[-1])))
         merged = get_checkpoint_metadata(config, metadata)
         record = {
             "v": refs,
@@ -134,7 +162,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             keys=[where.head(), where.checkpoint(checkpoint["id"]), where.ids(),
                   where.namespaces(), where.name(), *blob_keys],
             args=[checkpoint["id"], parent, fork, where.ns,
-                  self._seal(record, _checkpoint_at(where, checkpoint["id"])), where.thread,
+                  self._seal(record, checkpoint_at(where, checkpoint["id"])), where.thread,
                   *blobs],
         )))  # fmt: skip
         # Only now, stored: a refused put must not become the base of the next one.
@@ -155,27 +183,57 @@ class CairnSaver(BaseCheckpointSaver[str]):
     def _inherited(
         self, where: ThreadKeys, parent: str, versions: ChannelVersions, new: ChannelVersions
     ) -> dict[str, str]:
-        """The blob refs of the channels a put does not write: its parent's.
+        """The blob refs of the channels a put does not write, found where they were stored.
 
-        A channel the parent holds at another version (or a parent never stored) keeps the
-        plain version as its ref, the form of records stored before refs named their put.
+        Its parent's, as a put that extends a thread has. A channel the parent holds at
+        another version (a `__copy__` of a checkpoint put beside it, under the copied one's
+        parent, or with none when the copied one is a root) takes the ref of a checkpoint
+        of the namespace a caller chose by id, the most recently chosen first: the one
+        copied. One found nowhere is a blob stored under the plain version (the form of
+        records stored before refs named their put) if there is one, else a version no put
+        stored: the channel holds no value (`no_value_ref`), as LangGraph reads it.
         """
-        known = self._parent_refs(where, parent) if parent and versions.keys() - new else {}
-        refs = {}
-        for channel, version in versions.items():
-            ref = known.get(channel, "")
-            refs[channel] = ref if ref.split("@", 1)[0] == str(version) else str(version)
+        refs = {channel: str(version) for channel, version in versions.items()}
+        wanted = {ch: str(v) for ch, v in versions.items() if ch not in new}
+        for known in self._ref_sources(where, parent, bool(wanted)):
+            for channel, version in list(wanted.items()):
+                ref = known.get(channel, "")
+                if ref.split("@", 1)[0] == version:
+                    refs[channel] = ref
+                    del wanted[channel]
+            if not wanted:
+                break
+        if wanted:
+            keys = {where.blob(ch, version): ch for ch, version in wanted.items()}
+            stored = self._blobs(where, keys, missing_ok=True)
+            for key, channel in keys.items():
+                if key not in stored:
+                    refs[channel] = no_value_ref(wanted[channel])
         return refs
+
+    def _ref_sources(
+        self, where: ThreadKeys, parent: str, needed: bool
+    ) -> Iterator[dict[str, str]]:
+        """The refs a put may inherit from: its parent's, then the chosen checkpoints'."""
+        if not needed:
+            return
+        if parent:
+            yield self._parent_refs(where, parent)
+        chosen = self._forks.newest(lambda key: key[:2] == (where.thread, where.ns))
+        for key in chosen:
+            known = self._refs.get(key)
+            if known is not None:
+                yield known
 
     def _parent_refs(self, where: ThreadKeys, checkpoint_id: str) -> dict[str, str]:
         """A stored checkpoint's blob refs: remembered from its put or read, else read."""
         known = self._refs.get((where.thread, where.ns, checkpoint_id))
         if known is not None:
             return known
-        raw = self._raw(where, where.checkpoint(checkpoint_id))
+        raw = self._tiers.raw(where, where.checkpoint(checkpoint_id))
         if raw is None:
             return {}
-        refs: dict[str, str] = self._open(raw, _checkpoint_at(where, checkpoint_id))["v"]
+        refs: dict[str, str] = self._open(raw, checkpoint_at(where, checkpoint_id))["v"]
         self._refs.put((where.thread, where.ns, checkpoint_id), refs)
         return refs
 
@@ -197,7 +255,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
             field = f"{task_id}\x00{idx}"
             sealed = self._seal({"task": task_id, "idx": idx, "ch": channel, "t": kind,
                                  "d": data, "path": task_path},
-                                _write_at(where, str(conf["checkpoint_id"]), field))  # fmt: skip
+                                write_at(where, str(conf["checkpoint_id"]), field))  # fmt: skip
             # Special writes (errors, interrupts) replace; ordinary ones are written once.
             (pipe.hset if idx < 0 else pipe.hsetnx)(key, field, sealed)
         pipe.execute()
@@ -208,43 +266,46 @@ class CairnSaver(BaseCheckpointSaver[str]):
         conf = config["configurable"]
         where = ThreadKeys(str(conf["thread_id"]), str(conf.get("checkpoint_ns", "")))
         checkpoint_id = get_checkpoint_id(config)
-        if checkpoint_id:
-            self._forks.put((where.thread, where.ns, checkpoint_id), True)
-        else:
-            checkpoint_id = self._latest(where)
+        chosen = bool(checkpoint_id)
+        if not checkpoint_id:
+            checkpoint_id = self._tiers.latest(where)
             if checkpoint_id is None:
                 return None
-        return self._tuple(where, checkpoint_id, seed=True)
+        found = self._tuple(where, checkpoint_id, seed=True)
+        if chosen and found is not None:
+            self._chosen(found)
+        return found
 
-    def _latest(self, where: ThreadKeys) -> str | None:
-        newest = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), "+", "-", 0, 1))
-        if newest:
-            return newest[0].decode()
-        archived = self._cold_ids(where)
-        return archived[-1] if archived else None
+    def _chosen(self, found: CheckpointTuple) -> None:
+        """Let a put fork from `found` and from its parent: a caller went back to them.
 
-    def _ids(self, where: ThreadKeys, before: str | None = None) -> list[str]:
-        """The namespace's checkpoint ids, hot and archived, newest first."""
-        top = f"({before}" if before else "+"
-        found = cast(list[bytes], self.redis.zrevrangebylex(where.ids(), top, "-"))
-        hot = [i.decode() for i in found]
-        cold = [i for i in self._cold_ids(where) if before is None or i < before]
-        return sorted(set(hot) | set(cold), reverse=True)
+        Granted by a read by id and by a `list` before a named checkpoint. Reading the
+        latest, or listing a thread's history, grants nothing: two writers that both read
+        the head and both extend it are a race, and the second is fenced.
+        """
+        for config in (found.parent_config, found.config):  # the one read, most recent
+            if config is not None:
+                conf = config["configurable"]
+                key = (str(conf["thread_id"]), str(conf["checkpoint_ns"]),
+                       str(conf["checkpoint_id"]))  # fmt: skip
+                self._forks.put(key, True)
 
     def _tuple(
         self, where: ThreadKeys, checkpoint_id: str, *, seed: bool = False
     ) -> CheckpointTuple | None:
-        pipe = self.redis.pipeline(transaction=False)
+        # One transaction: an archive moving this checkpoint between the two reads would
+        # leave its record read from Redis and its writes from neither tier.
+        pipe = self.redis.pipeline(transaction=True)
         pipe.get(where.checkpoint(checkpoint_id))
         pipe.hgetall(where.writes(checkpoint_id))
         raw, raw_writes = cast(tuple[bytes | None, dict[bytes, bytes]], pipe.execute())
         if raw is None:  # archived, or never there
-            raw = self._cold_get(where, where.checkpoint(checkpoint_id))
+            raw = self._tiers.archived(where, where.checkpoint(checkpoint_id))
             if raw is None:
                 return None
             # Writes put after the checkpoint was archived are still in Redis.
-            raw_writes = {**self._cold_writes(where, checkpoint_id), **raw_writes}
-        record = self._open(raw, _checkpoint_at(where, checkpoint_id))
+            raw_writes = {**self._tiers.archived_writes(where, checkpoint_id), **raw_writes}
+        record = self._open(raw, checkpoint_at(where, checkpoint_id))
         checkpoint = cast(Checkpoint, self.serde.loads_typed(tuple(record["c"])))
         self._refs.put((where.thread, where.ns, checkpoint_id), record["v"])
         checkpoint["channel_values"] = self._values(where, record["v"], seed=seed)
@@ -260,7 +321,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         self, where: ThreadKeys, checkpoint_id: str, raw: dict[bytes, bytes]
     ) -> list[PendingWrite]:
         found = [
-            self._open(data, _write_at(where, checkpoint_id, field.decode()))
+            self._open(data, write_at(where, checkpoint_id, field.decode()))
             for field, data in raw.items()
         ]
         found.sort(key=lambda w: writes_sort_key(w["path"], w["task"], w["idx"]))
@@ -275,7 +336,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         channels: a writer that goes on from this checkpoint hands LangGraph's reducers
         these very objects, and its next put stores only what they add to them.
         """
-        wanted = {ch: where.blob(ch, ref) for ch, ref in refs.items()}
+        wanted = {ch: where.blob(ch, ref) for ch, ref in refs.items() if holds_value(ref)}
         stored = self._blobs(where, wanted.values())
         bases = {
             where.blob(ch, r) for ch, key in wanted.items() for r in stored[key].get("base", ())
@@ -306,34 +367,8 @@ class CairnSaver(BaseCheckpointSaver[str]):
     def _blobs(
         self, where: ThreadKeys, keys: Iterable[str], *, missing_ok: bool = False
     ) -> dict[str, dict[str, Any]]:
-        """Blob key → its record: the hot ones in one round trip, the rest from the archive.
-
-        Raises `RecordNotFound` for a blob found nowhere, unless `missing_ok` (then it is
-        left out).
-        """
-        wanted = list(keys)
-        if not wanted:
-            return {}
-        found = cast(list[bytes | None], self.redis.mget(wanted))
-        out = {}
-        for key, data in zip(wanted, found, strict=True):
-            sealed = data if data is not None else self._cold_get(where, key)
-            if sealed is None:
-                if missing_ok:
-                    continue
-                raise RecordNotFound(f"langgraph blob {key}")
-            out[key] = self._open(sealed, _blob_at(where, key))
-        return out
-
-    def _threads(self) -> list[str]:
-        """Every thread with checkpoints in Redis (a scan: for `list(None)` and runs)."""
-        names = list(self.redis.scan_iter(match=f"{LANGGRAPH_PREFIX}:*:name", count=1_000))
-        found = cast(list[bytes | None], self.redis.mget(names)) if names else []
-        return sorted(n.decode() for n in found if n is not None)
-
-    def _namespaces(self, thread: str) -> list[str]:
-        members = cast(set[bytes], self.redis.smembers(ThreadKeys(thread, "").namespaces()))
-        return sorted({m.decode() for m in members} | set(self._cold_namespaces(thread)))
+        """Blob key → its record, hot or archived (`Tiers.blobs`)."""
+        return self._tiers.blobs(where, keys, missing_ok=missing_ok)
 
     # delete -------------------------------------------------------------------------------
     def delete_thread(self, thread_id: str) -> None:
@@ -342,8 +377,7 @@ class CairnSaver(BaseCheckpointSaver[str]):
         doomed = list(self.redis.scan_iter(match=pattern, count=1_000))
         for start in range(0, len(doomed), 1_000):
             self.redis.delete(*doomed[start : start + 1_000])
-        if self.cold is not None:
-            self.cold.delete_docs(_cold_task(thread_id))
+        self._cold_tier.delete_thread(thread_id)
         self._grown.forget(lambda key: key[0] != thread_id)
 
     # the cold tier ------------------------------------------------------------------------
@@ -351,126 +385,40 @@ class CairnSaver(BaseCheckpointSaver[str]):
         """Move all but the newest `keep` checkpoints of each namespace to the archive.
 
         Their records, writes and the blobs only they need are written to disk (durably)
-        before they leave Redis; reads fall back to the archive. Returns how many moved.
-        Raises `CairnError` without an archive.
+        before they leave Redis; reads fall back to the archive. Safe beside puts,
+        `put_writes` and other archivers, in this process or others: what is stored while
+        it runs stays in Redis, and no archiver's index loses another's checkpoints.
+        Returns how many it took out of Redis. Raises `CairnError` without an archive.
         """
         if self.cold is None:
             raise CairnError("this CairnSaver has no archive directory")
-        moved = 0
-        for ns in self._namespaces(thread_id):
-            where = ThreadKeys(thread_id, ns)
-            ids = sorted(
-                i.decode() for i in cast(list[bytes], self.redis.zrange(where.ids(), 0, -1))
-            )
-            going, staying = ids[: max(0, len(ids) - keep)], ids[max(0, len(ids) - keep) :]
-            if going:
-                self._archive_ids(where, going, staying)
-                moved += len(going)
-        return moved
-
-    def _archive_ids(self, where: ThreadKeys, going: list[str], staying: list[str]) -> None:
-        assert self.cold is not None
-        records = self._records(where, going)
-        needed = self._blob_keys(where, records.values())
-        kept = self._blob_keys(where, self._records(where, staying).values())
-        docs: dict[str, bytes] = {}
-        for checkpoint_id in going:
-            key = where.checkpoint(checkpoint_id)
-            docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
-            writes = self._raw_writes(where, checkpoint_id)
-            docs[_cold_name(where.writes(checkpoint_id))] = self._seal(
-                writes, _writes_at(where, checkpoint_id)
-            )
-        for key in needed:
-            docs[_cold_name(key)] = cast(bytes, self._raw(where, key))
-        task = _cold_task(where.thread)
-        docs[_ids_doc(where)] = self._seal(
-            {"ids": sorted({*self._cold_ids(where), *going})}, _index_at(where)
+        return sum(
+            self._cold_tier.archive(ThreadKeys(thread_id, ns), keep)
+            for ns in self._tiers.namespaces(thread_id)
         )
-        docs[NSS_DOC] = self._seal({"nss": sorted({*self._cold_namespaces(where.thread),
-                                                   where.ns})},
-                                   _namespaces_at(where.thread))  # fmt: skip
-        self.cold.put_docs(task, docs)  # on disk, durably, before anything leaves Redis
-        pipe = self.redis.pipeline(transaction=True)
-        pipe.zrem(where.ids(), *going)
-        for checkpoint_id in going:
-            pipe.delete(where.checkpoint(checkpoint_id), where.writes(checkpoint_id))
-        for key in needed - kept:
-            pipe.delete(key)
-        pipe.execute()
-
-    def _records(self, where: ThreadKeys, ids: list[str]) -> dict[str, dict[str, Any]]:
-        """Checkpoint id → its record (hot or archived)."""
-        return {
-            i: self._open(cast(bytes, self._raw(where, where.checkpoint(i))),
-                          _checkpoint_at(where, i))
-            for i in ids
-        }  # fmt: skip
-
-    def _blob_keys(self, where: ThreadKeys, records: Iterable[dict[str, Any]]) -> set[str]:
-        """Every stored blob the records' channels need, earlier pieces included."""
-        direct = {where.blob(ch, ref): ch for r in records for ch, ref in r["v"].items()}
-        stored = self._blobs(where, direct, missing_ok=True)
-        needed = set(stored)
-        for key, blob in stored.items():
-            needed |= {where.blob(direct[key], v) for v in blob.get("base", ())}
-        return needed
-
-    def _raw(self, where: ThreadKeys, key: str) -> bytes | None:
-        found = cast(bytes | None, self.redis.get(key))
-        return found if found is not None else self._cold_get(where, key)
-
-    def _raw_writes(self, where: ThreadKeys, checkpoint_id: str) -> dict[str, bytes]:
-        hot = cast(dict[bytes, bytes], self.redis.hgetall(where.writes(checkpoint_id)))
-        merged = {**self._cold_writes(where, checkpoint_id), **hot}
-        return {k.decode(): v for k, v in merged.items()}
-
-    def _cold_get(self, where: ThreadKeys, key: str) -> bytes | None:
-        if self.cold is None:
-            return None
-        return self.cold.get_doc(_cold_task(where.thread), _cold_name(key))
-
-    def _cold_writes(self, where: ThreadKeys, checkpoint_id: str) -> dict[bytes, bytes]:
-        raw = self._cold_get(where, where.writes(checkpoint_id))
-        if raw is None:
-            return {}
-        opened = self._open(raw, _writes_at(where, checkpoint_id))
-        return {k.encode(): v for k, v in opened.items()}
-
-    def _cold_ids(self, where: ThreadKeys) -> list[str]:
-        if self.cold is None:
-            return []
-        raw = self.cold.get_doc(_cold_task(where.thread), _ids_doc(where))
-        return [] if raw is None else list(self._open(raw, _index_at(where))["ids"])
-
-    def _cold_namespaces(self, thread: str) -> list[str]:
-        if self.cold is None:
-            return []
-        raw = self.cold.get_doc(_cold_task(thread), NSS_DOC)
-        return [] if raw is None else list(self._open(raw, _namespaces_at(thread))["nss"])
 
     # the extended capabilities ------------------------------------------------------------
     def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
         """Copy every checkpoint of a thread, with its writes and blobs, to another (hot)."""
         pipe = self.redis.pipeline(transaction=False)
-        for ns in self._namespaces(source_thread_id):
+        for ns in self._tiers.namespaces(source_thread_id):
             source, target = ThreadKeys(source_thread_id, ns), ThreadKeys(target_thread_id, ns)
-            ids = sorted(self._ids(source))
-            records = self._records(source, ids)
+            ids = sorted(self._tiers.ids(source))
+            records = self._tiers.records(source, ids)
             # Each record is sealed for its place, so the copy is sealed again for its own.
-            for key in self._blob_keys(source, records.values()):
+            for key in self._tiers.blob_keys(source, records.values()):
                 copy = key.replace(source.base, target.base, 1)
-                data = cast(bytes, self._raw(source, key))
-                pipe.set(copy, self._reseal(data, _blob_at(source, key), _blob_at(target, copy)))
+                data = cast(bytes, self._tiers.raw(source, key))
+                pipe.set(copy, self._reseal(data, blob_at(source, key), blob_at(target, copy)))
             for checkpoint_id in ids:
-                record = cast(bytes, self._raw(source, source.checkpoint(checkpoint_id)))
+                record = cast(bytes, self._tiers.raw(source, source.checkpoint(checkpoint_id)))
                 pipe.set(target.checkpoint(checkpoint_id), self._reseal(
-                    record, _checkpoint_at(source, checkpoint_id),
-                    _checkpoint_at(target, checkpoint_id)))  # fmt: skip
-                for field, data in self._raw_writes(source, checkpoint_id).items():
+                    record, checkpoint_at(source, checkpoint_id),
+                    checkpoint_at(target, checkpoint_id)))  # fmt: skip
+                for field, data in self._tiers.raw_writes(source, checkpoint_id).items():
                     pipe.hset(target.writes(checkpoint_id), field, self._reseal(
-                        data, _write_at(source, checkpoint_id, field),
-                        _write_at(target, checkpoint_id, field)))  # fmt: skip
+                        data, write_at(source, checkpoint_id, field),
+                        write_at(target, checkpoint_id, field)))  # fmt: skip
                 pipe.zadd(target.ids(), {checkpoint_id: 0})
             if ids:
                 pipe.set(target.head(), ids[-1])
@@ -483,10 +431,10 @@ class CairnSaver(BaseCheckpointSaver[str]):
         doomed_runs = set(run_ids)
         if not doomed_runs:
             return
-        for thread in self._threads():
-            for ns in self._namespaces(thread):
+        for thread in self._tiers.threads():
+            for ns in self._tiers.namespaces(thread):
                 where = ThreadKeys(thread, ns)
-                records = self._records(where, self._ids(where))
+                records = self._tiers.records(where, self._tiers.ids(where))
                 doomed = [i for i, r in records.items() if r.get("r") in doomed_runs]
                 if doomed:
                     self._forget(where, doomed)
@@ -499,9 +447,9 @@ class CairnSaver(BaseCheckpointSaver[str]):
             if strategy == "delete":
                 self.delete_thread(thread)
                 continue
-            for ns in self._namespaces(thread):
+            for ns in self._tiers.namespaces(thread):
                 where = ThreadKeys(thread, ns)
-                ids = self._ids(where)
+                ids = self._tiers.ids(where)
                 if len(ids) > 1:
                     self._forget(where, ids[1:], keep=ids[0])
 
@@ -511,8 +459,8 @@ class CairnSaver(BaseCheckpointSaver[str]):
         With `keep`, also the blobs only the deleted ones needed.
         """
         if keep is not None:
-            needed = self._blob_keys(where, self._records(where, doomed).values())
-            needed -= self._blob_keys(where, self._records(where, [keep]).values())
+            needed = self._tiers.blob_keys(where, self._tiers.records(where, doomed).values())
+            needed -= self._tiers.blob_keys(where, self._tiers.records(where, [keep]).values())
         else:
             needed = set()
         pipe = self.redis.pipeline(transaction=True)
@@ -521,75 +469,13 @@ class CairnSaver(BaseCheckpointSaver[str]):
             pipe.delete(where.checkpoint(checkpoint_id), where.writes(checkpoint_id))
         for key in needed:
             pipe.delete(key)
-        remaining = sorted(set(self._ids(where)) - set(doomed))
+        remaining = sorted(set(self._tiers.ids(where)) - set(doomed))
         if remaining:
             pipe.set(where.head(), remaining[-1])
         else:
             pipe.delete(where.head())
         pipe.execute()
-        if self.cold is not None and set(doomed) & set(self._cold_ids(where)):
-            task = _cold_task(where.thread)
-            for key in [*(where.checkpoint(i) for i in doomed),
-                        *(where.writes(i) for i in doomed), *needed]:  # fmt: skip
-                self.cold.delete_doc(task, _cold_name(key))
-            left: list[str] = sorted(set(self._cold_ids(where)) - set(doomed))
-            self.cold.put_docs(task, {_ids_doc(where): self._seal({"ids": left}, _index_at(where))})
-
-    # async --------------------------------------------------------------------------------
-    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
-        """`get_tuple` on a thread, so the event loop is not blocked."""
-        return await asyncio.to_thread(self.get_tuple, config)
-
-    async def alist(
-        self,
-        config: RunnableConfig | None,
-        *,
-        filter: dict[str, Any] | None = None,
-        before: RunnableConfig | None = None,
-        limit: int | None = None,
-    ) -> AsyncIterator[CheckpointTuple]:
-        """`list`, read on a thread."""
-        found = await asyncio.to_thread(
-            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
-        )
-        for item in found:
-            yield item
-
-    async def aput(
-        self,
-        config: RunnableConfig,
-        checkpoint: Checkpoint,
-        metadata: CheckpointMetadata,
-        new_versions: ChannelVersions,
-    ) -> RunnableConfig:
-        """`put` on a thread."""
-        return await asyncio.to_thread(self.put, config, checkpoint, metadata, new_versions)
-
-    async def aput_writes(
-        self,
-        config: RunnableConfig,
-        writes: Sequence[tuple[str, Any]],
-        task_id: str,
-        task_path: str = "",
-    ) -> None:
-        """`put_writes` on a thread."""
-        await asyncio.to_thread(self.put_writes, config, writes, task_id, task_path)
-
-    async def adelete_thread(self, thread_id: str) -> None:
-        """`delete_thread` on a thread."""
-        await asyncio.to_thread(self.delete_thread, thread_id)
-
-    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
-        """`copy_thread` on a thread."""
-        await asyncio.to_thread(self.copy_thread, source_thread_id, target_thread_id)
-
-    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
-        """`delete_for_runs` on a thread."""
-        await asyncio.to_thread(self.delete_for_runs, run_ids)
-
-    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
-        """`prune` on a thread."""
-        await asyncio.to_thread(self.prune, thread_ids, strategy=strategy)
+        self._cold_tier.forget(where, doomed, needed)
 
     # list (last: inside the class, `list` names this method) -------------------------------
     def list(
@@ -604,17 +490,17 @@ class CairnSaver(BaseCheckpointSaver[str]):
         if config is not None:
             threads = [str(config["configurable"]["thread_id"])]
         else:
-            threads = self._threads()
+            threads = self._tiers.threads()
         wanted_ns = config["configurable"].get("checkpoint_ns") if config else None
         wanted_id = get_checkpoint_id(config) if config else None
         before_id = get_checkpoint_id(before) if before else None
         remaining = limit
         for thread in threads:
-            for ns in self._namespaces(thread):
+            for ns in self._tiers.namespaces(thread):
                 if wanted_ns is not None and ns != wanted_ns:
                     continue
                 where = ThreadKeys(thread, ns)
-                for checkpoint_id in self._ids(where, before_id):
+                for checkpoint_id in self._tiers.ids(where, before_id):
                     if wanted_id and checkpoint_id != wanted_id:
                         continue
                     if remaining is not None and remaining <= 0:
@@ -624,52 +510,9 @@ class CairnSaver(BaseCheckpointSaver[str]):
                         continue
                     if remaining is not None:
                         remaining -= 1
+                    if before_id:  # older than a named one: a caller going back in time
+                        self._chosen(found)  # (LangGraph's replay finds subgraphs' so)
                     yield found
-
-
-def _cold_task(thread: str) -> str:
-    """The archive's name for a thread's documents."""
-    return f"lg-{langgraph_slot(thread)}"
-
-
-def _cold_name(key: str) -> str:
-    """The archive's name for the record Redis keeps at `key`."""
-    return "r." + hashlib.sha256(key.encode(errors="surrogatepass")).hexdigest()[:48]
-
-
-def _checkpoint_at(where: ThreadKeys, checkpoint_id: str) -> Place:
-    """The place a checkpoint record is sealed for: its thread, namespace and id."""
-    return Place("langgraph checkpoint", where.thread, (where.ns, checkpoint_id))
-
-
-def _blob_at(where: ThreadKeys, key: str) -> Place:
-    """The place a channel blob is sealed for: its thread and key (namespace, channel, ref)."""
-    return Place("langgraph blob", where.thread, (key,))
-
-
-def _write_at(where: ThreadKeys, checkpoint_id: str, field: str) -> Place:
-    """The place a pending write is sealed for: its checkpoint, task id and index."""
-    task_id, _, idx = field.rpartition("\x00")
-    return Place("langgraph write", where.thread, (where.ns, checkpoint_id, task_id, idx))
-
-
-def _writes_at(where: ThreadKeys, checkpoint_id: str) -> Place:
-    """The place of a checkpoint's archived writes (one record holding them all)."""
-    return Place("langgraph writes", where.thread, (where.ns, checkpoint_id))
-
-
-def _index_at(where: ThreadKeys) -> Place:
-    """The place of a namespace's archived checkpoint ids."""
-    return Place("langgraph index", where.thread, (where.ns,))
-
-
-def _namespaces_at(thread: str) -> Place:
-    """The place of a thread's archived namespaces."""
-    return Place("langgraph namespaces", thread)
-
-
-def _ids_doc(where: ThreadKeys) -> str:
-    return "ids." + hashlib.sha256(where.ns_key.encode()).hexdigest()[:40]
 
 
 def _config(where: ThreadKeys, checkpoint_id: str) -> RunnableConfig:

@@ -36,6 +36,7 @@ from storage.records import (
     Effects,
     GCStatus,
     GlobalCheckpoint,
+    ImagePart,
     InboxMessage,
     LCRef,
     LocalCheckpoint,
@@ -80,6 +81,12 @@ FILES = {
 }
 
 
+# A 1x1 PNG, as a tool result's image (base64).
+PIXEL_PNG = (
+    "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR4"
+    "2mNk+M9QDwADhgGAWjR9awAAAABJRU5ErkJggg=="
+)
+
 # Each LC's model call; costs are exact in binary, so they read back as written.
 FULL_CALL = Usage(prompt_tokens=812, completion_tokens=164, cached_tokens=512, cost_usd=0.25)
 DELTA_CALL = Usage(prompt_tokens=1024, completion_tokens=32, cached_tokens=960, cost_usd=0.125)
@@ -100,7 +107,7 @@ def notes_file() -> bytes:
 
 
 def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
-    """Alice's first step LC (full): a turn with two tool calls, their results, a message."""
+    """Alice's first step LC (full): two tool calls, their results (one with an image), more."""
     notes = notes_file().decode()
     calls = [
         ToolCall(id="call_1", name="write_file", args={"path": "notes.md", "content": notes}),
@@ -131,9 +138,10 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
             ),
             Message(
                 role=Role.TOOL,
-                content='{"status": 201}',
+                content='{"status": 201}\n[image/png, 70 bytes]',
                 name="http_post",
                 tool_call_id="call_2",
+                images=[ImagePart(media_type="image/png", data=PIXEL_PNG)],
             ),
             Message(role=Role.ASSISTANT, content="Notes written and the survey reported."),
         ],
