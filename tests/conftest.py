@@ -19,7 +19,35 @@ from storage.base import ColdArchive, HotStore
 from storage.codec import Codec
 from storage.redis_server import RedisServer
 from storage.store import CheckpointStore
+from tests import langgraph_suite
 from tests.cluster import Cluster
+
+# LangGraph's suite on CairnSaver, started at the session's start (`on_cairn` below).
+LANGGRAPH_SUITE = pytest.StashKey[langgraph_suite.Running]()
+LOWEST_PRIORITY = 19  # nice: it takes only the CPU Cairn's own tests leave idle
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """Start LangGraph's suite in the background if a test selected reads its run.
+
+    It takes about 70 s of CPU; Cairn's own tests spend much of their time waiting on
+    the processes they start, so run at the lowest priority beside them it costs the
+    session little wall time, and them little CPU. One that cannot start (the suite not
+    fetched) is left to the test, which says why.
+    """
+    if any("on_cairn" in getattr(item, "fixturenames", ()) for item in session.items):
+        try:
+            running = langgraph_suite.start("cairn", nice=LOWEST_PRIORITY)
+        except langgraph_suite.SuiteError:
+            return
+        session.config.stash[LANGGRAPH_SUITE] = running
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """Stop LangGraph's suite if no test waited for it (a session cut short)."""
+    running = session.config.stash.get(LANGGRAPH_SUITE, None)
+    if running is not None:
+        running.stop()
 
 
 @pytest.fixture(autouse=True)

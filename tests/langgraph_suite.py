@@ -27,10 +27,11 @@ import tempfile
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 from importlib.metadata import version
 from pathlib import Path
+from typing import IO, cast
 
 from storage.redis_server import RedisServer
 from tests.langgraph_suite_plugin import REDIS_VARIABLE, SAVER_VARIABLE
@@ -191,31 +192,97 @@ def run(saver: str = "cairn", tests: Sequence[str] = (), *, keep: Path | None = 
     that fails is a result, not an error. With `keep`, the scratch copy is made there and
     left for a look.
     """
+    return start(saver, tests, keep=keep).finish()
+
+
+def start(
+    saver: str = "cairn", tests: Sequence[str] = (), *, keep: Path | None = None, nice: int = 0
+) -> Running:
+    """`run`, started: pytest runs in its subprocess until `finish()` waits for it.
+
+    With `nice`, the subprocess runs at that lower priority: started early beside Cairn's
+    own tests, it takes only the CPU they leave idle while they wait on their processes.
+    """
     if saver not in SAVERS:
         raise SuiteError(f"saver must be one of {', '.join(SAVERS)}, not {saver!r}")
-    with tempfile.TemporaryDirectory(prefix="cairn-langgraph-suite-") as temporary:
-        scratch = keep or Path(temporary)
+    temporary = None if keep else tempfile.TemporaryDirectory(prefix="cairn-langgraph-suite-")
+    scratch = keep or Path(cast(tempfile.TemporaryDirectory[str], temporary).name)
+    try:
         copy = prepare(scratch)
-        report = scratch / "junit.xml"
         server = RedisServer(scratch / "redis").start()
+    except BaseException:
+        if temporary is not None:
+            temporary.cleanup()
+        raise
+    running = Running(saver, copy, scratch / "junit.xml", scratch / "pytest.out", server,
+                      temporary)  # fmt: skip
+    with running.output.open("w") as output:  # the child holds its own descriptor
+        running.process = _pytest(copy, saver, server.url, running.report, output, tests, nice)
+    return running
+
+
+@dataclass(slots=True)
+class Running:
+    """One run of the suite under way: its subprocess, its Redis and its scratch copy."""
+
+    saver: str
+    copy: Path
+    report: Path
+    output: Path  # what pytest printed: a file, as nobody reads a pipe while it runs
+    server: RedisServer
+    temporary: tempfile.TemporaryDirectory[str] | None
+    process: subprocess.Popen[str] | None = None
+    started: float = field(default_factory=time.monotonic)
+
+    def finish(self) -> SuiteRun:
+        """Wait for pytest (up to `RUN_TIMEOUT` from the start) and read what it reported.
+
+        Raises `SuiteError` unless pytest ran to its end. Stops the Redis and removes the
+        scratch copy (unless it was to be kept), whatever happens.
+        """
+        assert self.process is not None
         try:
-            started = time.monotonic()
-            done = _pytest(copy, saver, server.url, report, tests)
-            seconds = time.monotonic() - started
+            left = max(1.0, RUN_TIMEOUT - (time.monotonic() - self.started))
+            try:
+                self.process.wait(timeout=left)
+            except subprocess.TimeoutExpired as exc:
+                raise SuiteError(
+                    f"LangGraph's suite ran past {RUN_TIMEOUT} s in {self.copy}"
+                ) from exc
+            seconds = time.monotonic() - self.started
+            # 0: all passed, 1: some failed; anything else (a collection error, no tests, an
+            # internal error) means the results would not say what the suite says.
+            if self.process.returncode not in (0, 1) or not self.report.is_file():
+                said = self.output.read_text(errors="replace")
+                tail = "\n".join(said.strip().splitlines()[-15:])
+                raise SuiteError(
+                    f"pytest in {self.copy} ended with exit {self.process.returncode}:\n{tail}"
+                )
+            return SuiteRun(self.saver, read_junit(self.report), seconds)
         finally:
-            server.stop()
-        # 0: all passed, 1: some failed; anything else (a collection error, no tests, an
-        # internal error) means the results would not say what the suite says.
-        if done.returncode not in (0, 1) or not report.is_file():
-            tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-            raise SuiteError(f"pytest in {copy} ended with exit {done.returncode}:\n{tail}")
-        return SuiteRun(saver, read_junit(report), seconds)
+            self.stop()
+
+    def stop(self) -> None:
+        """End pytest if it still runs, stop the Redis, remove the scratch copy."""
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.server.stop()
+        if self.temporary is not None:
+            self.temporary.cleanup()
+            self.temporary = None
 
 
 def _pytest(
-    copy: Path, saver: str, url: str, report: Path, tests: Sequence[str]
-) -> subprocess.CompletedProcess[str]:
-    """Run pytest in `copy`: their `tests` package first on the path, ahead of Cairn's."""
+    copy: Path,
+    saver: str,
+    url: str,
+    report: Path,
+    output: IO[str],
+    tests: Sequence[str],
+    nice: int = 0,
+) -> subprocess.Popen[str]:
+    """Start pytest in `copy`: their `tests` package first on the path, ahead of Cairn's."""
     path = os.pathsep.join(filter(None, [str(copy), os.environ.get("PYTHONPATH")]))
     # The caller's pytest options are for Cairn's suite, not this one (a `-k`, a `-x`).
     inherited = {
@@ -231,13 +298,12 @@ def _pytest(
     }
     command = [sys.executable, "-m", "pytest", *PYTEST_ARGS, f"--junitxml={report}",
                *(tests or ["tests"])]  # fmt: skip
-    try:
-        return subprocess.run(
-            command, cwd=copy, env=env, capture_output=True, text=True,
-            timeout=RUN_TIMEOUT, check=False,
-        )  # fmt: skip
-    except subprocess.TimeoutExpired as exc:
-        raise SuiteError(f"LangGraph's suite ran past {RUN_TIMEOUT} s in {copy}") from exc
+    process = subprocess.Popen(
+        command, cwd=copy, env=env, stdout=output, stderr=subprocess.STDOUT, text=True
+    )
+    if nice:
+        os.setpriority(os.PRIO_PROCESS, process.pid, nice)
+    return process
 
 
 def read_junit(report: Path) -> dict[str, TestResult]:

@@ -14,6 +14,7 @@ import os
 import pytest
 
 from tests import langgraph_suite
+from tests.conftest import LANGGRAPH_SUITE
 from tests.langgraph_suite import Outcome, SuiteRun, describe, on_memory
 
 BUG = "CairnSaver bug being fixed"
@@ -40,9 +41,15 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(langgraph_suite.RUN_TIMEOUT 
 
 
 @pytest.fixture(scope="module")
-def on_cairn() -> SuiteRun:
-    """One run of LangGraph's suite on CairnSaver, shared by this module's tests."""
-    run = langgraph_suite.run("cairn")
+def on_cairn(request: pytest.FixtureRequest) -> SuiteRun:
+    """One run of LangGraph's suite on CairnSaver, shared by this module's tests.
+
+    The run the session started in the background (tests/conftest.py), else one now.
+    """
+    started = request.config.stash.get(LANGGRAPH_SUITE, None)
+    if started is not None:
+        del request.config.stash[LANGGRAPH_SUITE]
+    run = started.finish() if started is not None else langgraph_suite.run("cairn")
     print(run.summary())
     return run
 
