@@ -34,7 +34,14 @@ $(LANGGRAPH_SUITE): $(STAMP)
 	$(BIN)/python -m tests.langgraph_suite fetch
 	touch $(LANGGRAPH_SUITE)
 
-install: $(STAMP) $(LANGGRAPH_SUITE)
+# What tests/test_wheel.py installs offline into a fresh virtualenv beside Cairn's wheel:
+# Cairn's dependencies, a setuptools to build it, openai-agents (tests/wheelhouse.py).
+WHEELHOUSE := $(VENV)/.installed-wheelhouse
+$(WHEELHOUSE): $(STAMP) tests/wheelhouse.py
+	$(BIN)/python -m tests.wheelhouse
+	touch $(WHEELHOUSE)
+
+install: $(STAMP) $(LANGGRAPH_SUITE) $(WHEELHOUSE)
 
 # The npm MCP servers tests/test_mcp_servers.py runs, at these versions, in $(NPM_MCP): installed
 # again only when the pins change; without npm (scripts/system-deps installs it) it says so and
@@ -50,7 +57,7 @@ npm-mcp:
 		npm install --prefix $(NPM_MCP) --save-exact --no-audit --no-fund --loglevel=error $(NPM_MCP_PACKAGES) \
 		&& echo "$(NPM_MCP_PACKAGES)" > $(NPM_MCP)/.installed; fi
 
-test: system-test $(STAMP) npm-mcp $(LANGGRAPH_SUITE)
+test: system-test $(STAMP) npm-mcp $(LANGGRAPH_SUITE) $(WHEELHOUSE)
 	$(BIN)/pytest
 
 lint: $(STAMP)

@@ -18,9 +18,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.userfiles import load_json, load_yaml, read_bounded
-from storage.errors import InvalidSpec
-from storage.records import Usage
+from cairn.agents.userfiles import load_json, load_yaml, read_bounded
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.records import Usage
 
 PER = 1_000_000  # prices are per million tokens
 MAX_PRICES_BYTES = 1024 * 1024  # of a price table file: a few lines per model

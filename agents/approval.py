@@ -15,10 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 
-from agents.tools import call_digest
-from storage.errors import RecordNotFound
-from storage.records import Record, ToolCall
-from storage.store import CheckpointStore
+from cairn.agents.tools import call_digest
+from cairn.storage.errors import RecordNotFound
+from cairn.storage.records import Record, ToolCall
+from cairn.storage.store import CheckpointStore
 
 
 class Approval(Record):

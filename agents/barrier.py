@@ -12,11 +12,11 @@ from dataclasses import dataclass
 
 from pydantic import ConfigDict, Field
 
-from agents.approval import decision_for
-from agents.cache import WORKER, WorkerCache
-from agents.workspace import Conflict, manifest_blob, merge
-from storage.ids import new_id
-from storage.records import (
+from cairn.agents.approval import decision_for
+from cairn.agents.cache import WORKER, WorkerCache
+from cairn.agents.workspace import Conflict, manifest_blob, merge
+from cairn.storage.ids import new_id
+from cairn.storage.records import (
     AgentStatus,
     GlobalCheckpoint,
     InboxMessage,
@@ -26,7 +26,7 @@ from storage.records import (
     Role,
     ToolCall,
 )
-from storage.store import CheckpointStore
+from cairn.storage.store import CheckpointStore
 
 SYSTEM_SENDER = "cairn"
 

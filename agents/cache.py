@@ -14,11 +14,11 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from agents.workspace import Files, Workspace
-from storage.chain import AgentState
-from storage.codec import DIGEST_END, Place
-from storage.records import LCRef, Record
-from storage.store import CheckpointStore
+from cairn.agents.workspace import Files, Workspace
+from cairn.storage.chain import AgentState
+from cairn.storage.codec import DIGEST_END, Place
+from cairn.storage.records import LCRef, Record
+from cairn.storage.store import CheckpointStore
 
 STEPS_TREE = "steps"  # the workspace directory steps run in (one per task and lane)
 K = TypeVar("K")

@@ -19,7 +19,7 @@ from typing import Protocol
 
 import redis
 
-from agents.logs import get_logger
+from cairn.agents.logs import get_logger
 
 log = get_logger(__name__)
 

@@ -21,7 +21,7 @@ import orjson
 import structlog
 from structlog.typing import EventDict, WrappedLogger
 
-from storage.redact import redact
+from cairn.storage.redact import redact
 
 
 def redact_event(_logger: WrappedLogger, _method: str, event: EventDict) -> EventDict:

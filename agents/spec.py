@@ -22,20 +22,20 @@ from pydantic import (
     model_validator,
 )
 
-from agents.accounting import Price
-from agents.mcp.names import MCP_REF
-from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
-from agents.userfiles import load_yaml
-from agents.workspace import (
+from cairn.agents.accounting import Price
+from cairn.agents.mcp.names import MCP_REF
+from cairn.agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
+from cairn.agents.userfiles import load_yaml
+from cairn.agents.workspace import (
     FILE_LIMIT,
     MAX_FILE_LIMIT,
     MAX_WORKSPACE_LIMIT,
     WORKSPACE_LIMIT,
     SizeLimits,
 )
-from storage.errors import InvalidSpec
-from storage.keys import check_name
-from storage.records import Record
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.keys import check_name
+from cairn.storage.records import Record
 
 TOOL_NAMES = (  # the built-in tools (agents/tools.py), every agent's tools by default
     "list_files",

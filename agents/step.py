@@ -25,23 +25,23 @@ from typing import TYPE_CHECKING
 from pydantic import JsonValue
 from structlog.contextvars import bound_contextvars
 
-from agents.accounting import cost
-from agents.approval import consume, decision_for
-from agents.barrier import pending_calls
-from agents.cache import WORKER, WorkerCache
-from agents.heartbeat import Heartbeat, worker_token
-from agents.logs import get_logger
-from agents.mcp.tools import agent_tools
-from agents.models import registry
-from agents.models.base import Model, ModelReply, ModelRequest
-from agents.spec import AgentSpec, StepPolicy, TaskRecord
-from agents.toolkit import ToolRegistry, installed_tools
-from agents.tools import Tool, ToolContext, idempotency_key
-from agents.workspace import apply_changes, manifest_blob, net_changes
-from storage.codec import Place
-from storage.errors import FencedWrite, ToolError
-from storage.keys import SPEC_DOC
-from storage.records import (
+from cairn.agents.accounting import cost
+from cairn.agents.approval import consume, decision_for
+from cairn.agents.barrier import pending_calls
+from cairn.agents.cache import WORKER, WorkerCache
+from cairn.agents.heartbeat import Heartbeat, worker_token
+from cairn.agents.logs import get_logger
+from cairn.agents.mcp.tools import agent_tools
+from cairn.agents.models import registry
+from cairn.agents.models.base import Model, ModelReply, ModelRequest
+from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
+from cairn.agents.toolkit import ToolRegistry, installed_tools
+from cairn.agents.tools import Tool, ToolContext, idempotency_key
+from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
+from cairn.storage.codec import Place
+from cairn.storage.errors import FencedWrite, ToolError
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import (
     AgentStatus,
     Effects,
     GlobalCheckpoint,
@@ -53,11 +53,11 @@ from storage.records import (
     TraceRecord,
     Usage,
 )
-from storage.redact import redact, redact_json, redact_optional
-from storage.store import CheckpointStore
+from cairn.storage.redact import redact, redact_json, redact_optional
+from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:
-    from agents.mcp.manager import McpManager
+    from cairn.agents.mcp.manager import McpManager
 
 log = get_logger(__name__)
 FIRST_BEAT_MS = 3_000  # the TTL of the first beat, sent before the task's policy is read

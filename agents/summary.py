@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from storage.chain import AgentState
-from storage.records import Message, Role, TraceRecord
+from cairn.storage.chain import AgentState
+from cairn.storage.records import Message, Role, TraceRecord
 
 FILE_TOOLS = ("write_file", "edit_file", "apply_patch")
 MAX_STEPS_SHOWN = 12

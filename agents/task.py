@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-from agents.spec import TaskRecord
-from agents.workspace import check_path, tree_clashes
-from storage.chain import AgentState
-from storage.errors import InvalidSpec, ToolError
-from storage.keys import SPEC_DOC
-from storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
-from storage.store import CheckpointStore
+from cairn.agents.spec import TaskRecord
+from cairn.agents.workspace import check_path, tree_clashes
+from cairn.storage.chain import AgentState
+from cairn.storage.errors import InvalidSpec, ToolError
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
+from cairn.storage.store import CheckpointStore
 
 
 def start_task(

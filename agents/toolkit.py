@@ -26,11 +26,11 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic_core import PydanticUndefined, to_json
 
-from agents.logs import get_logger
-from agents.spec import TOOL_NAME
-from agents.tools import TOOLS, Args, Tool, ToolContext
-from storage.errors import CairnError, InvalidSpec, ToolError
-from storage.records import Effects
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TOOL_NAME
+from cairn.agents.tools import TOOLS, Args, Tool, ToolContext
+from cairn.storage.errors import CairnError, InvalidSpec, ToolError
+from cairn.storage.records import Effects
 
 ENTRY_POINTS = "cairn.tools"
 MAX_RESULT = 1_000_000  # characters of a Python tool's result kept for the model

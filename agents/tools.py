@@ -19,14 +19,14 @@ from pathlib import Path
 
 from pydantic import JsonValue
 
-from agents.models.base import ToolSchema
-from agents.patch import apply_file_patch, parse_patch
-from agents.sandbox import CommandLimits, process_sandbox
-from agents.spec import StepPolicy
-from agents.workspace import Workspace, check_path, replace_file
-from storage.errors import ToolError
-from storage.ids import new_id
-from storage.records import Effects, ImagePart, InboxMessage
+from cairn.agents.models.base import ToolSchema
+from cairn.agents.patch import apply_file_patch, parse_patch
+from cairn.agents.sandbox import CommandLimits, process_sandbox
+from cairn.agents.spec import StepPolicy
+from cairn.agents.workspace import Workspace, check_path, replace_file
+from cairn.storage.errors import ToolError
+from cairn.storage.ids import new_id
+from cairn.storage.records import Effects, ImagePart, InboxMessage
 
 MAX_LISTED = 2_000
 MAX_READ = 1_000_000

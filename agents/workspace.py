@@ -28,11 +28,11 @@ from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path, PurePosixPath
 
-from storage.codec import canonical_bytes
-from storage.errors import InvalidWorkspace, ToolError
-from storage.keys import check_name
-from storage.records import WorkspaceManifest, sha256_hex
-from storage.store import CheckpointStore
+from cairn.storage.codec import canonical_bytes
+from cairn.storage.errors import InvalidWorkspace, ToolError
+from cairn.storage.keys import check_name
+from cairn.storage.records import WorkspaceManifest, sha256_hex
+from cairn.storage.store import CheckpointStore
 
 Files = dict[str, str]  # path → blob sha256
 Changes = dict[str, str | None]  # path → new blob sha256, or None when deleted

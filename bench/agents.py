@@ -22,17 +22,6 @@ from unittest import mock
 import redis
 from redis.connection import AbstractConnection
 
-from agents import step as step_module
-from agents.barrier import build_gc
-from agents.heartbeat import Heartbeat
-from agents.models.base import Model, ModelRequest
-from agents.models.scripted import ScriptedModel
-from agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
-from agents.step import run_step
-from agents.task import start_task
-from agents.toolkit import ToolRegistry, builtin_tools, tool
-from agents.tools import TOOLS, Args, Tool, ToolContext
-from agents.workspace import Workspace
 from bench import mcp_call
 from bench.report import (
     Samples,
@@ -47,11 +36,22 @@ from bench.report import (
     table,
 )
 from bench.storage import Text, filesystem, floor_write
-from storage import store as store_module
-from storage.backends.redis import RedisHotStore
-from storage.codec import Codec, canonical_bytes
-from storage.records import GlobalCheckpoint, LCRef, Message, Role
-from storage.store import CheckpointStore
+from cairn.agents import step as step_module
+from cairn.agents.barrier import build_gc
+from cairn.agents.heartbeat import Heartbeat
+from cairn.agents.models.base import Model, ModelRequest
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
+from cairn.agents.step import run_step
+from cairn.agents.task import start_task
+from cairn.agents.toolkit import ToolRegistry, builtin_tools, tool
+from cairn.agents.tools import TOOLS, Args, Tool, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.storage import store as store_module
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.codec import Codec, canonical_bytes
+from cairn.storage.records import GlobalCheckpoint, LCRef, Message, Role
+from cairn.storage.store import CheckpointStore
 
 AGENT = "coder"
 SYSTEM = "You are a careful Python programmer."

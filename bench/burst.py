@@ -30,8 +30,8 @@ import yaml
 from bench.report import Samples, Target, clock, pick, private_store, quick, table
 from bench.scale import Cluster, spec
 from cairn import Client
-from coordinator.settings import Settings
-from storage import keys
+from cairn.coordinator.settings import Settings
+from cairn.storage import keys
 
 API_TASKS, CLI_TASKS = pick((1_000, 100), (20, 4))
 TEAM, SUPERSTEPS, LATENCY = 2, 2, 0.05

@@ -23,9 +23,6 @@ from rq import Queue, Worker
 from rq.registry import FinishedJobRegistry
 from rq.serializers import JSONSerializer
 
-from agents.barrier import Barrier, build_gc, read_outputs
-from agents.spec import AgentSpec, TaskRecord, ToolRequest, Turn
-from agents.task import start_task
 from bench.report import (
     Samples,
     Target,
@@ -39,18 +36,21 @@ from bench.report import (
 )
 from bench.storage import CONTENT_CHARS, Text, filesystem
 from bench.storage import Bench as StorageBench
-from coordinator import archiver as archiver_module
-from coordinator.coordinator import Coordinator
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.restore import Restorer
-from coordinator.runs import TERMINAL
-from coordinator.spec import CheckpointPolicy, TaskSpec
-from coordinator.tasks import Tasks
-from storage import keys
-from storage.archive import archive_gc, trim_cold, trim_hot
-from storage.chain import AgentState
-from storage.records import GlobalCheckpoint, LCRef, Message, Role, ToolCall
-from storage.store import MAX_CHAIN, CheckpointStore
+from cairn.agents.barrier import Barrier, build_gc, read_outputs
+from cairn.agents.spec import AgentSpec, TaskRecord, ToolRequest, Turn
+from cairn.agents.task import start_task
+from cairn.coordinator import archiver as archiver_module
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.runs import TERMINAL
+from cairn.coordinator.spec import CheckpointPolicy, TaskSpec
+from cairn.coordinator.tasks import Tasks
+from cairn.storage import keys
+from cairn.storage.archive import archive_gc, trim_cold, trim_hot
+from cairn.storage.chain import AgentState
+from cairn.storage.records import GlobalCheckpoint, LCRef, Message, Role, ToolCall
+from cairn.storage.store import MAX_CHAIN, CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = "Make the project pass its tests."
@@ -86,7 +86,7 @@ class Bench(StorageBench):
             stop(procs.pop())
         while len(procs) < n:
             name = f"{'rq' if plain else 'cairn'}-worker-{len(self.logs)}"
-            args = [sys.executable, "-m", "coordinator.worker", self.server.url]
+            args = [sys.executable, "-m", "cairn.coordinator.worker", self.server.url]
             if plain:
                 rq = str(Path(sys.executable).with_name("rq"))
                 args = [rq, *RQ_WORKER.split(), "-S", JSON, "-u", self.server.url, queue]

@@ -34,11 +34,11 @@ from langgraph.graph.state import CompiledStateGraph
 from bench.report import Samples, Target, clock, duration, now_ns, pick, ratio, size, table
 from bench.report import time_together as take_turns
 from bench.storage import Text
-from storage.backends.redis import connect
-from storage.keys import LANGGRAPH_PREFIX as PREFIX
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.redis_server import RedisServer
+from cairn.storage.backends.redis import connect
+from cairn.storage.keys import LANGGRAPH_PREFIX as PREFIX
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.redis_server import RedisServer
 
 # pick(full, quick): `python -m bench --quick` runs the same code at the second sizes
 HISTORIES = pick((10, 100, 1_000), (10, 100))  # messages of history before the timed steps

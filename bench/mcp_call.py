@@ -33,9 +33,9 @@ from typing import IO, Any, cast
 
 import mcp_types
 
-from agents.mcp.config import McpServer
-from agents.mcp.manager import META_KEY, McpManager
 from bench.report import Samples, Target, duration, pick, table, time_together
+from cairn.agents.mcp.config import McpServer
+from cairn.agents.mcp.manager import META_KEY, McpManager
 
 SERVER, TOOL = "bench", "clock"
 CALLS = pick(2000, 40)  # timed calls of each kind, taking turns

@@ -38,7 +38,7 @@ from mcp.server.stdio import stdio_server
 from mcp_types import ToolAnnotations
 
 server = MCPServer("cairn-bench", log_level="WARNING")
-META_KEY = "cairn/idempotency_key"  # as agents.mcp.manager sends it
+META_KEY = "cairn/idempotency_key"  # as cairn.agents.mcp.manager sends it
 
 # (read or written, monotonic ns, the line): appended on whichever thread touches the pipe
 Stamp = tuple[bool, int, str]

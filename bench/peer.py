@@ -29,22 +29,22 @@ from urllib.parse import quote
 from redis.connection import AbstractConnection
 
 import bench.agents as agents_part
-from agents import step as step_module
-from agents.heartbeat import Heartbeat
-from agents.models.base import ModelRequest
-from agents.models.scripted import ScriptedModel
-from agents.spec import TOOL_NAMES, StepPolicy, Turn
-from agents.toolkit import ToolRegistry
-from agents.tools import TOOLS, ToolContext
-from agents.workspace import Workspace
 from bench.agents import AGENT, FILE_CHARS, GOAL, SYSTEM, Team, initial_files, turns
 from bench.report import Samples, Target, clock, duration, now_ns, pick, private_store, table
 from bench.storage import Text
-from coordinator.settings import Settings, open_store
-from storage.backends.redis import RedisHotStore, connect
-from storage.records import Message, Role
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents import step as step_module
+from cairn.agents.heartbeat import Heartbeat
+from cairn.agents.models.base import ModelRequest
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.spec import TOOL_NAMES, StepPolicy, Turn
+from cairn.agents.toolkit import ToolRegistry
+from cairn.agents.tools import TOOLS, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.coordinator.settings import Settings, open_store
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.records import Message, Role
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 # pick(full, quick): `python -m bench --quick` runs the same code at the second size
 STEPS = pick(100, 12)  # timed steps a run

@@ -17,12 +17,12 @@ from typing import TypeVar
 import redis
 import structlog
 
-from agents.logs import configure_logging
-from coordinator.settings import Settings, open_store
-from storage.backends.redis import connect
-from storage.chain import DEFAULT_FULL_EVERY
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.logs import configure_logging
+from cairn.coordinator.settings import Settings, open_store
+from cairn.storage.backends.redis import connect
+from cairn.storage.chain import DEFAULT_FULL_EVERY
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 now_ns = time.perf_counter_ns
 T = TypeVar("T")

@@ -1,7 +1,7 @@
 """The scale benchmark: hundreds of agents on a few worker processes, and what each costs.
 
 Real processes, started as `cairn worker` and `cairn coordinator` start theirs
-(`python -m coordinator.worker`, `python -m coordinator`, settings in `CAIRN_*`), on a
+(`python -m cairn.coordinator.worker`, `python -m cairn.coordinator`, settings in `CAIRN_*`), on a
 private redis-server (no AOF); this process submits the tasks and watches from outside:
 
 1. density: TASKS tasks of TEAM scripted agents at LATENCY s a model turn, on PROCESSES
@@ -40,14 +40,14 @@ import redis
 from rq import Queue, Worker
 from rq.utils import utcparse
 
-from agents.spec import AgentSpec, ToolRequest, Turn
 from bench.report import Samples, Target, pick, private_store, quick, size, table
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.spec import TaskSpec
-from coordinator.tasks import Tasks
-from storage import keys
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.spec import AgentSpec, ToolRequest, Turn
+from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.tasks import Tasks
+from cairn.storage import keys
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = "Make the project pass its tests."
@@ -136,14 +136,14 @@ class Cluster:
 
     def start_coordinator(self) -> None:
         """Start the one coordinator (it takes the lease at once: no other)."""
-        self.coordinator = self.spawn("coordinator", ["coordinator", "--name", "bench"])
+        self.coordinator = self.spawn("coordinator", ["cairn.coordinator", "--name", "bench"])
 
     def start_workers(self, n: int, concurrency: int) -> None:
         """Replace the workers by `n` processes of `concurrency` lanes; wait until they serve."""
         self.stop_workers()
         for _ in range(n):
             name = f"worker-{self.started}"
-            self.workers.append(self.spawn(name, ["coordinator.worker"], concurrency))
+            self.workers.append(self.spawn(name, ["cairn.coordinator.worker"], concurrency))
         watched = Queue(STEPS_QUEUE, connection=self.client)
         deadline = time.monotonic() + 60 + 2 * n  # starting is CPU-bound: 2 s a process
         while Worker.count(connection=self.client, queue=watched) != n:

@@ -38,19 +38,19 @@ from bench.report import (
     table,
     time_together,
 )
-from storage import keys
-from storage.archive import archive_gc
-from storage.backends.disk import DiskArchive
-from storage.base import LCEntry
-from storage.chain import AgentState, base_after_write, cut_lc
-from storage.codec import (
+from cairn.storage import keys
+from cairn.storage.archive import archive_gc
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.base import LCEntry
+from cairn.storage.chain import AgentState, base_after_write, cut_lc
+from cairn.storage.codec import (
     DEFAULT_COMPRESS_ABOVE,
     FLAG_ZSTD,
     HEADER_SIZE,
     Place,
     canonical_bytes,
 )
-from storage.records import (
+from cairn.storage.records import (
     GlobalCheckpoint,
     LCRef,
     Level,
@@ -62,8 +62,8 @@ from storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 FULL_EVERY = 20
 # pick(full, quick): `python -m bench --quick` runs every measurement at the second size

@@ -16,17 +16,17 @@ workers load (docs/tools.md).
 
 import importlib.metadata as _metadata
 
-from agents.accounting import Budget, Price
-from agents.toolkit import tool
-from agents.tools import ToolContext
 from cairn import errors
+from cairn.agents.accounting import Budget, Price
+from cairn.agents.toolkit import tool
+from cairn.agents.tools import ToolContext
 from cairn.client import Client, Task
-from coordinator.diff import Diff
-from coordinator.runs import TaskState
-from coordinator.settings import Settings
-from coordinator.spec import TaskSpec
-from coordinator.timeline import Timeline
-from coordinator.views import (
+from cairn.coordinator.diff import Diff
+from cairn.coordinator.runs import TaskState
+from cairn.coordinator.settings import Settings
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.timeline import Timeline
+from cairn.coordinator.views import (
     AgentStatus,
     CheckpointInfo,
     Decision,
@@ -36,9 +36,9 @@ from coordinator.views import (
     RestoreResult,
     TaskStatus,
 )
-from storage.archive import ArchiveReport
-from storage.records import AgentStatus as AgentState
-from storage.records import GCStatus
+from cairn.storage.archive import ArchiveReport
+from cairn.storage.records import AgentStatus as AgentState
+from cairn.storage.records import GCStatus
 
 try:
     __version__ = _metadata.version("cairn-agents")

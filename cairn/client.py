@@ -1,7 +1,7 @@
 """`Client` and `Task`: what a user calls to submit, watch, restore and steer tasks.
 
-A thin layer over the coordinator's user side (`coordinator.tasks.Tasks`), its read
-models (`coordinator.views`), the restorer and the archive; the coordinator's loop and
+A thin layer over the coordinator's user side (`cairn.coordinator.tasks.Tasks`), its read
+models (`cairn.coordinator.views`), the restorer and the archive; the coordinator's loop and
 the workers run elsewhere (`cairn up`, `cairn coordinator`, `cairn worker`). Every call
 reads Redis (and the archive) afresh: a `Task` holds nothing but its id.
 """
@@ -18,17 +18,17 @@ from typing import Any, ParamSpec, TypeVar
 
 import redis
 
-from agents.accounting import Budget, load_prices
-from agents.spec import parse_model
+from cairn.agents.accounting import Budget, load_prices
+from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
-from coordinator import views
-from coordinator.diff import Diff, diff
-from coordinator.restore import Restorer
-from coordinator.settings import Settings, display_url, load_settings, open_store
-from coordinator.spec import TaskSpec, load_spec
-from coordinator.tasks import Tasks
-from coordinator.timeline import Timeline, gather
-from coordinator.views import (
+from cairn.coordinator import views
+from cairn.coordinator.diff import Diff, diff
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.settings import Settings, display_url, load_settings, open_store
+from cairn.coordinator.spec import TaskSpec, load_spec
+from cairn.coordinator.tasks import Tasks
+from cairn.coordinator.timeline import Timeline, gather
+from cairn.coordinator.views import (
     CheckpointInfo,
     Decision,
     Export,
@@ -36,10 +36,10 @@ from coordinator.views import (
     RestoreResult,
     TaskStatus,
 )
-from storage import keys
-from storage.archive import ArchiveReport
-from storage.errors import InvalidSpec, Timeout, Unavailable, one_line
-from storage.records import AgentStatus as AgentState
+from cairn.storage import keys
+from cairn.storage.archive import ArchiveReport
+from cairn.storage.errors import InvalidSpec, Timeout, Unavailable, one_line
+from cairn.storage.records import AgentStatus as AgentState
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -12,9 +12,9 @@ import redis
 from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
-from coordinator.settings import display_url
-from storage.backends.redis import connect
-from storage.errors import InvalidSpec, Unavailable, one_line
+from cairn.coordinator.settings import display_url
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import InvalidSpec, Unavailable, one_line
 
 CONNECT_TIMEOUT = 3.0  # seconds: a Redis that does not answer by then is unreachable
 COMMAND_TIMEOUT = 60.0  # seconds: well above any one Cairn command or script

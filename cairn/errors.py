@@ -31,7 +31,7 @@ CairnError
 
 from __future__ import annotations
 
-from storage.errors import (
+from cairn.storage.errors import (
     ArchiveConflict,
     ArchiveError,
     CairnError,

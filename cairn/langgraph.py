@@ -14,12 +14,12 @@ from typing import Any
 
 import redis
 
-from coordinator.settings import load_settings
-from storage.backends.redis import connect
-from storage.codec import Codec
+from cairn.coordinator.settings import load_settings
+from cairn.storage.backends.redis import connect
+from cairn.storage.codec import Codec
 
 try:
-    from storage.langgraph import CairnSaver as _StorageSaver
+    from cairn.storage.langgraph import CairnSaver as _StorageSaver
 except ImportError as exc:  # the optional extra is not installed
     raise ImportError(
         f"cairn.langgraph needs the langgraph extra: pip install 'cairn-agents[langgraph]' ({exc})"

@@ -17,10 +17,10 @@ from typing import Any
 
 import redis
 
-from storage.backends.redis import RedisHotStore
-from storage.errors import CairnError, CorruptCheckpoint
-from storage.records import GCStatus, Message, Role
-from storage.store import CheckpointStore
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.errors import CairnError, CorruptCheckpoint
+from cairn.storage.records import GCStatus, Message, Role
+from cairn.storage.store import CheckpointStore
 
 Turn = tuple[str, str | None, str | None, str]  # role, name, content, tool calls as JSON
 # One entry of the task's audit stream: kind (epoch, fence, lc), agent, "e" or "e:s:a", LC id

@@ -31,19 +31,19 @@ import redis
 import yaml
 from pydantic import JsonValue
 
+from cairn.coordinator.settings import load_settings, open_store
+from cairn.coordinator.testing import cure, poison
+from cairn.coordinator.worker import UNAVAILABLE
+from cairn.storage import keys
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import RedisServerError
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.replicas import ReplicaSet
 from chaos.checker import Violation, check
 from chaos.faults import Fault, Plan
 from chaos.observe import History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
 from chaos.team import AGENTS, team, victim
-from coordinator.settings import load_settings, open_store
-from coordinator.testing import cure, poison
-from coordinator.worker import UNAVAILABLE
-from storage import keys
-from storage.backends.redis import connect
-from storage.errors import RedisServerError
-from storage.redis_server import RedisServer
-from storage.replicas import ReplicaSet
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
@@ -57,12 +57,12 @@ FAULT_ERRORS = (OSError, redis.RedisError, subprocess.SubprocessError, RedisServ
 BUSY_WAIT = 2.0  # seconds a fault on "a worker running a step" waits for one to run
 TIMESTAMP = "%Y-%m-%dT%H:%M:%S.%fZ"  # structlog's ISO timestamps in UTC, as the logs spell them
 # Seconds after a split within which every process has left the old primary: a pool asks the
-# Sentinels every second (storage.backends.sentinel), a worker's wait for a job ends
-# within 5 s (coordinator.worker.DEQUEUE_WAIT), a commit under way finishes first.
+# Sentinels every second (cairn.storage.backends.sentinel), a worker's wait for a job ends
+# within 5 s (cairn.coordinator.worker.DEQUEUE_WAIT), a commit under way finishes first.
 SPLIT_LEFT_WITHIN = 8.0
 # The phases of the coordinator a `poison_task` fault may make raise: each one a second
 # task reaches, and cannot get past while it raises. Raising for longer than it takes the
-# coordinator to pause a task whose advance keeps failing (`coordinator.isolation`: 10 s,
+# coordinator to pause a task whose advance keeps failing (`cairn.coordinator.isolation`: 10 s,
 # tried at 0.25 s doubling to 5 s apart, so the pause comes at its try after 12.75 s).
 POISON_PHASES = ("begin", "watch", "commit", "after commit", "verify", "finish")
 POISON_FOR = 20.0
@@ -231,7 +231,7 @@ class ChaosRun:
         self._spawned += 1
         name = f"coordinator-{self._spawned}"
         url = self._env(name)["CAIRN_REDIS_URL"]
-        module = "coordinator.testing" if self.poisonable else "coordinator"
+        module = "cairn.coordinator.testing" if self.poisonable else "cairn.coordinator"
         self.coordinators[name] = self._spawn(
             [module, url, "--name", name, "--lease-ms", "1000"], name
         )
@@ -246,10 +246,10 @@ class ChaosRun:
         concurrency = ["--concurrency", str(self.plan.concurrency)]
         if self.proxy is None:
             url = self._env(name)["CAIRN_REDIS_URL"]
-            return self._spawn(["coordinator.worker", url, *concurrency], name)
+            return self._spawn(["cairn.coordinator.worker", url, *concurrency], name)
         link = DelayProxy(self.proxy.port).start()
         url = self._env(name, link.port)["CAIRN_REDIS_URL"]
-        worker = self._spawn(["coordinator.worker", url, *concurrency], name, link.port)
+        worker = self._spawn(["cairn.coordinator.worker", url, *concurrency], name, link.port)
         self.links[worker.pid] = link
         return worker
 
@@ -538,7 +538,7 @@ class ChaosRun:
         """Promote a replica while the old primary lives on; return once the Sentinels agree.
 
         The old primary keeps answering, with no replica, until the run ends: the
-        processes must leave it on their own (`storage.backends.sentinel`). `left_by` is
+        processes must leave it on their own (`cairn.storage.backends.sentinel`). `left_by` is
         `SPLIT_LEFT_WITHIN` s after the promotion: a GC only the old primary held may be
         lost until every process has left it, so the checker counts what was not durable
         by then as gone with it.

@@ -1,4 +1,4 @@
-"""`python -m coordinator [REDIS_URL] [--name NAME]`: run a coordinator until SIGTERM or SIGINT.
+"""`python -m cairn.coordinator [REDIS_URL] [--name NAME]`: a coordinator until SIGTERM or SIGINT.
 
 The Redis URL comes from `CAIRN_REDIS_URL` unless given (a URL on the command line, and
 its password, shows in every process listing: `cairn up` passes it in the environment).
@@ -15,12 +15,12 @@ import sys
 import threading
 from types import FrameType
 
-from agents.logs import configure_logging
-from coordinator import metrics
-from coordinator.coordinator import Coordinator
-from coordinator.settings import load_settings, open_store
-from storage.backends.redis import connect
-from storage.errors import InvalidSpec
+from cairn.agents.logs import configure_logging
+from cairn.coordinator import metrics
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.settings import load_settings, open_store
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import InvalidSpec
 
 
 def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -> int:

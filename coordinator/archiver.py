@@ -17,12 +17,12 @@ from dataclasses import dataclass
 
 import redis
 
-from agents.logs import get_logger
-from coordinator.runs import RunState
-from storage.archive import archive_gc, trim_cold, trim_hot
-from storage.errors import CairnError, FencedWrite
-from storage.records import GCStatus
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.coordinator.runs import RunState
+from cairn.storage.archive import archive_gc, trim_cold, trim_hot
+from cairn.storage.errors import CairnError, FencedWrite
+from cairn.storage.records import GCStatus
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 

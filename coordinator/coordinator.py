@@ -4,10 +4,10 @@ Per superstep: write the GC as PREPARING, launch one step job per runnable agent
 their votes, retry a step whose attempt failed, timed out or whose worker died (the
 heartbeat lapsed), and commit the GC in one atomic write once every vote is in; then
 archive per policy. When no agent is runnable, have a worker run `verify` and judge its
-verdict (`coordinator.verify`): the coordinator runs nothing a spec names. All of it
+verdict (`cairn.coordinator.verify`): the coordinator runs nothing a spec names. All of it
 lives in Redis (the task's `run` and `steps` hashes): a coordinator that dies is replaced
 by one that reads the same state and carries on, and only the holder of the lease acts.
-Whatever advancing one task raises stays with that task (`coordinator.isolation`).
+Whatever advancing one task raises stays with that task (`cairn.coordinator.isolation`).
 """
 
 from __future__ import annotations
@@ -22,20 +22,20 @@ from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
-from agents.logs import get_logger
-from agents.spec import TaskRecord
-from coordinator import metrics
-from coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
-from coordinator.isolation import PAUSE_AFTER, TaskFaults
-from coordinator.jobs import STEP_JOB, STEPS_QUEUE
-from coordinator.jobstate import JobState, TakenJobs, backoff, step_failure
-from coordinator.lease import Lease
-from coordinator.numbering import ArchiveFloor, restore_from_archive
-from coordinator.plan import Barrier, Plan, Then
-from coordinator.replication import Replication
-from coordinator.restore import Restorer
-from coordinator.runs import (
+from cairn.agents.barrier import SYSTEM_SENDER, StepOutputs, build_gc, read_outputs, runnable
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TaskRecord
+from cairn.coordinator import metrics
+from cairn.coordinator.archiver import ArchiveJob, Archiver, acknowledge, archive
+from cairn.coordinator.isolation import PAUSE_AFTER, TaskFaults
+from cairn.coordinator.jobs import STEP_JOB, STEPS_QUEUE
+from cairn.coordinator.jobstate import JobState, TakenJobs, backoff, step_failure
+from cairn.coordinator.lease import Lease
+from cairn.coordinator.numbering import ArchiveFloor, restore_from_archive
+from cairn.coordinator.plan import Barrier, Plan, Then
+from cairn.coordinator.replication import Replication
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.runs import (
     RESTORING,
     TERMINAL,
     Look,
@@ -44,13 +44,13 @@ from coordinator.runs import (
     TaskState,
     abort_in_flight,
 )
-from coordinator.spec import LIMITS_DOC, Limits
-from coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
-from coordinator.verifier import GaveUp, Verifier
-from coordinator.verify import FIELD as VERIFY_FIELD
-from coordinator.worker import CairnJob
-from storage import keys
-from storage.errors import (
+from cairn.coordinator.spec import LIMITS_DOC, Limits
+from cairn.coordinator.spend import BUDGET_REASON, budget_of, budget_reached, parse_spend
+from cairn.coordinator.verifier import GaveUp, Verifier
+from cairn.coordinator.verify import FIELD as VERIFY_FIELD
+from cairn.coordinator.worker import CairnJob
+from cairn.storage import keys
+from cairn.storage.errors import (
     CairnError,
     CommitRefused,
     CorruptCheckpoint,
@@ -58,10 +58,10 @@ from storage.errors import (
     RecordNotFound,
     RestoreFailed,
 )
-from storage.ids import new_id
-from storage.keys import SPEC_DOC
-from storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
-from storage.store import CheckpointStore
+from cairn.storage.ids import new_id
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 R = TypeVar("R", bound=Record)
@@ -79,7 +79,7 @@ INTERRUPTED_REASON = "a restore stopped half-way"
 class Coordinator:
     """Drives the tasks of one Redis; `run` loops while holding the leader lease.
 
-    What a user calls (submit, status, pause, resume, cancel) is `coordinator.tasks.Tasks`.
+    What a user calls (submit, status, pause, resume, cancel) is `cairn.coordinator.tasks.Tasks`.
     """
 
     def __init__(

@@ -18,10 +18,10 @@ from typing import Any
 
 from pydantic import Field
 
-from coordinator.fork import committed_gc
-from coordinator.views import JSON, View
-from storage.records import GlobalCheckpoint, LCRef, LocalCheckpoint, Message, TraceRecord
-from storage.store import CheckpointStore
+from cairn.coordinator.fork import committed_gc
+from cairn.coordinator.views import JSON, View
+from cairn.storage.records import GlobalCheckpoint, LCRef, LocalCheckpoint, Message, TraceRecord
+from cairn.storage.store import CheckpointStore
 
 MAX_DIFF_LINES = 2_000  # of one file's unified diff; past it, the diff says how many were cut
 

@@ -24,21 +24,21 @@ from typing import TYPE_CHECKING
 
 import redis
 
-from agents.logs import get_logger
-from agents.mcp.config import load_mcp_config
-from agents.sandbox import Sandbox, sandbox_for, use_sandbox
-from agents.step import ModelFactory, build_model
-from agents.toolkit import ToolRegistry, load_tools
-from agents.tools import Tool
-from coordinator import metrics
-from coordinator.settings import Settings, open_store, process_settings
-from coordinator.slots import Lanes, slot_number, worker_slot
-from storage.backends.redis import connect
-from storage.errors import MissingTool
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.agents.mcp.config import load_mcp_config
+from cairn.agents.sandbox import Sandbox, sandbox_for, use_sandbox
+from cairn.agents.step import ModelFactory, build_model
+from cairn.agents.toolkit import ToolRegistry, load_tools
+from cairn.agents.tools import Tool
+from cairn.coordinator import metrics
+from cairn.coordinator.settings import Settings, open_store, process_settings
+from cairn.coordinator.slots import Lanes, slot_number, worker_slot
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import MissingTool
+from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:
-    from agents.mcp.manager import McpManager
+    from cairn.agents.mcp.manager import McpManager
 
 
 @dataclass(frozen=True, slots=True)
@@ -80,7 +80,7 @@ def _environment() -> Environment:
         tools = RefusingTools(tools, sandbox.refusal)
     mcp = None
     if settings.mcp_config is not None:
-        from agents.mcp.manager import McpManager  # noqa: PLC0415 - the SDK loads only where used
+        from cairn.agents.mcp.manager import McpManager  # noqa: PLC0415 - the SDK loads only where used
 
         mcp = McpManager(load_mcp_config(settings.mcp_config, settings.environ))
         atexit.register(mcp.close)  # a stdio server's process ends with the worker

@@ -16,19 +16,19 @@ from __future__ import annotations
 import json
 import time
 
-from agents.logs import get_logger
-from agents.spec import TaskRecord
-from coordinator import metrics
-from coordinator.archiver import ArchiveJob, acknowledge, archive
-from coordinator.replication import require
-from coordinator.runs import RunState, TaskState
-from coordinator.spec import LIMITS_DOC, Limits, TaskSpec
-from coordinator.spend import inherit
-from storage import keys
-from storage.chain import AgentState
-from storage.errors import InvalidSpec
-from storage.keys import SPEC_DOC
-from storage.records import (
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TaskRecord
+from cairn.coordinator import metrics
+from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
+from cairn.coordinator.replication import require
+from cairn.coordinator.runs import RunState, TaskState
+from cairn.coordinator.spec import LIMITS_DOC, Limits, TaskSpec
+from cairn.coordinator.spend import inherit
+from cairn.storage import keys
+from cairn.storage.chain import AgentState
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import (
     GCStatus,
     GlobalCheckpoint,
     LCRef,
@@ -37,7 +37,7 @@ from storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from storage.store import CheckpointStore
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import redis
 
-from agents.logs import get_logger
-from storage.errors import (
+from cairn.agents.logs import get_logger
+from cairn.storage.errors import (
     ArchiveError,
     CommitRefused,
     FencedWrite,
@@ -38,7 +38,7 @@ from storage.errors import (
     Unavailable,
     one_line,
 )
-from storage.redact import redact
+from cairn.storage.redact import redact
 
 log = get_logger(__name__)
 PASSING = (redis.RedisError, Unavailable, ArchiveError, RestoreFailed, CommitRefused, FencedWrite)

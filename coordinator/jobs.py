@@ -1,7 +1,7 @@
 """The functions RQ workers run for Cairn; a Cairn worker runs no other (`ALLOWED_JOBS`).
 
 Jobs carry only JSON (RQ's JSON serializer): names and numbers. A job takes the rest from
-its process's environment (`coordinator.environment`), and reports why it ended without a
+its process's environment (`cairn.coordinator.environment`), and reports why it ended without a
 vote in the task's `outcomes` hash, so the coordinator can tell a fatal model error from a
 crash, and a restore a refused agent from a slow one.
 """
@@ -13,23 +13,23 @@ import json
 
 import redis
 
-from agents.heartbeat import Heartbeat, worker_token
-from agents.logs import get_logger
-from agents.spec import TaskRecord
-from agents.step import run_step
-from coordinator.environment import environment
-from coordinator.staging import PASSING, refusal, stage
-from coordinator.verify import JOB as VERIFY_JOB
-from coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
-from storage import keys
-from storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
-from storage.keys import SPEC_DOC
-from storage.redact import redact
+from cairn.agents.heartbeat import Heartbeat, worker_token
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TaskRecord
+from cairn.agents.step import run_step
+from cairn.coordinator.environment import environment
+from cairn.coordinator.staging import PASSING, refusal, stage
+from cairn.coordinator.verify import JOB as VERIFY_JOB
+from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
+from cairn.storage import keys
+from cairn.storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.redact import redact
 
 STEPS_QUEUE = "cairn-steps"
 CONTROL_QUEUE = "cairn-control"  # restores; workers serve it first
-STEP_JOB = "coordinator.jobs.step_job"
-STAGE_JOB = "coordinator.jobs.stage_job"
+STEP_JOB = "cairn.coordinator.jobs.step_job"
+STAGE_JOB = "cairn.coordinator.jobs.stage_job"
 ALLOWED_JOBS = frozenset({STEP_JOB, STAGE_JOB, VERIFY_JOB})
 
 log = get_logger(__name__)

@@ -19,8 +19,8 @@ from rq.job import Job, JobStatus
 from rq.utils import utcparse
 
 if TYPE_CHECKING:
-    from coordinator.runs import StepRun
-    from coordinator.spec import Limits
+    from cairn.coordinator.runs import StepRun
+    from cairn.coordinator.spec import Limits
 
 MAX_BACKOFF = 30.0  # seconds: the longest wait before a try of what keeps failing
 

@@ -12,8 +12,8 @@ from typing import cast
 
 import redis
 
-from agents.logs import get_logger
-from storage import keys
+from cairn.agents.logs import get_logger
+from cairn.storage import keys
 
 log = get_logger(__name__)
 

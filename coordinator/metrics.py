@@ -3,10 +3,10 @@
 Set `CAIRN_METRICS_PORT` (the CLI's `--metrics-port`) and each process serves
 `http://HOST:PORT/metrics`:
 
-- the coordinator process (`python -m coordinator`, `cairn coordinator`, the one
+- the coordinator process (`python -m cairn.coordinator`, `cairn coordinator`, the one
   `cairn up` starts) on PORT itself;
 - each worker process on PORT + 1 + N, N being the `slot-N` cache directory the worker
-  claimed (`coordinator.slots.claim_slot`), so `cairn worker --count 3` on one host serves
+  claimed (`cairn.coordinator.slots.claim_slot`), so `cairn worker --count 3` on one host serves
   on PORT + 1, PORT + 2 and PORT + 3 and no two live workers collide. A restarted worker
   takes a dead one's slot, hence its port.
 
@@ -53,16 +53,16 @@ from prometheus_client.registry import Collector
 from rq import Queue
 from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 
-from agents.logs import get_logger
-from storage.backends.redis import RedisHotStore
-from storage.base import LCEntry
-from storage.chain import AgentState
-from storage.records import LCRef, Level, Usage
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.base import LCEntry
+from cairn.storage.chain import AgentState
+from cairn.storage.records import LCRef, Level, Usage
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 
-QUEUES = ("cairn-steps", "cairn-control")  # coordinator.jobs' names (no import: no cycle)
+QUEUES = ("cairn-steps", "cairn-control")  # cairn.coordinator.jobs' names (no import: no cycle)
 MAX_PORT = 65_535
 
 LC_WRITE_SECONDS = Histogram(

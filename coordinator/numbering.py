@@ -23,11 +23,11 @@ from __future__ import annotations
 import threading
 import time
 
-from agents.logs import get_logger
-from coordinator.restore import Restored, Restorer
-from coordinator.runs import abort_in_flight
-from storage.records import GCStatus
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.coordinator.restore import Restored, Restorer
+from cairn.coordinator.runs import abort_in_flight
+from cairn.storage.records import GCStatus
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 ARCHIVE_RECHECK = 30.0  # seconds between looks at a task's newest archived GC

@@ -11,10 +11,10 @@ from enum import Enum
 
 import redis
 
-from coordinator.runs import TaskState
-from coordinator.spend import parse_spend
-from storage import keys
-from storage.records import GlobalCheckpoint, Usage
+from cairn.coordinator.runs import TaskState
+from cairn.coordinator.spend import parse_spend
+from cairn.storage import keys
+from cairn.storage.records import GlobalCheckpoint, Usage
 
 
 @dataclass(frozen=True, slots=True)

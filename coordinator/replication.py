@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import time
 
-from agents.logs import get_logger
-from coordinator.runs import RunState, TaskState
-from coordinator.spec import CheckpointPolicy
-from storage.base import HotStore
-from storage.errors import Unavailable
+from cairn.agents.logs import get_logger
+from cairn.coordinator.runs import RunState, TaskState
+from cairn.coordinator.spec import CheckpointPolicy
+from cairn.storage.base import HotStore
+from cairn.storage.errors import Unavailable
 
 log = get_logger(__name__)
 REPLICAS = 1  # replicas that must hold a GC before it is acknowledged

@@ -5,7 +5,7 @@
 2. Pick the target: the GC asked for, else the latest committed one.
 3. Prepare: for each agent, read its LC chain (Redis, else the archive), verify every link,
    rebuild its state, append its context summary, and stage it as a new LC under the new
-   epoch with a vote (`coordinator.staging`: one job per agent on the workers' control
+   epoch with a vote (`cairn.coordinator.staging`: one job per agent on the workers' control
    queue, or inline).
 4. Commit: one atomic write of a new GC naming the staged LCs, the target's workspace,
    inbox and statuses; it moves `latest`. If the target's own record is damaged, or an
@@ -30,20 +30,20 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
-from agents.logs import get_logger
-from agents.spec import TaskRecord
-from coordinator import metrics
-from coordinator.archiver import ArchiveJob, acknowledge, archive
-from coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
-from coordinator.replication import confirm
-from coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
-from coordinator.spec import CheckpointPolicy, read_policy
-from coordinator.staging import PASSING, refusal, stage
-from storage import keys
-from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
-from storage.keys import SPEC_DOC
-from storage.records import GCStatus, GlobalCheckpoint
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TaskRecord
+from cairn.coordinator import metrics
+from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
+from cairn.coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
+from cairn.coordinator.replication import confirm
+from cairn.coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
+from cairn.coordinator.spec import CheckpointPolicy, read_policy
+from cairn.coordinator.staging import PASSING, refusal, stage
+from cairn.storage import keys
+from cairn.storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import GCStatus, GlobalCheckpoint
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 LOCK_TTL_MS = 120_000

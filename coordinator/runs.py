@@ -22,14 +22,14 @@ from typing import Self, cast
 
 import redis
 
-from agents.logs import get_logger
-from storage import keys
-from storage.backends.redis import parse_ref, script, translated, translating
-from storage.base import HotStore
-from storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
-from storage.records import GlobalCheckpoint, LCRef
-from storage.redact import redact
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.storage import keys
+from cairn.storage.backends.redis import parse_ref, script, translated, translating
+from cairn.storage.base import HotStore
+from cairn.storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+from cairn.storage.records import GlobalCheckpoint, LCRef
+from cairn.storage.redact import redact
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 

@@ -9,7 +9,7 @@
 | signing_key | `CAIRN_SIGNING_KEY` | none (records are hashed, not signed); 32 bytes or more |
 | log_format | `CAIRN_LOG_FORMAT` | `console` in a terminal, else `json` |
 | log_level | `CAIRN_LOG_LEVEL` | `warning` for one-shot commands, `info` for processes |
-| metrics_port | `CAIRN_METRICS_PORT` | none (no metrics endpoint; see `coordinator.metrics`) |
+| metrics_port | `CAIRN_METRICS_PORT` | none (no endpoint; see `cairn.coordinator.metrics`) |
 | audit | `CAIRN_AUDIT` | off (`1` turns the audit stream on) |
 | tools | `CAIRN_TOOLS` | none: modules of Python tools a worker loads (comma-separated) |
 | mcp_config | `CAIRN_MCP_CONFIG` | none: a worker's MCP servers (an `mcpServers` JSON file) |
@@ -21,8 +21,8 @@
 | sandbox | `CAIRN_SANDBOX` | `bwrap`: agents' commands run in bubblewrap; `off` runs them bare |
 
 This is the one module that reads the process environment. Every process reads its
-settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m coordinator`,
-`python -m coordinator.worker`, a `CairnWorker` under stock `rq worker`, whose job
+settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m cairn.coordinator`,
+`python -m cairn.coordinator.worker`, a `CairnWorker` under stock `rq worker`, whose job
 functions take `process_settings()`), and hands explicit values down: a store from
 `open_store`, a codec's key, a log format and level. A new setting is one annotated field
 of `Settings`, read from `CAIRN_<FIELD>`.
@@ -56,15 +56,15 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from coordinator.metrics import MeteredHotStore, MeteredStore
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore
-from storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
-from storage.backends.sentinel import parse as parse_sentinel_url
-from storage.chain import DEFAULT_FULL_EVERY
-from storage.codec import Codec
-from storage.errors import InvalidSpec
-from storage.store import CheckpointStore
+from cairn.coordinator.metrics import MeteredHotStore, MeteredStore
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
+from cairn.storage.backends.sentinel import parse as parse_sentinel_url
+from cairn.storage.chain import DEFAULT_FULL_EVERY
+from cairn.storage.codec import Codec
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.store import CheckpointStore
 
 URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs
 SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)

@@ -3,7 +3,7 @@
 Worker processes may share one cache directory (`CAIRN_CACHE_DIR`); each takes the first
 free `slot-N` under it, held by an flock the kernel drops when the process dies, so two
 never work in one tree and a restarted worker inherits a dead one's warm files. A
-worker's metrics port follows its slot number (`coordinator.metrics.worker_port`).
+worker's metrics port follows its slot number (`cairn.coordinator.metrics.worker_port`).
 
 Inside its slot a process gives each step it runs a lane, `slot-N/lane-K`, of its own
 for the step's duration (`Lanes`): steps running at once in one process never share a

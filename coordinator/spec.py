@@ -14,8 +14,8 @@ from typing import Literal
 import yaml
 from pydantic import Field, model_validator
 
-from agents.accounting import Budget, Price
-from agents.spec import (
+from cairn.agents.accounting import Budget, Price
+from cairn.agents.spec import (
     MAX_PROMPT_CHARS,
     AgentSpec,
     CheckpointTriggers,
@@ -24,8 +24,8 @@ from agents.spec import (
     TaskRecord,
     parse_model,
 )
-from agents.userfiles import load_json, load_yaml, read_bounded
-from agents.workspace import (
+from cairn.agents.userfiles import load_json, load_yaml, read_bounded
+from cairn.agents.workspace import (
     FILE_LIMIT,
     MAX_FILE_LIMIT,
     MAX_WORKSPACE_LIMIT,
@@ -33,9 +33,9 @@ from agents.workspace import (
     check_path,
     tree_clashes,
 )
-from storage.errors import InvalidSpec, RecordNotFound, ToolError
-from storage.records import Record
-from storage.store import CheckpointStore
+from cairn.storage.errors import InvalidSpec, RecordNotFound, ToolError
+from cairn.storage.records import Record
+from cairn.storage.store import CheckpointStore
 
 MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
 MAX_SPEC_BYTES = 16 * 1024 * 1024  # of a spec file; a larger workspace goes in `workspace`
@@ -239,7 +239,7 @@ class Limits(Record):
 def read_limits(store: CheckpointStore, task: str) -> Limits:
     """The task's limits, as `Tasks.submit` stores them.
 
-    A task started without a coordinator (`agents.task.start_task`, as embedders and the
+    A task started without a coordinator (`cairn.agents.task.start_task`, as embedders and the
     benchmarks do), or whose submit died before its limits were stored, has none: nothing
     asked it for `sync` (under `sync` the limits are stored before the submit acknowledges
     anything) nor for a budget, so it gets the defaults. A limits document that is there

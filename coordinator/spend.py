@@ -22,10 +22,10 @@ from typing import cast
 
 import redis
 
-from agents.accounting import Budget
-from coordinator.spec import Limits
-from storage import keys
-from storage.records import Usage
+from cairn.agents.accounting import Budget
+from cairn.coordinator.spec import Limits
+from cairn.storage import keys
+from cairn.storage.records import Usage
 
 BUDGET_REASON = "budget"  # a paused task's reason when its budget was reached
 INHERITED = "inherited:"
@@ -82,7 +82,7 @@ def in_flight(
 ) -> dict[str, Usage]:
     """Per agent: what its current attempt of the superstep in flight spent so far.
 
-    `run` and `steps` are the task's run state and steps in flight (`coordinator.runs`).
+    `run` and `steps` are the task's run state and steps in flight (`cairn.coordinator.runs`).
     """
     superstep = int(run.get("superstep", "0"))
     if not superstep or not steps:

@@ -1,6 +1,6 @@
 """The workers' side of a coordinated restore: stage one agent's state of a GC, with a vote.
 
-`coordinator.restore.Restorer` asks for it (one control job per agent, or inline), then
+`cairn.coordinator.restore.Restorer` asks for it (one control job per agent, or inline), then
 commits the restore once every agent voted. Staging writes a new LC under the restore's
 epoch and changes nothing live: the restore's commit is what swaps the staged states in.
 """
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 import redis
 
-from agents.barrier import pending_calls
-from agents.logs import get_logger
-from agents.summary import context_summary
-from storage.errors import (
+from cairn.agents.barrier import pending_calls
+from cairn.agents.logs import get_logger
+from cairn.agents.summary import context_summary
+from cairn.storage.errors import (
     ArchiveError,
     CairnError,
     CorruptCheckpoint,
@@ -20,8 +20,8 @@ from storage.errors import (
     RecordNotFound,
     Unavailable,
 )
-from storage.records import LCRef, Level
-from storage.store import CheckpointStore
+from cairn.storage.records import LCRef, Level
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 # Failures of `stage` that pass (Redis failing, the archive's disk, a newer epoch fencing

@@ -16,25 +16,25 @@ from typing import cast
 
 import redis
 
-from agents.accounting import Budget
-from agents.logs import get_logger
-from agents.spec import parse_model
-from agents.task import start_task
-from coordinator import metrics
-from coordinator.archiver import ArchiveJob, acknowledge, archive
-from coordinator.fork import fork_task
-from coordinator.replication import require
-from coordinator.restore import LOCK_TTL_MS
-from coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
-from coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
-from coordinator.spend import budget_of
-from coordinator.views import TaskStatus, list_tasks, require_task, task_status
-from storage import keys
-from storage.archive import ArchiveReport, archive_gc
-from storage.errors import InvalidSpec, TaskNotFound
-from storage.ids import new_id
-from storage.records import GCStatus
-from storage.store import CheckpointStore
+from cairn.agents.accounting import Budget
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import parse_model
+from cairn.agents.task import start_task
+from cairn.coordinator import metrics
+from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
+from cairn.coordinator.fork import fork_task
+from cairn.coordinator.replication import require
+from cairn.coordinator.restore import LOCK_TTL_MS
+from cairn.coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
+from cairn.coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
+from cairn.coordinator.spend import budget_of
+from cairn.coordinator.views import TaskStatus, list_tasks, require_task, task_status
+from cairn.storage import keys
+from cairn.storage.archive import ArchiveReport, archive_gc
+from cairn.storage.errors import InvalidSpec, TaskNotFound
+from cairn.storage.ids import new_id
+from cairn.storage.records import GCStatus
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
 CANCELLED_REASON = "cancelled by a person"
@@ -83,7 +83,7 @@ class Tasks:
     def fork(self, source: str, at: int | None = None, spec: TaskSpec | None = None) -> str:
         """Start a new task from GC `at` of `source` (default: its latest); return its id.
 
-        See `coordinator.fork`. Raises `TaskNotFound` for an unknown source, `InvalidSpec`
+        See `cairn.coordinator.fork`. Raises `TaskNotFound` for an unknown source, `InvalidSpec`
         for an absent checkpoint or a spec naming other agents.
         """
         self.require(source)

@@ -4,7 +4,7 @@
 (`PHASES`), looks in Redis for a poison naming that task and that phase, and raises
 `InjectedFault` if it finds one, as a bug or a hostile record met there would. So a test
 shows that one task's failure in any phase stays that task's. Set a poison with `poison`,
-lift it with `cure`. `python -m coordinator.testing` runs it as `python -m coordinator`
+lift it with `cure`. `python -m cairn.coordinator.testing` runs it as `python -m cairn.coordinator`
 runs the real one. Nothing outside tests and the chaos suite uses this module.
 """
 
@@ -17,9 +17,9 @@ from typing import Any, cast
 
 import redis
 
-from coordinator import __main__ as entry
-from coordinator.coordinator import Coordinator
-from storage.keys import PREFIX
+from cairn.coordinator import __main__ as entry
+from cairn.coordinator.coordinator import Coordinator
+from cairn.storage.keys import PREFIX
 
 POISONS = f"{PREFIX}:testing:poisons"  # hash task → the phase that raises for it
 # phase (as a task's fault names it) → the coordinator's method that does it

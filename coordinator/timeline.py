@@ -6,7 +6,7 @@ read once. An LC holds what one step added to its agent's history, so the timeli
 every step a checkpoint kept, also the ones a later restore undid, each with its messages,
 tool calls, usage and its place in time (its trace records' start and end).
 
-Next to the steps it keeps what comparing any two GCs takes, as `coordinator.diff` does:
+Next to the steps it keeps what comparing any two GCs takes, as `cairn.coordinator.diff` does:
 each GC's member LCs and workspace manifest, each LC's additions (`History`, indexes into
 shared pools of messages and trace records, so a message shared by many histories is held
 once) and the files' contents, within limits. The CLI draws it as a self-contained HTML
@@ -22,11 +22,11 @@ from datetime import datetime
 
 import redis
 
-from coordinator import views
-from coordinator.views import JSON
-from storage.errors import CairnError, TaskNotFound
-from storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
-from storage.store import CheckpointStore
+from cairn.coordinator import views
+from cairn.coordinator.views import JSON
+from cairn.storage.errors import CairnError, TaskNotFound
+from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
+from cairn.storage.store import CheckpointStore
 
 RANKED = 5  # rows in each analytics table
 FILE_LIMIT = 256 * 1024  # bytes of one file version whose text the timeline carries

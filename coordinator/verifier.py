@@ -1,6 +1,6 @@
 """A task's `verify` command, the coordinator's side: launch its job, watch it, read its verdict.
 
-See `coordinator.verify` for the whole of it: the worker runs the command and writes the
+See `cairn.coordinator.verify` for the whole of it: the worker runs the command and writes the
 verdict; here the coordinator launches the job when every agent rests, reads the verdict
 at each look of the task, and tries a job that is over without one again, `TRIES` times.
 """
@@ -17,13 +17,13 @@ from rq import Queue
 from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.serializers import JSONSerializer
 
-from agents.logs import get_logger
-from coordinator.jobstate import JobState, TakenJobs, job_over
-from coordinator.runs import RunState
-from coordinator.spec import Limits
-from coordinator.verify import BACKOFF, FIELD, JOB, TRIES, Verdict, VerifyRun
-from coordinator.worker import CairnJob
-from storage import keys
+from cairn.agents.logs import get_logger
+from cairn.coordinator.jobstate import JobState, TakenJobs, job_over
+from cairn.coordinator.runs import RunState
+from cairn.coordinator.spec import Limits
+from cairn.coordinator.verify import BACKOFF, FIELD, JOB, TRIES, Verdict, VerifyRun
+from cairn.coordinator.worker import CairnJob
+from cairn.storage import keys
 
 log = get_logger(__name__)
 

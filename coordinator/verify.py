@@ -1,14 +1,14 @@
 """A task's `verify` command, the worker's side: run it, say its verdict.
 
 The coordinator never runs anything a spec names. When every agent rests after GC n, it
-enqueues a verify job (`coordinator.jobs.verify_job`) on the steps queue; a worker runs
+enqueues a verify job (`cairn.coordinator.jobs.verify_job`) on the steps queue; a worker runs
 the command as `run_command` runs an agent's (in its sandbox, with the task's output
 limit, `verify_timeout` as its time limit), on a copy of GC n's files, beating while it
 runs, and writes its verdict (passed or not, the redacted tail of the output) under the
 epoch and n (`keys.verdict`). The coordinator, at each look of the task, reads the
 verdict; it tries a job that is over without one (its worker died, it vanished, it ran
 past `verify_timeout`) again after a backoff, `TRIES` times in all, then gives up and
-the task fails with the reason (`coordinator.verifier`). A verify in flight is the run
+the task fails with the reason (`cairn.coordinator.verifier`). A verify in flight is the run
 hash's `verify` field.
 """
 
@@ -20,19 +20,19 @@ from pathlib import Path
 
 import redis
 
-from agents.logs import get_logger
-from agents.spec import TaskRecord
-from agents.tools import ToolContext, run_command
-from agents.workspace import Workspace
-from coordinator.runs import Entry
-from coordinator.spec import LIMITS_DOC, Limits
-from storage import keys
-from storage.errors import ToolError
-from storage.redact import redact
-from storage.store import CheckpointStore
+from cairn.agents.logs import get_logger
+from cairn.agents.spec import TaskRecord
+from cairn.agents.tools import ToolContext, run_command
+from cairn.agents.workspace import Workspace
+from cairn.coordinator.runs import Entry
+from cairn.coordinator.spec import LIMITS_DOC, Limits
+from cairn.storage import keys
+from cairn.storage.errors import ToolError
+from cairn.storage.redact import redact
+from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
-JOB = "coordinator.jobs.verify_job"  # the function a worker runs (`coordinator.jobs`)
+JOB = "cairn.coordinator.jobs.verify_job"  # the function a worker runs (`cairn.coordinator.jobs`)
 VERIFIER = "_verify"  # the caller a verify's command runs as; "_" keeps it apart from agents
 TRIES = 3  # verify jobs tried for one GC before the task fails
 OUTPUT_KEPT = 4_000  # characters of a verify's output kept (its tail: where tests say why)

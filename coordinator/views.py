@@ -19,19 +19,19 @@ from typing import Any, cast
 import redis
 from pydantic import BaseModel, ConfigDict, Field, field_serializer
 
-from agents.accounting import Budget
-from agents.approval import decide
-from agents.barrier import StepOutputs, pending_calls
-from agents.spec import TaskRecord
-from agents.workspace import check_path, directories, tree_clashes
-from coordinator.runs import RESTORING, TaskState, read_run
-from coordinator.spend import in_flight, read_spend, replayed, total
-from storage import keys
-from storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
-from storage.keys import SPEC_DOC, check_name
-from storage.records import AgentStatus as AgentState
-from storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
-from storage.store import CheckpointStore
+from cairn.agents.accounting import Budget
+from cairn.agents.approval import decide
+from cairn.agents.barrier import StepOutputs, pending_calls
+from cairn.agents.spec import TaskRecord
+from cairn.agents.workspace import check_path, directories, tree_clashes
+from cairn.coordinator.runs import RESTORING, TaskState, read_run
+from cairn.coordinator.spend import in_flight, read_spend, replayed, total
+from cairn.storage import keys
+from cairn.storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
+from cairn.storage.keys import SPEC_DOC, check_name
+from cairn.storage.records import AgentStatus as AgentState
+from cairn.storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
+from cairn.storage.store import CheckpointStore
 
 JSON = dict[str, Any]
 
@@ -559,7 +559,7 @@ def record_decision(
 ) -> Decision:
     """Approve or reject the agent's waiting tool call; the coordinator then runs it on.
 
-    The decision holds for that call where it waits now, and for no other (`agents.approval`).
+    The decision holds for that call where it waits now, and for no other (`cairn.agents.approval`).
     """
     at, call = pending_approval(store, task, agent, call_id)
     decide(store, task, agent, at, call, approved, reason)

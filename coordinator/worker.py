@@ -46,7 +46,7 @@ and compose give it before SIGKILL. A second signal hands back at once.
 
 Stock RQ runs it too, its jobs reading their settings from `CAIRN_*` once, as here:
 
-    rq worker -w coordinator.worker.CairnWorker -j coordinator.worker.CairnJob \
+    rq worker -w cairn.coordinator.worker.CairnWorker -j cairn.coordinator.worker.CairnJob \
         -S rq.serializers.JSONSerializer -u "$CAIRN_REDIS_URL" cairn-control cairn-steps
 
 (`rq worker-pool` takes the same options; `rq info -S rq.serializers.JSONSerializer
@@ -81,13 +81,13 @@ from rq.timeouts import TimerDeathPenalty
 from rq.utils import decode_redis_hash, now
 from rq.worker import WorkerStatus
 
-from agents.logs import configure_logging, get_logger
-from coordinator.environment import environment
-from coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
-from coordinator.settings import display_url, load_settings, process_settings, use_settings
-from storage.backends.redis import connect
-from storage.errors import InvalidSpec, RefusedJob, one_line
-from storage.redact import redact
+from cairn.agents.logs import configure_logging, get_logger
+from cairn.coordinator.environment import environment
+from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
+from cairn.coordinator.settings import display_url, load_settings, process_settings, use_settings
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import InvalidSpec, RefusedJob, one_line
+from cairn.storage.redact import redact
 
 log = get_logger(__name__)
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
@@ -99,7 +99,7 @@ PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes or
 WAITED_OUT = (redis.OutOfMemoryError, redis.ConnectionError, redis.TimeoutError)
 # How long one wait for a job blocks (stock RQ: worker_ttl - 15 s, 405 s). The command that
 # follows it is when a connection notices that the Sentinels named another primary
-# (`storage.backends.sentinel`): a worker blocked on a primary they replaced, which
+# (`cairn.storage.backends.sentinel`): a worker blocked on a primary they replaced, which
 # still answers, would take no job of the new one's for minutes.
 DEQUEUE_WAIT = 5
 # The exit code of a worker started while Redis does not answer or refuses writes: worth
@@ -189,14 +189,14 @@ class CairnWorker(SimpleWorker):
     failure detection reads a step's own heartbeat instead), and a state it already
     holds is not written again.
 
-    Started by stock RQ (`rq worker -w coordinator.worker.CairnWorker`), it reads the
+    Started by stock RQ (`rq worker -w cairn.coordinator.worker.CairnWorker`), it reads the
     process's settings and configures Cairn's logging from them (`CAIRN_LOG_FORMAT`,
     `CAIRN_LOG_LEVEL`) unless the process has already.
 
     It reads every job, and its queues' registries, as a `CairnJob` (whatever job class it
     is given: RQ's command line passes its own `Job` unless told `-j`), and marks a job
     Cairn did not make failed without running it. A failed job's traceback is redacted
-    (`storage.redact`) where RQ stores and logs it.
+    (`cairn.storage.redact`) where RQ stores and logs it.
     """
 
     job_class = CairnJob
@@ -502,7 +502,7 @@ def run_worker(
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m coordinator.worker [REDIS_URL] [--burst] [--concurrency N]`: run one worker.
+    """`python -m cairn.coordinator.worker [REDIS_URL] [--burst] [--concurrency N]`: run one worker.
 
     The URL comes from `CAIRN_REDIS_URL` unless given (on the command line, any user of
     the machine can read it); the other settings from `CAIRN_*`, read here once for the

@@ -15,17 +15,17 @@ from pathlib import Path
 
 import redis
 
-from coordinator.settings import load_settings
-from storage.archive import archive_gc, trim_hot
-from storage.backends.disk import DiskArchive
-from storage.backends.memory import MemoryHotStore
-from storage.backends.redis import RedisHotStore, connect
-from storage.chain import AgentState
-from storage.codec import Codec
-from storage.errors import CairnError
-from storage.records import GlobalCheckpoint, Message, Role, WorkspaceManifest
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.coordinator.settings import load_settings
+from cairn.storage.archive import archive_gc, trim_hot
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.memory import MemoryHotStore
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.chain import AgentState
+from cairn.storage.codec import Codec
+from cairn.storage.errors import CairnError
+from cairn.storage.records import GlobalCheckpoint, Message, Role, WorkspaceManifest
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 TEAM = ("planner", "coder", "reviewer")
 SUPERSTEPS = 6

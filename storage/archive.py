@@ -19,10 +19,10 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
-from storage.codec import Codec
-from storage.errors import ArchiveConflict, NotCommitted
-from storage.records import GCStatus, GlobalCheckpoint
-from storage.store import CheckpointStore
+from cairn.storage.codec import Codec
+from cairn.storage.errors import ArchiveConflict, NotCommitted
+from cairn.storage.records import GCStatus, GlobalCheckpoint
+from cairn.storage.store import CheckpointStore
 
 # Blob times come from worker clocks and GC times from the coordinator's: allow this much
 # skew before believing a blob is unused.

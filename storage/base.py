@@ -1,8 +1,8 @@
 """The storage contract: what a hot store and a cold archive must do.
 
-Backends move sealed bytes (see `storage.codec`) and enforce the protocol's rules (fencing,
-atomic commit); they never parse records. `storage.store.CheckpointStore` builds on them.
-Every backend has an in-memory twin in `storage.backends.memory`, and
+Backends move sealed bytes (see `cairn.storage.codec`) and enforce the protocol's rules (fencing,
+atomic commit); they never parse records. `cairn.storage.store.CheckpointStore` builds on them.
+Every backend has an in-memory twin in `cairn.storage.backends.memory`, and
 `tests/test_conformance.py` runs the same tests against all of them.
 """
 
@@ -12,8 +12,8 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from storage.codec import Sealed
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, LocalCheckpoint, Usage
+from cairn.storage.codec import Sealed
+from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef, LocalCheckpoint, Usage
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,8 +183,8 @@ class HotStore(Protocol):
     ) -> bool:
         """Count what that step attempt's model call spent; False if it was counted already.
 
-        Counters per agent that only rise (`storage.keys.spend`), apart from the restorable
-        state, and the attempt's own entry (`storage.keys.attempt_spend`), which is what
+        Counters per agent that only rise (`cairn.storage.keys.spend`), apart from the restorable
+        state, and the attempt's own entry (`cairn.storage.keys.attempt_spend`), which is what
         makes the count idempotent: a step takes at most one model turn an attempt.
         """
 

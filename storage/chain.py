@@ -19,10 +19,10 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from pydantic import ConfigDict, Field, GetPydanticSchema
 from pydantic_core import core_schema
 
-from storage.codec import parse
-from storage.errors import CorruptCheckpoint
-from storage.ids import new_id
-from storage.records import (
+from cairn.storage.codec import parse
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.ids import new_id
+from cairn.storage.records import (
     AgentStatus,
     BaseLocalCheckpoint,
     InboxMessage,

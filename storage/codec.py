@@ -36,9 +36,9 @@ import orjson
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from storage.errors import CorruptCheckpoint, RecordTooLarge
-from storage.records import SCHEMA_VERSION, Record
-from storage.upcast import needs_json, upcast
+from cairn.storage.errors import CorruptCheckpoint, RecordTooLarge
+from cairn.storage.records import SCHEMA_VERSION, Record
+from cairn.storage.upcast import needs_json, upcast
 
 MAGIC = b"CRN1"
 FLAG_ZSTD = 0x01

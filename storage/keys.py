@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from storage.errors import InvalidName
+from cairn.storage.errors import InvalidName
 
 PREFIX = "cairn"
 SPEC_DOC = "spec"  # the task document every step reads
@@ -183,7 +183,7 @@ def task_of_run(key: str) -> str:
     return key.removeprefix(f"{PREFIX}:{{").removesuffix("}:run")
 
 
-# The LangGraph saver's keys (storage.langgraph): one hash slot per thread ----------------
+# The LangGraph saver's keys (cairn.storage.langgraph): one hash slot per thread ----------------
 LANGGRAPH_PREFIX = f"{PREFIX}:lg"
 _PLAIN = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 

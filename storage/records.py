@@ -1,7 +1,7 @@
 """The records Cairn stores: local and global checkpoints, trace records, manifests.
 
 Every record is a pydantic model with a `schema_version`. What is checksummed is the
-record's canonical bytes (see `storage.codec`); `checksum` and `size` are filled in when
+record's canonical bytes (see `cairn.storage.codec`); `checksum` and `size` are filled in when
 a record is read back and are never part of those bytes.
 """
 

@@ -22,8 +22,8 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from storage.errors import RedisServerError
-from storage.redis_server import (
+from cairn.storage.errors import RedisServerError
+from cairn.storage.redis_server import (
     START_TIMEOUT,
     RedisServer,
     free_port,

@@ -14,8 +14,8 @@ from typing import Generic, TypeVar
 
 from pydantic import ConfigDict
 
-from storage.base import ColdArchive, GCEntry, HotStore, LCEntry, NextSuperstep
-from storage.chain import (
+from cairn.storage.base import ColdArchive, GCEntry, HotStore, LCEntry, NextSuperstep
+from cairn.storage.chain import (
     DEFAULT_FULL_EVERY,
     AgentState,
     UnbuiltLC,
@@ -24,10 +24,10 @@ from storage.chain import (
     cut_lc,
     rebuild_unbuilt,
 )
-from storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, parse
-from storage.errors import CorruptCheckpoint, RecordNotFound
-from storage.keys import EPOCH_DOC
-from storage.records import (
+from cairn.storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, parse
+from cairn.storage.errors import CorruptCheckpoint, RecordNotFound
+from cairn.storage.keys import EPOCH_DOC
+from cairn.storage.records import (
     EpochFloor,
     GCStatus,
     GlobalCheckpoint,

@@ -21,7 +21,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any, Final
 
-from storage.records import SCHEMA_VERSION
+from cairn.storage.records import SCHEMA_VERSION
 
 Json = dict[str, Any]
 Upcaster = Callable[[Json], Json]

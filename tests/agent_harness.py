@@ -10,15 +10,15 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from agents.barrier import build_gc, runnable
-from agents.spec import AgentSpec, StepPolicy, TaskRecord, Turn
-from agents.step import ModelFactory, build_model, run_step
-from storage.keys import SPEC_DOC
-from storage.records import GlobalCheckpoint
-from storage.store import CheckpointStore
+from cairn.agents.barrier import build_gc, runnable
+from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord, Turn
+from cairn.agents.step import ModelFactory, build_model, run_step
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import GlobalCheckpoint
+from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:  # the `mcp` SDK is imported by the tests that start MCP servers
-    from agents.mcp.manager import McpManager
+    from cairn.agents.mcp.manager import McpManager
 
 
 def record(task: str, *agents: AgentSpec, policy: StepPolicy | None = None) -> TaskRecord:

@@ -16,18 +16,18 @@ from rq import Queue, Worker
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from coordinator.coordinator import Coordinator
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.spec import TaskSpec
-from coordinator.tasks import Tasks
-from coordinator.worker import CairnJob, CairnWorker, queues
-from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.redis_server import RedisServer
-from storage.replicas import ReplicaSet
-from storage.store import CheckpointStore
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.tasks import Tasks
+from cairn.coordinator.worker import CairnJob, CairnWorker, queues
+from cairn.storage import keys
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.replicas import ReplicaSet
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -76,14 +76,14 @@ class Cluster:
 
     def start_coordinator(self, name: str, lease_ms: int = 1_000) -> subprocess.Popen[bytes]:
         """Start a coordinator process (a standby while another holds the lease)."""
-        args = ["coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
+        args = ["cairn.coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
         return self._spawn(args, f"coordinator-{name}", f"coordinator-{name}.log")
 
     def start_worker(self) -> subprocess.Popen[bytes]:
         """Start one more worker process, with a workspace cache of its own."""
         n = len(self.workers)
         worker = self._spawn(
-            ["coordinator.worker", self.server.url], f"worker-{n}", f"worker-{n}.log"
+            ["cairn.coordinator.worker", self.server.url], f"worker-{n}", f"worker-{n}.log"
         )
         self.workers.append(worker)
         return worker

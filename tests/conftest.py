@@ -10,15 +10,15 @@ import pytest
 import redis
 import structlog
 
-from agents.logs import RecordHandler
-from agents.sandbox import UNSANDBOXED, process_sandbox, use_sandbox
-from storage.backends.disk import DiskArchive
-from storage.backends.memory import MemoryArchive, MemoryHotStore
-from storage.backends.redis import RedisHotStore, connect
-from storage.base import ColdArchive, HotStore
-from storage.codec import Codec
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.logs import RecordHandler
+from cairn.agents.sandbox import UNSANDBOXED, process_sandbox, use_sandbox
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.memory import MemoryArchive, MemoryHotStore
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.base import ColdArchive, HotStore
+from cairn.storage.codec import Codec
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests import langgraph_suite
 from tests.cluster import Cluster
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from storage.chain import AgentState
-from storage.records import (
+from cairn.storage.chain import AgentState
+from cairn.storage.records import (
     GlobalCheckpoint,
     LCRef,
     Message,
@@ -15,7 +15,7 @@ from storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from storage.store import CheckpointStore
+from cairn.storage.store import CheckpointStore
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -28,8 +28,8 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import ChannelVersions, empty_checkpoint
 from langgraph.checkpoint.base.id import uuid6
 
-from storage.backends.redis import connect
-from storage.langgraph import CairnSaver
+from cairn.storage.backends.redis import connect
+from cairn.storage.langgraph import CairnSaver
 
 NAMESPACES = ("", "inner")
 PUTS = 60  # checkpoints per namespace

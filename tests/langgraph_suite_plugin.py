@@ -57,7 +57,7 @@ def _saver(kind: str, tmp_path: Path) -> Iterator[BaseCheckpointSaver[Any]]:
     if kind != "cairn":
         raise ValueError(f"{SAVER_VARIABLE} must be cairn or memory, not {kind!r}")
     from cairn.langgraph import CairnSaver  # noqa: PLC0415 - only the `cairn` kind needs it
-    from storage.backends.redis import connect  # noqa: PLC0415
+    from cairn.storage.backends.redis import connect  # noqa: PLC0415
 
     client = connect(os.environ[REDIS_VARIABLE])
     client.flushdb()  # every use starts from nothing, whatever the last test left

@@ -11,15 +11,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.accounting import Budget, Price, cost, load_prices
-from coordinator.spec import TaskSpec
-from coordinator.views import TaskStatus, Tokens
-from storage.backends.redis import RedisHotStore
-from storage.chain import rebuild
-from storage.codec import Codec
-from storage.errors import InvalidSpec
-from storage.records import LocalCheckpoint, Usage
-from storage.store import CheckpointStore
+from cairn.agents.accounting import Budget, Price, cost, load_prices
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.views import TaskStatus, Tokens
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.chain import rebuild
+from cairn.storage.codec import Codec
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.records import LocalCheckpoint, Usage
+from cairn.storage.store import CheckpointStore
 from tests.cluster import Cluster
 from tests.test_restore import run_until
 

@@ -12,18 +12,18 @@ from pathlib import Path
 
 import pytest
 
-from agents.cache import WorkerCache
-from agents.heartbeat import Heartbeat
-from agents.logs import configure_logging, get_logger
-from agents.models.base import ModelRequest
-from agents.models.scripted import FINISHED, ScriptedModel
-from agents.spec import AgentSpec, TaskRecord, Turn, load_policy, parse_model
-from agents.summary import context_summary
-from storage.backends.memory import MemoryHotStore
-from storage.base import HotStore
-from storage.chain import AgentState
-from storage.errors import InvalidSpec, ModelError
-from storage.records import LCRef, Message, Role, ToolCall, TraceRecord
+from cairn.agents.cache import WorkerCache
+from cairn.agents.heartbeat import Heartbeat
+from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.models.base import ModelRequest
+from cairn.agents.models.scripted import FINISHED, ScriptedModel
+from cairn.agents.spec import AgentSpec, TaskRecord, Turn, load_policy, parse_model
+from cairn.agents.summary import context_summary
+from cairn.storage.backends.memory import MemoryHotStore
+from cairn.storage.base import HotStore
+from cairn.storage.chain import AgentState
+from cairn.storage.errors import InvalidSpec, ModelError
+from cairn.storage.records import LCRef, Message, Role, ToolCall, TraceRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -10,12 +10,12 @@ import orjson
 import pytest
 from pydantic import JsonValue
 
-from agents.models.anthropic import API_VERSION, DEFAULT_MAX_TOKENS, AnthropicModel
-from agents.models.base import ModelRequest, ToolSchema
-from agents.models.registry import build_model
-from agents.spec import AgentSpec
-from storage.errors import ModelError
-from storage.records import ImagePart, Message, Role, ToolCall, Usage
+from cairn.agents.models.anthropic import API_VERSION, DEFAULT_MAX_TOKENS, AnthropicModel
+from cairn.agents.models.base import ModelRequest, ToolSchema
+from cairn.agents.models.registry import build_model
+from cairn.agents.spec import AgentSpec
+from cairn.storage.errors import ModelError
+from cairn.storage.records import ImagePart, Message, Role, ToolCall, Usage
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
 
 FAKE_KEY = "sk-ant-test-secret-0123456789"

@@ -25,7 +25,7 @@ import redis
 
 import cairn
 import cairn.errors
-import storage.errors
+import cairn.storage.errors
 from cairn import (
     AgentState,
     CheckpointInfo,
@@ -37,7 +37,7 @@ from cairn import (
     TaskStatus,
 )
 from cairn.errors import CairnError, InvalidSpec, TaskNotFound, Timeout, Unavailable
-from storage.redis_server import RedisServer, free_port
+from cairn.storage.redis_server import RedisServer, free_port
 from tests.cli_harness import spawn, stop
 from tests.cluster import TEAM
 
@@ -157,7 +157,7 @@ def _all_modules() -> Iterator[types.ModuleType]:
 
 
 def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
-    """Every error Cairn defines is a `CairnError` in `storage.errors`, in `cairn.errors`.
+    """Every error Cairn defines is a `CairnError` in `cairn.storage.errors`, in `cairn.errors`.
 
     Each is named in the tree both modules draw; `TaskNotFound` is not bad spec input.
     """
@@ -172,9 +172,9 @@ def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
     }
     assert {CairnError, InvalidSpec, TaskNotFound, Unavailable, Timeout} <= defined
     for error in defined:
-        assert "storage.errors" == error.__module__, error
+        assert "cairn.storage.errors" == error.__module__, error
         assert error is getattr(cairn.errors, error.__name__), error
-        for doc in (storage.errors.__doc__ or "", cairn.errors.__doc__ or ""):
+        for doc in (cairn.storage.errors.__doc__ or "", cairn.errors.__doc__ or ""):
             assert re.search(rf"(^|\s){error.__name__}\s", doc, re.MULTILINE), error
     assert set(cairn.errors.__all__) == {error.__name__ for error in defined}
     assert not issubclass(TaskNotFound, InvalidSpec)
@@ -185,10 +185,10 @@ def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
 def test_the_langgraph_saver_is_the_storage_one_signing_with_the_settings_key(
     monkeypatch: pytest.MonkeyPatch, redis_client: redis.Redis
 ) -> None:
-    """`cairn.langgraph.CairnSaver` is `storage.langgraph`'s, signing with CAIRN_SIGNING_KEY."""
+    """`cairn.langgraph.CairnSaver` is `cairn.storage.langgraph`'s, signing with the key."""
     pytest.importorskip("langgraph.checkpoint.base")
     saver = importlib.import_module("cairn.langgraph").CairnSaver
-    assert issubclass(saver, importlib.import_module("storage.langgraph").CairnSaver)
+    assert issubclass(saver, importlib.import_module("cairn.storage.langgraph").CairnSaver)
     monkeypatch.setenv("CAIRN_SIGNING_KEY", "s3cret-" + "k" * 32)
     assert saver(redis_client).codec.signs
     monkeypatch.delenv("CAIRN_SIGNING_KEY")
@@ -406,5 +406,5 @@ def test_the_client_in_a_python_session_prints_no_logs(stack: Stack) -> None:
     assert ("", "") == (quiet.stdout, quiet.stderr)
     told = session("logging")
     assert "" == told.stdout
-    assert "coordinator.tasks: task submitted task=" in told.stderr
-    assert "coordinator.restore: task restored task=" in told.stderr
+    assert "cairn.coordinator.tasks: task submitted task=" in told.stderr
+    assert "cairn.coordinator.restore: task restored task=" in told.stderr

@@ -11,16 +11,16 @@ import orjson
 import pytest
 import redis
 
-from agents.approval import decide, decision_for
-from agents.models.base import ModelReply, ModelRequest
-from agents.models.openai import _parse_reply
-from agents.spec import AgentSpec, TaskRecord
-from agents.task import start_task
-from coordinator.restore import Restorer
-from coordinator.views import record_decision
-from storage.errors import InvalidSpec, RecordNotFound
-from storage.records import AgentStatus, Role, ToolCall, Usage
-from storage.store import CheckpointStore
+from cairn.agents.approval import decide, decision_for
+from cairn.agents.models.base import ModelReply, ModelRequest
+from cairn.agents.models.openai import _parse_reply
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.task import start_task
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.views import record_decision
+from cairn.storage.errors import InvalidSpec, RecordNotFound
+from cairn.storage.records import AgentStatus, Role, ToolCall, Usage
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, superstep
 
 WRITES = [

@@ -14,14 +14,14 @@ from typing import cast
 import pytest
 import redis
 
-from storage.archive import archive_gc
-from storage.backends.disk import DiskArchive
-from storage.backends.memory import MemoryHotStore
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.errors import ArchiveError, CorruptCheckpoint, NotCommitted
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.storage.archive import archive_gc
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.memory import MemoryHotStore
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.errors import ArchiveError, CorruptCheckpoint, NotCommitted
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
 
 TASK = "arch"
@@ -132,11 +132,11 @@ def _file_count(root: Path) -> int:
 
 ARCHIVER = """
 import sys
-from storage.archive import archive_gc
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.store import CheckpointStore
+from cairn.storage.archive import archive_gc
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.store import CheckpointStore
 
 url, root, task, count = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 store = CheckpointStore(RedisHotStore(connect(url)), DiskArchive(root), Codec())

@@ -8,17 +8,17 @@ from pathlib import Path
 import pytest
 import redis
 
-from storage import keys
-from storage.archive import archive_gc
-from storage.backends.disk import DiskArchive
-from storage.backends.memory import MemoryHotStore
-from storage.backends.redis import RedisHotStore
-from storage.base import LCEntry
-from storage.chain import cut_lc
-from storage.codec import Codec
-from storage.errors import ArchiveError, CorruptCheckpoint, RecordNotFound
-from storage.records import GlobalCheckpoint, LCRef, Level, LocalCheckpoint, Record
-from storage.store import CheckpointStore
+from cairn.storage import keys
+from cairn.storage.archive import archive_gc
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.memory import MemoryHotStore
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.base import LCEntry
+from cairn.storage.chain import cut_lc
+from cairn.storage.codec import Codec
+from cairn.storage.errors import ArchiveError, CorruptCheckpoint, RecordNotFound
+from cairn.storage.records import GlobalCheckpoint, LCRef, Level, LocalCheckpoint, Record
+from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, read_gc_whole, run_task, take_step
 
 TASK = "inc"

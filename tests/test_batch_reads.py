@@ -9,10 +9,10 @@ import redis
 from pydantic import ConfigDict
 from redis.connection import AbstractConnection
 
-from storage import keys
-from storage.errors import CorruptCheckpoint, RecordNotFound
-from storage.records import LCRef, Record
-from storage.store import CheckpointStore
+from cairn.storage import keys
+from cairn.storage.errors import CorruptCheckpoint, RecordNotFound
+from cairn.storage.records import LCRef, Record
+from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, take_step
 
 TASK = "t1"

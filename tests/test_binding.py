@@ -23,28 +23,28 @@ from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import empty_checkpoint
 from structlog.testing import capture_logs
 
-from agents.approval import Approval
-from agents.barrier import read_outputs
-from agents.models.base import ModelReply, ModelRequest
-from agents.spec import AgentSpec, TaskRecord
-from agents.step import run_step
-from agents.task import start_task
-from coordinator.coordinator import Coordinator
-from coordinator.restore import Restorer
-from coordinator.spec import LIMITS_DOC, Limits
-from storage import keys
-from storage.archive import archive_gc
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore
-from storage.chain import AgentState
-from storage.codec import BINDING_TAG, FLAG_BOUND, Codec, Place, canonical_bytes
-from storage.errors import CorruptCheckpoint
-from storage.keys import EPOCH_DOC, SPEC_DOC, ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.langgraph.places import cold_name, cold_task
-from storage.records import LCRef, LocalCheckpoint, Message, Record, Role, ToolCall, Usage
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.approval import Approval
+from cairn.agents.barrier import read_outputs
+from cairn.agents.models.base import ModelReply, ModelRequest
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.step import run_step
+from cairn.agents.task import start_task
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.spec import LIMITS_DOC, Limits
+from cairn.storage import keys
+from cairn.storage.archive import archive_gc
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.chain import AgentState
+from cairn.storage.codec import BINDING_TAG, FLAG_BOUND, Codec, Place, canonical_bytes
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.keys import EPOCH_DOC, SPEC_DOC, ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.langgraph.places import cold_name, cold_task
+from cairn.storage.records import LCRef, LocalCheckpoint, Message, Record, Role, ToolCall, Usage
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted, superstep
 from tests.cluster import Cluster, team_spec
 

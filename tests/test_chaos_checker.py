@@ -14,12 +14,12 @@ from pathlib import Path
 
 import redis
 
+from cairn.storage.redis_server import RedisServer
 from chaos.checker import INVARIANTS, check
 from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, draw
 from chaos.ledger import record
 from chaos.observe import GCView, History, MemberView, Observed, Restore, read_history
 from chaos.proxy import DelayProxy
-from storage.redis_server import RedisServer
 
 
 def member(epoch: int, attempt: int, superstep: int, said: str, keys: list[str]) -> MemberView:

@@ -25,9 +25,9 @@ import redis
 
 from cairn import Client
 from cairn import __version__ as cairn_version
-from coordinator.settings import display_url, load_settings
-from storage.errors import InvalidSpec
-from storage.redis_server import RedisServer, free_port
+from cairn.coordinator.settings import display_url, load_settings
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.redis_server import RedisServer, free_port
 from tests.cli_harness import (
     Run,
     cairn,
@@ -455,20 +455,20 @@ def test_worker_count_restarts_a_killed_worker_and_stops_on_sigterm(
     env = {**stack.env, "CAIRN_REDIS_URL": own_redis.url}
     supervisor = spawn(["worker", "--count", "2"], env, tmp_path / "workers.log")
     try:
-        wait_until(lambda: 2 == len(children(supervisor.pid, "coordinator.worker")))
-        first = children(supervisor.pid, "coordinator.worker")
+        wait_until(lambda: 2 == len(children(supervisor.pid, "cairn.coordinator.worker")))
+        first = children(supervisor.pid, "cairn.coordinator.worker")
         assert all(own_redis.url not in cmdline(pid) for pid in first)  # it is in their env
         victim = min(first)
         os.kill(victim, signal.SIGKILL)
         # SIGKILL is not instant: until the victim is gone, it still counts as a child.
         wait_until(
             lambda: (
-                victim not in (alive := children(supervisor.pid, "coordinator.worker"))
+                victim not in (alive := children(supervisor.pid, "cairn.coordinator.worker"))
                 and {*first} - {victim} < alive
                 and 2 == len(alive)
             )
         )
-        now = children(supervisor.pid, "coordinator.worker")
+        now = children(supervisor.pid, "cairn.coordinator.worker")
         assert victim not in now
         assert all(own_redis.url not in cmdline(pid) for pid in now)
     finally:

@@ -9,10 +9,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
-from storage.codec import HEADER_SIZE, Codec, canonical_bytes
-from storage.errors import CorruptCheckpoint
-from storage.ids import new_id
-from storage.records import (
+from cairn.storage.codec import HEADER_SIZE, Codec, canonical_bytes
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.ids import new_id
+from cairn.storage.records import (
     AgentStatus,
     GCStatus,
     GlobalCheckpoint,

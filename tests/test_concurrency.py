@@ -24,11 +24,11 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from structlog.testing import capture_logs
 
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.spec import TaskSpec
-from coordinator.worker import DRAIN_SECONDS, HANDED_BACK
-from storage import keys
-from storage.redis_server import RedisServer, free_port
+from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.worker import DRAIN_SECONDS, HANDED_BACK
+from cairn.storage import keys
+from cairn.storage.redis_server import RedisServer, free_port
 from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
 
 TASKS = 4
@@ -293,9 +293,16 @@ def test_sigterm_drains_finishing_or_handing_back_the_steps_it_holds(
 
 
 def test_the_worker_command_refuses_a_concurrency_below_one() -> None:
-    """`python -m coordinator.worker --concurrency 0` is refused in one line."""
+    """`python -m cairn.coordinator.worker --concurrency 0` is refused in one line."""
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.worker", "redis://127.0.0.1:1/0", "--concurrency", "0"],
+        [
+            sys.executable,
+            "-m",
+            "cairn.coordinator.worker",
+            "redis://127.0.0.1:1/0",
+            "--concurrency",
+            "0",
+        ],
         capture_output=True,
         text=True,
         check=False,
@@ -306,9 +313,9 @@ def test_the_worker_command_refuses_a_concurrency_below_one() -> None:
 
 
 def started_worker(url: str, code: int = 3) -> str:
-    """Run `python -m coordinator.worker URL`, which must exit `code`; return its one line."""
+    """Run `python -m cairn.coordinator.worker URL`, which must exit `code`; return its one line."""
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.worker", url],
+        [sys.executable, "-m", "cairn.coordinator.worker", url],
         capture_output=True,
         text=True,
         check=False,

@@ -7,14 +7,14 @@ import time
 
 import pytest
 
-from storage.backends.memory import MemoryArchive, MemoryHotStore
-from storage.backends.redis import RedisHotStore
-from storage.base import ColdArchive, HotStore, LCEntry, NextSuperstep
-from storage.chain import cut_lc
-from storage.codec import canonical_bytes
-from storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
-from storage.records import GCStatus, LCRef, Level, WorkspaceManifest, sha256_hex
-from storage.store import CheckpointStore
+from cairn.storage.backends.memory import MemoryArchive, MemoryHotStore
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.base import ColdArchive, HotStore, LCEntry, NextSuperstep
+from cairn.storage.chain import cut_lc
+from cairn.storage.codec import canonical_bytes
+from cairn.storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
+from cairn.storage.records import GCStatus, LCRef, Level, WorkspaceManifest, sha256_hex
+from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
 TASK = "t1"

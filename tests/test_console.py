@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from playwright.sync_api import Browser, Dialog, Page, Playwright, expect, sync_playwright
 
-from coordinator.spec import TaskSpec
-from storage.redis_server import RedisServer, free_port
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage.redis_server import RedisServer, free_port
 from tests.cli_harness import cairn, spawn, stop
 from tests.cluster import Cluster, files_and_histories, team_spec
 

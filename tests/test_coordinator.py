@@ -21,18 +21,18 @@ from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 from structlog.testing import capture_logs
 
-from agents.barrier import build_gc
-from agents.spec import FailSpec
-from coordinator.coordinator import FRESH_LOOK, Coordinator
-from coordinator.jobs import STEP_JOB, STEPS_QUEUE
-from coordinator.runs import Look
-from coordinator.spec import TaskSpec
-from coordinator.worker import CairnJob, CairnWorker
-from storage import keys
-from storage.backends.redis import connect
-from storage.errors import FencedWrite, InvalidSpec
-from storage.records import GCStatus, GlobalCheckpoint, LCRef
-from storage.redis_server import RedisServer
+from cairn.agents.barrier import build_gc
+from cairn.agents.spec import FailSpec
+from cairn.coordinator.coordinator import FRESH_LOOK, Coordinator
+from cairn.coordinator.jobs import STEP_JOB, STEPS_QUEUE
+from cairn.coordinator.runs import Look
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.worker import CairnJob, CairnWorker
+from cairn.storage import keys
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import FencedWrite, InvalidSpec
+from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef
+from cairn.storage.redis_server import RedisServer
 from tests.cluster import Cluster, files_and_histories, outcome, run_foreign_job, team_spec
 from tests.test_restore import run_until
 

@@ -14,8 +14,8 @@ from typing import Any, cast
 
 import pytest
 
-from storage import keys
-from storage.records import GCStatus
+from cairn.storage import keys
+from cairn.storage.records import GCStatus
 from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
 

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.spec import StepPolicy
-from agents.task import start_task
-from agents.tools import TOOLS, ToolContext
-from agents.workspace import Workspace
-from storage.errors import ToolError
-from storage.store import CheckpointStore
+from cairn.agents.spec import StepPolicy
+from cairn.agents.task import start_task
+from cairn.agents.tools import TOOLS, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.storage.errors import ToolError
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted
 
 CODE = "def add(a, b):\n    return a - b\n\n\ndef sub(a, b):\n    return a - b\n"

@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from agents.mcp.config import load_mcp_config
 from cairn import Client
-from coordinator.spec import TaskSpec, load_spec
-from storage.records import GCStatus, TraceRecord
+from cairn.agents.mcp.config import load_mcp_config
+from cairn.coordinator.spec import TaskSpec, load_spec
+from cairn.storage.records import GCStatus, TraceRecord
 from tests.agent_harness import files_of
 from tests.cluster import ROOT, Cluster
 

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from cairn.cli.parse import build_parser
-from coordinator.spec import load_spec
+from cairn.coordinator.spec import load_spec
 from tests.agent_harness import files_of
 from tests.cluster import ROOT, Cluster
 

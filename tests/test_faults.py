@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from cairn.storage.redis_server import RedisServer
 from chaos.faults import Fault, Plan
 from chaos.observe import Observed
 from chaos.proxy import DelayProxy
 from chaos.run import ChaosRun, RunResult
-from storage.redis_server import RedisServer
 from tests.cluster import ROOT
 
 pytestmark = pytest.mark.slow

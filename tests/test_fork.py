@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import yaml
 
-from coordinator.diff import diff
-from coordinator.spec import TaskSpec
-from coordinator.views import Lineage
-from storage.errors import CairnError, InvalidSpec
-from storage.records import GlobalCheckpoint
+from cairn.coordinator.diff import diff
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.views import Lineage
+from cairn.storage.errors import CairnError, InvalidSpec
+from cairn.storage.records import GlobalCheckpoint
 from tests.agent_harness import files_of
 from tests.cluster import TEAM, Cluster, Histories, outcome, team_spec
 from tests.test_restore import run_until, states_of

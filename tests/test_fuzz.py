@@ -23,19 +23,25 @@ import yaml
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from agents.models.openai import _parse_reply
-from agents.spec import StepPolicy
-from agents.tools import TOOLS, ToolContext
-from agents.workspace import Workspace
+from cairn.agents.models.openai import _parse_reply
+from cairn.agents.spec import StepPolicy
+from cairn.agents.tools import TOOLS, ToolContext
+from cairn.agents.workspace import Workspace
 from cairn.cli import main
-from coordinator.spec import TaskSpec, load_spec
-from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore
-from storage.errors import CorruptCheckpoint, InvalidSpec, ModelError, RecordNotFound, ToolError
-from storage.records import WorkspaceManifest
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.coordinator.spec import TaskSpec, load_spec
+from cairn.storage import keys
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.errors import (
+    CorruptCheckpoint,
+    InvalidSpec,
+    ModelError,
+    RecordNotFound,
+    ToolError,
+)
+from cairn.storage.records import WorkspaceManifest
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
 BASE = settings(

@@ -21,15 +21,15 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from pydantic_core import to_jsonable_python
 
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore
-from storage.base import GCEntry, LCEntry
-from storage.chain import rebuild
-from storage.codec import DIGEST_END, HEADER_SIZE, Codec, Sealed
-from storage.errors import CorruptCheckpoint
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.records import (
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.base import GCEntry, LCEntry
+from cairn.storage.chain import rebuild
+from cairn.storage.codec import DIGEST_END, HEADER_SIZE, Codec, Sealed
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.records import (
     SCHEMA_VERSION,
     AgentStatus,
     Effects,
@@ -42,7 +42,7 @@ from storage.records import (
     ToolCall,
     Usage,
 )
-from storage.store import CheckpointStore
+from cairn.storage.store import CheckpointStore
 
 GOLDEN = Path(__file__).parent / "golden"
 # The key tests/golden/generate.py signed `lc_signed` with: a test key, never a real one.

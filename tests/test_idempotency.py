@@ -15,15 +15,15 @@ from pathlib import Path
 import pytest
 import redis
 
-from agents.models.base import ModelReply, ModelRequest
-from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy, TaskRecord
-from agents.step import run_step
-from agents.task import start_task
-from agents.tools import idempotency_key
-from coordinator.restore import Restorer
-from storage.records import Role, ToolCall, Usage
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.models.base import ModelReply, ModelRequest
+from cairn.agents.spec import AgentSpec, CheckpointTriggers, StepPolicy, TaskRecord
+from cairn.agents.step import run_step
+from cairn.agents.task import start_task
+from cairn.agents.tools import idempotency_key
+from cairn.coordinator.restore import Restorer
+from cairn.storage.records import Role, ToolCall, Usage
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import superstep
 from tests.cluster import ROOT
 
@@ -111,14 +111,14 @@ def test_the_same_call_replayed_after_a_restore_keeps_its_key(
 SAMPLER = """
 import sys
 from pathlib import Path
-from agents.models.base import ModelReply
-from agents.sandbox import UNSANDBOXED, use_sandbox
-from agents.step import run_step
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.records import ToolCall, Usage
-from storage.store import CheckpointStore
+from cairn.agents.models.base import ModelReply
+from cairn.agents.sandbox import UNSANDBOXED, use_sandbox
+from cairn.agents.step import run_step
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.records import ToolCall, Usage
+from cairn.storage.store import CheckpointStore
 
 url, archive, cache, task, attempt, first, again = sys.argv[1:8]
 

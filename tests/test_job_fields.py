@@ -24,12 +24,12 @@ from rq import Queue
 from rq.job import Job, JobStatus
 from rq.serializers import JSONSerializer
 
-from coordinator.jobs import CONTROL_QUEUE, STAGE_JOB, STEP_JOB, STEPS_QUEUE
-from coordinator.spec import TaskSpec
-from coordinator.worker import CairnJob
-from storage import keys
-from storage.redact import REDACTED
-from storage.redis_server import RedisServer
+from cairn.coordinator.jobs import CONTROL_QUEUE, STAGE_JOB, STEP_JOB, STEPS_QUEUE
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.worker import CairnJob
+from cairn.storage import keys
+from cairn.storage.redact import REDACTED
+from cairn.storage.redis_server import RedisServer
 from tests.cluster import ROOT, Cluster, team_spec
 
 MARKS = "CAIRN_TEST_MARKS"  # where `leave_mark` leaves its marks, in the worker's environment
@@ -102,7 +102,7 @@ def run_burst_worker(url: str, tmp: Path) -> str:
     }
     (tmp / "marks").mkdir(exist_ok=True)
     done = subprocess.run(
-        [sys.executable, "-m", "coordinator.worker", "--burst"],
+        [sys.executable, "-m", "cairn.coordinator.worker", "--burst"],
         env=env,
         capture_output=True,
         text=True,

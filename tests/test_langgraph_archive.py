@@ -18,9 +18,9 @@ import pytest
 import redis
 from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.redis_server import RedisServer
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.redis_server import RedisServer
 from tests.langgraph_hammer import Acked, config_of, run_roles
 
 ROOT = Path(__file__).parent.parent

@@ -34,11 +34,11 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
-from storage.backends.redis import connect
-from storage.errors import CorruptCheckpoint, FencedWrite
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.redis_server import RedisServer
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import CorruptCheckpoint, FencedWrite
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.redis_server import RedisServer
 
 S = TypeVar("S", bound=BaseCheckpointSaver[Any])
 

@@ -23,9 +23,9 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from storage.errors import FencedWrite, RecordNotFound
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
+from cairn.storage.errors import FencedWrite, RecordNotFound
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
 
 Saver = BaseCheckpointSaver[Any]
 MakeSaver = Callable[[], Saver]

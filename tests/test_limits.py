@@ -12,17 +12,17 @@ import orjson
 import pytest
 from pydantic import JsonValue
 
-import coordinator.spec
-from agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS
-from agents.models.http import MAX_RESPONSE_BYTES
-from agents.spec import MAX_PROMPT_CHARS, StepPolicy, parse_model
-from agents.tools import MAX_MESSAGE, MAX_WRITE, ToolContext
-from agents.workspace import Workspace
-from coordinator.spec import TaskSpec
-from storage.codec import MAX_SEALED_BYTES, Codec, canonical_bytes
-from storage.errors import InvalidSpec, ModelError, RecordTooLarge, ToolError
-from storage.ids import new_id
-from storage.records import LocalCheckpoint, Message, Role
+import cairn.coordinator.spec
+from cairn.agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS
+from cairn.agents.models.http import MAX_RESPONSE_BYTES
+from cairn.agents.spec import MAX_PROMPT_CHARS, StepPolicy, parse_model
+from cairn.agents.tools import MAX_MESSAGE, MAX_WRITE, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage.codec import MAX_SEALED_BYTES, Codec, canonical_bytes
+from cairn.storage.errors import InvalidSpec, ModelError, RecordTooLarge, ToolError
+from cairn.storage.ids import new_id
+from cairn.storage.records import LocalCheckpoint, Message, Role
 from tests.test_openai_model import (
     Scripted,
     ScriptedServer,
@@ -250,7 +250,7 @@ def test_inline_files_over_the_workspace_limit_are_refused(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Inline `files` are bounded in all by MAX_WORKSPACE_BYTES, as a directory is."""
-    monkeypatch.setattr(coordinator.spec, "MAX_WORKSPACE_BYTES", 10)
+    monkeypatch.setattr(cairn.coordinator.spec, "MAX_WORKSPACE_BYTES", 10)
     parse_model(TaskSpec, spec_data(files={"a": "12345", "b": "é234"}), "task spec")
     with pytest.raises(InvalidSpec) as caught:
         parse_model(TaskSpec, spec_data(files={"a": "12345", "b": "é2345"}), "task spec")

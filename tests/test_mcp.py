@@ -29,19 +29,19 @@ import mcp_types
 import pytest
 from structlog.testing import capture_logs
 
-from agents.mcp import load_mcp_config, parse_ref, tool_name
-from agents.mcp.manager import META_KEY, McpManager
-from agents.mcp.names import MODEL_NAME
-from agents.mcp.results import MAX_IMAGE_BYTES, render_result
-from agents.mcp.tools import agent_tools
-from agents.spec import StepPolicy
-from agents.task import start_task
-from agents.toolkit import builtin_tools
-from agents.tools import ToolContext
-from agents.workspace import Workspace
-from storage.errors import InvalidSpec, MissingTool, ToolError
-from storage.records import Effects, ImagePart, Role
-from storage.store import CheckpointStore
+from cairn.agents.mcp import load_mcp_config, parse_ref, tool_name
+from cairn.agents.mcp.manager import META_KEY, McpManager
+from cairn.agents.mcp.names import MODEL_NAME
+from cairn.agents.mcp.results import MAX_IMAGE_BYTES, render_result
+from cairn.agents.mcp.tools import agent_tools
+from cairn.agents.spec import StepPolicy
+from cairn.agents.task import start_task
+from cairn.agents.toolkit import builtin_tools
+from cairn.agents.tools import ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.storage.errors import InvalidSpec, MissingTool, ToolError
+from cairn.storage.records import Effects, ImagePart, Role
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, record, scripted
 from tests.mcp_server import png_of
 

@@ -42,17 +42,17 @@ import pytest
 from pydantic import JsonValue
 from structlog.testing import capture_logs
 
-from agents.mcp import load_mcp_config
-from agents.mcp.manager import META_KEY, McpManager, McpToolInfo
-from agents.mcp.tools import agent_tools
-from agents.spec import AgentSpec, StepPolicy, TaskRecord
-from agents.task import start_task
-from agents.toolkit import builtin_tools
-from agents.tools import Args, Tool, ToolContext
-from agents.workspace import Workspace
-from storage.errors import ToolError
-from storage.records import Effects
-from storage.store import CheckpointStore
+from cairn.agents.mcp import load_mcp_config
+from cairn.agents.mcp.manager import META_KEY, McpManager, McpToolInfo
+from cairn.agents.mcp.tools import agent_tools
+from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
+from cairn.agents.task import start_task
+from cairn.agents.toolkit import builtin_tools
+from cairn.agents.tools import Args, Tool, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.storage.errors import ToolError
+from cairn.storage.records import Effects
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive
 from tests.test_anthropic_model import message, tool_use
 from tests.test_anthropic_model import text as text_block

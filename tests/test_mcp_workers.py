@@ -26,12 +26,12 @@ from typing import cast
 
 import pytest
 
-from agents.tools import idempotency_key
 from cairn import Client
-from coordinator.spec import TaskSpec
-from storage import keys
-from storage.records import GCStatus, TraceRecord
-from storage.redis_server import RedisServer
+from cairn.agents.tools import idempotency_key
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage import keys
+from cairn.storage.records import GCStatus, TraceRecord
+from cairn.storage.redis_server import RedisServer
 from tests.cluster import ROOT, Cluster
 from tests.test_restore import run_until
 
@@ -430,7 +430,7 @@ def test_a_worker_runs_the_tools_of_a_module_cairn_tools_names(
     ("command", "env", "expected"),
     [
         (
-            ["coordinator.worker"],
+            ["cairn.coordinator.worker"],
             {"CAIRN_TOOLS": "nope.module"},
             "worker.py: error: cannot import tools module 'nope.module': ModuleNotFoundError",
         ),
@@ -440,7 +440,7 @@ def test_a_worker_runs_the_tools_of_a_module_cairn_tools_names(
             "cairn: cannot import tools module 'nope.module': ModuleNotFoundError",
         ),
         (
-            ["coordinator.worker"],
+            ["cairn.coordinator.worker"],
             {"CAIRN_MCP_CONFIG": "MISSING"},
             "worker.py: error: MCP config MISSING: cannot read",
         ),

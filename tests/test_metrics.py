@@ -12,7 +12,7 @@ from pathlib import Path
 from prometheus_client import REGISTRY
 from prometheus_client.parser import text_string_to_metric_families
 
-from storage.records import GCStatus
+from cairn.storage.records import GCStatus
 from tests.cluster import Cluster, team_spec
 
 Samples = dict[tuple[str, tuple[tuple[str, str], ...]], float]

@@ -18,23 +18,23 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
-from agents.models.anthropic import AnthropicModel
-from agents.models.openai import OpenAIModel
-from agents.models.registry import ENTRY_POINT_GROUP, build_model, default_key_variables
-from agents.models.scripted import ScriptedModel
-from agents.spec import AgentSpec, parse_model
-from agents.step import build_model as step_build_model
-from agents.task import start_task
-from storage.errors import InvalidSpec, ModelError
-from storage.records import Usage
-from storage.store import CheckpointStore
+from cairn.agents.models.anthropic import AnthropicModel
+from cairn.agents.models.openai import OpenAIModel
+from cairn.agents.models.registry import ENTRY_POINT_GROUP, build_model, default_key_variables
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.spec import AgentSpec, parse_model
+from cairn.agents.step import build_model as step_build_model
+from cairn.agents.task import start_task
+from cairn.storage.errors import InvalidSpec, ModelError
+from cairn.storage.records import Usage
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import record, superstep
 from tests.test_anthropic_model import message, text, tool_use
 from tests.test_openai_model import ScriptedServer, ask, reply, serve_scripted
 
 PLUGIN = """
-from agents.models.base import ModelReply, ModelRequest
-from storage.records import Usage
+from cairn.agents.models.base import ModelReply, ModelRequest
+from cairn.storage.records import Usage
 
 
 class EchoModel:
@@ -89,7 +89,7 @@ def test_built_in_providers() -> None:
 
 
 def test_step_build_model_takes_the_environment_given(server: ScriptedServer) -> None:
-    """agents.step.build_model (what a worker binds its environment to) uses the registry."""
+    """cairn.agents.step.build_model (what a worker binds its environment to) uses the registry."""
     spec = agent(model="anthropic:claude-test", base_url=server.root_url)
     server.script = [message(text("ok"))]
     step_build_model(spec, {"ANTHROPIC_API_KEY": "sk-ant-1"}).complete(ask())

@@ -18,20 +18,20 @@ import redis
 import yaml
 from structlog.testing import capture_logs
 
-from agents.heartbeat import Heartbeat, worker_token
-from agents.spec import AgentSpec, TaskRecord
-from agents.task import start_task
-from coordinator.coordinator import HEARTBEAT_GRACE
-from coordinator.jobstate import JobState, step_failure
-from coordinator.numbering import LOST_REASON
-from coordinator.restore import Restorer
-from coordinator.runs import StepRun
-from coordinator.spec import Limits, TaskSpec
-from storage.archive import archive_gc, trim_hot
-from storage.base import ColdArchive
-from storage.codec import Codec
-from storage.errors import ArchiveConflict, FencedWrite
-from storage.store import CheckpointStore
+from cairn.agents.heartbeat import Heartbeat, worker_token
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.task import start_task
+from cairn.coordinator.coordinator import HEARTBEAT_GRACE
+from cairn.coordinator.jobstate import JobState, step_failure
+from cairn.coordinator.numbering import LOST_REASON
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.runs import StepRun
+from cairn.coordinator.spec import Limits, TaskSpec
+from cairn.storage.archive import archive_gc, trim_hot
+from cairn.storage.base import ColdArchive
+from cairn.storage.codec import Codec
+from cairn.storage.errors import ArchiveConflict, FencedWrite
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted, superstep
 from tests.cluster import Cluster
 

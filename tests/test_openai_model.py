@@ -20,12 +20,12 @@ import orjson
 import pytest
 from pydantic import JsonValue
 
-from agents.models.base import ModelRequest, ToolSchema
-from agents.models.openai import OpenAIModel
-from agents.models.registry import build_model, default_key_variables
-from agents.spec import AgentSpec
-from storage.errors import ModelError
-from storage.records import ImagePart, Message, Role, ToolCall, Usage
+from cairn.agents.models.base import ModelRequest, ToolSchema
+from cairn.agents.models.openai import OpenAIModel
+from cairn.agents.models.registry import build_model, default_key_variables
+from cairn.agents.spec import AgentSpec
+from cairn.storage.errors import ModelError
+from cairn.storage.records import ImagePart, Message, Role, ToolCall, Usage
 
 FAKE_KEY = "sk-test-secret-0123456789"
 

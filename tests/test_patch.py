@@ -9,8 +9,8 @@ import pytest
 from hypothesis import assume, given
 from hypothesis import strategies as st
 
-from agents.patch import apply_file_patch, parse_patch
-from storage.errors import PatchError, ToolError
+from cairn.agents.patch import apply_file_patch, parse_patch
+from cairn.storage.errors import PatchError, ToolError
 
 ORIGINAL = "".join(f"line {n}\n" for n in range(1, 21))
 

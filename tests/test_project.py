@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from coordinator.settings import load_settings
+from cairn.coordinator.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ("docker-compose", "-f", str(ROOT / "docker-compose.yml"))
@@ -89,7 +89,7 @@ def test_compose_file_runs_redis_with_aof() -> None:
 
 def test_lua_scripts_ship_with_the_package() -> None:
     """Every protocol script is package data, so an installed Cairn can load it."""
-    lua = resources.files("storage.backends").joinpath("lua")
+    lua = resources.files("cairn.storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_archive", "lg_put"]
     expected += ["prepare_gc", "raise_epoch", "read_chain", "run_write", "spend", "step_start"]

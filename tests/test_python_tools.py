@@ -28,18 +28,18 @@ from rq.exceptions import NoSuchJobError
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from agents.spec import StepPolicy
-from agents.step import run_step
-from agents.task import start_task
-from agents.toolkit import ToolRegistry, builtin_tools, load_tools
-from agents.tools import Tool, ToolContext, idempotency_key
-from agents.workspace import Workspace
 from cairn import tool
-from coordinator.spec import TaskSpec
-from storage import keys
-from storage.errors import InvalidSpec, MissingTool, ToolError
-from storage.records import AgentStatus, Effects, Role
-from storage.store import CheckpointStore
+from cairn.agents.spec import StepPolicy
+from cairn.agents.step import run_step
+from cairn.agents.task import start_task
+from cairn.agents.toolkit import ToolRegistry, builtin_tools, load_tools
+from cairn.agents.tools import Tool, ToolContext, idempotency_key
+from cairn.agents.workspace import Workspace
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage import keys
+from cairn.storage.errors import InvalidSpec, MissingTool, ToolError
+from cairn.storage.records import AgentStatus, Effects, Role
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted
 from tests.cluster import ROOT, Cluster
 

@@ -13,13 +13,13 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from storage import keys
-from storage.base import LCEntry
-from storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
-from storage.codec import DIGEST_END, Codec, Place, canonical_bytes
-from storage.errors import CorruptCheckpoint
-from storage.ids import new_id
-from storage.records import (
+from cairn.storage import keys
+from cairn.storage.base import LCEntry
+from cairn.storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
+from cairn.storage.codec import DIGEST_END, Codec, Place, canonical_bytes
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.ids import new_id
+from cairn.storage.records import (
     SCHEMA_VERSION,
     Effects,
     Level,
@@ -31,7 +31,7 @@ from storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from storage.store import CheckpointStore
+from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, take_step
 from tests.test_codec import json_values, names
 

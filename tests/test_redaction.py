@@ -22,16 +22,16 @@ import pytest
 import redis
 import zstandard
 
-from agents.models.anthropic import AnthropicModel
-from agents.models.openai import OpenAIModel
 from cairn import Client
-from coordinator.jobs import record_outcome
-from coordinator.runs import RunState, TaskState, read_run
-from coordinator.spec import TaskSpec
-from storage import keys
-from storage.backends.redis import RedisHotStore
-from storage.errors import ModelError
-from storage.redact import REDACTED
+from cairn.agents.models.anthropic import AnthropicModel
+from cairn.agents.models.openai import OpenAIModel
+from cairn.coordinator.jobs import record_outcome
+from cairn.coordinator.runs import RunState, TaskState, read_run
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage import keys
+from cairn.storage.backends.redis import RedisHotStore
+from cairn.storage.errors import ModelError
+from cairn.storage.redact import REDACTED
 from tests.cluster import ROOT, Cluster
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
 
@@ -188,7 +188,7 @@ def test_a_step_failure_is_recorded_redacted(redis_client: redis.Redis) -> None:
 
 RQ_LOGS = f"""
 import logging
-from agents.logs import configure_logging
+from cairn.agents.logs import configure_logging
 from rq.logutils import setup_loghandlers
 
 configure_logging("json", "info")

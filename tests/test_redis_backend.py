@@ -8,14 +8,14 @@ from pathlib import Path
 import pytest
 import redis
 
-from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.errors import CommitRefused, FencedWrite
-from storage.records import Level
-from storage.redis_server import RedisServer, free_port
-from storage.store import CheckpointStore
+from cairn.storage import keys
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.errors import CommitRefused, FencedWrite
+from cairn.storage.records import Level
+from cairn.storage.redis_server import RedisServer, free_port
+from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
 
 

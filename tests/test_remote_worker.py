@@ -18,14 +18,14 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.coordinator import Coordinator
-from coordinator.restore import Restorer
-from coordinator.tasks import Tasks
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.tasks import Tasks
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.cluster import ROOT, team_spec
 
 pytestmark = pytest.mark.skipif(
@@ -81,7 +81,7 @@ def test_a_worker_in_another_network_namespace_runs_and_restores_the_task(
         }
         with (tmp_path / "worker.log").open("wb") as log:
             worker = subprocess.Popen(
-                ["ip", "netns", "exec", name, sys.executable, "-m", "coordinator.worker"],
+                ["ip", "netns", "exec", name, sys.executable, "-m", "cairn.coordinator.worker"],
                 env=env, stdout=subprocess.DEVNULL, stderr=log,
             )  # fmt: skip
         ours = Path("/proc/self/ns/net").readlink()

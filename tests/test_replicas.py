@@ -21,15 +21,15 @@ from langgraph.checkpoint.base import empty_checkpoint
 from redis.sentinel import SentinelConnectionPool
 
 from cairn import Client
+from cairn.coordinator.replication import REPLICATION_REASON
+from cairn.coordinator.settings import display_url
+from cairn.coordinator.spec import TaskSpec
 from cairn.langgraph import CairnSaver
-from coordinator.replication import REPLICATION_REASON
-from coordinator.settings import display_url
-from coordinator.spec import TaskSpec
-from storage import keys
-from storage.backends.redis import connect
-from storage.backends.sentinel import _Pool
-from storage.redis_server import free_port
-from storage.replicas import ReplicaSet
+from cairn.storage import keys
+from cairn.storage.backends.redis import connect
+from cairn.storage.backends.sentinel import _Pool
+from cairn.storage.redis_server import free_port
+from cairn.storage.replicas import ReplicaSet
 from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
 from tests.cluster import Cluster, team_spec
 
@@ -402,8 +402,8 @@ def test_the_password_of_a_sentinel_url_is_never_shown(guarded: ReplicaSet, tmp_
            "CAIRN_STATE_DIR": str(tmp_path / "state")}  # fmt: skip
     supervisor = spawn(["worker", "--count", "1"], env, tmp_path / "workers.log")
     try:
-        wait_until(lambda: 1 == len(children(supervisor.pid, "coordinator.worker")))
-        pids = [supervisor.pid, *children(supervisor.pid, "coordinator.worker")]
+        wait_until(lambda: 1 == len(children(supervisor.pid, "cairn.coordinator.worker")))
+        pids = [supervisor.pid, *children(supervisor.pid, "cairn.coordinator.worker")]
         assert [] == [cmdline(pid) for pid in pids if PASSWORD in cmdline(pid)]
     finally:
         stop(supervisor)

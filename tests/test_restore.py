@@ -10,19 +10,19 @@ from typing import Any, cast
 import pytest
 import redis
 
-from agents.spec import AgentSpec, TaskRecord
-from agents.task import start_task
-from coordinator import restore as restore_module
-from coordinator import staging
-from coordinator.coordinator import Coordinator
-from coordinator.diff import diff
-from coordinator.jobs import CONTROL_QUEUE
-from coordinator.restore import Restored, Restorer
-from coordinator.spec import LIMITS_DOC
-from storage import keys
-from storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed, Unavailable
-from storage.records import GCStatus, GlobalCheckpoint, LCRef
-from storage.store import CheckpointStore
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.task import start_task
+from cairn.coordinator import restore as restore_module
+from cairn.coordinator import staging
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.diff import diff
+from cairn.coordinator.jobs import CONTROL_QUEUE
+from cairn.coordinator.restore import Restored, Restorer
+from cairn.coordinator.spec import LIMITS_DOC
+from cairn.storage import keys
+from cairn.storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed, Unavailable
+from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of
 from tests.cluster import Cluster, outcome, team_spec
 
@@ -319,7 +319,7 @@ def test_a_task_submitted_under_sync_durability_survives_a_flushall_at_once(
 
 
 def bare_task(store: CheckpointStore, task: str) -> None:
-    """A task as `agents.task.start_task` leaves it: spec and GC 0, no coordinator's limits."""
+    """A task as `cairn.agents.task.start_task` leaves: spec and GC 0, no coordinator's limits."""
     record = TaskRecord(task=task, goal="g", agents=[AgentSpec(name="a"), AgentSpec(name="b")])
     start_task(store, record, {"README.md": b"x"})
 

@@ -8,12 +8,12 @@ from pathlib import Path
 import pytest
 import redis
 
-from storage.archive import archive_gc, sweep_blobs, trim_cold, trim_hot
-from storage.backends.disk import DiskArchive
-from storage.backends.memory import MemoryHotStore
-from storage.codec import Codec
-from storage.records import GCStatus
-from storage.store import CheckpointStore
+from cairn.storage.archive import archive_gc, sweep_blobs, trim_cold, trim_hot
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.memory import MemoryHotStore
+from cairn.storage.codec import Codec
+from cairn.storage.records import GCStatus
+from cairn.storage.store import CheckpointStore
 from tests.factories import read_gc_whole, run_task
 
 TASK = "ret"

@@ -17,7 +17,12 @@ import pytest
 from tests.cluster import ROOT, Cluster, team_spec
 
 RQ = str(Path(sys.executable).parent / "rq")
-CAIRN_CLASSES = ["-w", "coordinator.worker.CairnWorker", "-j", "coordinator.worker.CairnJob"]
+CAIRN_CLASSES = [
+    "-w",
+    "cairn.coordinator.worker.CairnWorker",
+    "-j",
+    "cairn.coordinator.worker.CairnJob",
+]
 JSON_JOBS = ["-S", "rq.serializers.JSONSerializer"]
 QUEUES = ["cairn-control", "cairn-steps"]
 

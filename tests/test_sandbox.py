@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from agents.sandbox import (
+from cairn.agents.sandbox import (
     MAX_PROCESSES,
     WORKDIR,
     CommandLimits,
@@ -26,14 +26,14 @@ from agents.sandbox import (
     process_sandbox,
     sandbox_for,
 )
-from agents.spec import StepPolicy
-from agents.task import start_task
-from coordinator.settings import load_settings
-from coordinator.spec import TaskSpec
-from storage import keys
-from storage.errors import InvalidSpec, MissingTool
-from storage.records import Role
-from storage.store import CheckpointStore
+from cairn.agents.spec import StepPolicy
+from cairn.agents.task import start_task
+from cairn.coordinator.settings import load_settings
+from cairn.coordinator.spec import TaskSpec
+from cairn.storage import keys
+from cairn.storage.errors import InvalidSpec, MissingTool
+from cairn.storage.records import Role
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted
 from tests.cluster import ROOT, Cluster, files_and_histories
 

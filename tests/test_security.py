@@ -34,23 +34,23 @@ from rq import Queue, SimpleWorker
 from rq.job import JobStatus
 from rq.serializers import JSONSerializer
 
-from agents.logs import configure_logging
-from agents.spec import ToolRequest
+from cairn.agents.logs import configure_logging
+from cairn.agents.spec import ToolRequest
 from cairn.cli import main as cairn
-from coordinator.coordinator import Coordinator
-from coordinator.jobs import ALLOWED_JOBS, STEPS_QUEUE
-from coordinator.spec import TaskSpec
-from coordinator.tasks import Tasks
-from coordinator.worker import CairnJob, CairnWorker, queues
-from storage import keys
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import FLAG_HMAC, FLAG_ZSTD, HEADER_SIZE, MAGIC, Codec, Place
-from storage.errors import CorruptCheckpoint
-from storage.records import GCStatus, LocalCheckpoint, Message, Role
-from storage.redact import _PATTERNS, REDACTED, redact
-from storage.redis_server import RedisServer, TLSFiles
-from storage.store import CheckpointStore
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.jobs import ALLOWED_JOBS, STEPS_QUEUE
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.tasks import Tasks
+from cairn.coordinator.worker import CairnJob, CairnWorker, queues
+from cairn.storage import keys
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import FLAG_HMAC, FLAG_ZSTD, HEADER_SIZE, MAGIC, Codec, Place
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.records import GCStatus, LocalCheckpoint, Message, Role
+from cairn.storage.redact import _PATTERNS, REDACTED, redact
+from cairn.storage.redis_server import RedisServer, TLSFiles
+from cairn.storage.store import CheckpointStore
 from tests.cluster import Cluster, run_foreign_job, team_spec
 
 PICKLE_PROTO = b"\x80"  # every pickle of protocol 2 or later starts with the PROTO opcode
@@ -165,7 +165,7 @@ def test_a_pickled_job_is_never_unpickled(
     """
     marker = tmp_path / "unpickled"
     queue = Queue(STEPS_QUEUE, connection=redis_client)  # RQ's default serializer: pickle
-    job = queue.enqueue_call("coordinator.jobs.step_job", args=(_Payload(marker),))
+    job = queue.enqueue_call("cairn.coordinator.jobs.step_job", args=(_Payload(marker),))
     stored = zlib.decompress(cast(bytes, redis_client.hget(job.key, "data")))
     assert stored.startswith(PICKLE_PROTO)
     served = queues(redis_server.url)
@@ -175,7 +175,7 @@ def test_a_pickled_job_is_never_unpickled(
     assert JobStatus.FAILED == job.get_status(refresh=True)
     assert not marker.exists()
 
-    queue.enqueue_call("coordinator.jobs.step_job", args=(_Payload(marker),))
+    queue.enqueue_call("cairn.coordinator.jobs.step_job", args=(_Payload(marker),))
     SimpleWorker([queue], connection=redis_client).work(burst=True)
     assert marker.exists()
 

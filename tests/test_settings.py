@@ -10,11 +10,11 @@ import pytest
 import redis
 from rq.job import Job
 
-from coordinator import jobs
-from coordinator.jobs import ALLOWED_JOBS
-from coordinator.settings import load_settings, open_store, process_settings, use_settings
-from coordinator.worker import CairnJob
-from storage.errors import RefusedJob
+from cairn.coordinator import jobs
+from cairn.coordinator.jobs import ALLOWED_JOBS
+from cairn.coordinator.settings import load_settings, open_store, process_settings, use_settings
+from cairn.coordinator.worker import CairnJob
+from cairn.storage.errors import RefusedJob
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cairn", "coordinator", "agents", "storage")
@@ -117,11 +117,11 @@ def test_job_functions_take_the_settings_their_process_was_given(
 
 
 def test_a_worker_runs_cairns_three_job_functions_and_no_other(redis_client: redis.Redis) -> None:
-    """Each allowed name is a function of `coordinator.jobs`; any other name is refused."""
+    """Each allowed name is a function of `cairn.coordinator.jobs`; any other name is refused."""
     expected = {
-        "coordinator.jobs.step_job",
-        "coordinator.jobs.stage_job",
-        "coordinator.jobs.verify_job",
+        "cairn.coordinator.jobs.step_job",
+        "cairn.coordinator.jobs.stage_job",
+        "cairn.coordinator.jobs.verify_job",
     }
     assert expected == ALLOWED_JOBS
     for name in ALLOWED_JOBS:
@@ -130,8 +130,8 @@ def test_a_worker_runs_cairns_three_job_functions_and_no_other(redis_client: red
         assert callable(getattr(jobs, function))
     for name in (
         *ALLOWED_JOBS,
-        "coordinator.restore.stage_job",
-        "coordinator.verify.run_verify",
+        "cairn.coordinator.restore.stage_job",
+        "cairn.coordinator.verify.run_verify",
         "os.system",
     ):
         job = CairnJob(connection=redis_client)  # never saved

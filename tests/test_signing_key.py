@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from cairn import Client
-from coordinator.settings import load_settings
-from storage.errors import InvalidSpec
-from storage.redis_server import RedisServer
+from cairn.coordinator.settings import load_settings
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.redis_server import RedisServer
 from tests.cluster import ROOT
 
 SHORT_KEY = "short-signing-key-" + "k" * 13  # 31 bytes: one short
@@ -25,16 +25,16 @@ GOOD_KEY = "k" * 32
 BIN = Path(sys.executable).parent
 PROCESSES = {
     "cli": [sys.executable, "-m", "cairn.cli", "status", "some-task"],
-    "coordinator": [sys.executable, "-m", "coordinator"],
-    "worker": [sys.executable, "-m", "coordinator.worker", "--burst"],
+    "coordinator": [sys.executable, "-m", "cairn.coordinator"],
+    "worker": [sys.executable, "-m", "cairn.coordinator.worker", "--burst"],
     "rq worker": [
         str(BIN / "rq"),
         "worker",
         "--burst",
         "-w",
-        "coordinator.worker.CairnWorker",
+        "cairn.coordinator.worker.CairnWorker",
         "-j",
-        "coordinator.worker.CairnJob",
+        "cairn.coordinator.worker.CairnJob",
         "-S",
         "rq.serializers.JSONSerializer",
         "cairn-steps",
@@ -99,7 +99,7 @@ def test_every_process_refuses_a_weak_signing_key_at_start_in_one_line(
 ) -> None:
     """Each entry point exits 2 with one line naming the variable, and no traceback.
 
-    The CLI, `python -m coordinator`, `python -m coordinator.worker` and stock `rq worker`
+    The CLI, `python -m cairn.coordinator`, `python -m cairn.coordinator.worker`, stock `rq worker`
     with Cairn's worker class. Their Redis answers: without the check each would start
     and serve with that key.
     """

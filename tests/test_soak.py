@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from bench.soak.run import Soak
-from bench.soak.verdict import Ended, Minute, Verdict, check_ended, check_minutes
+from bench.soak.verdict import Ended, Minute, Verdict, check_ended, check_minutes, judged
 
 
 def minutes(grow: float, count: int = 9) -> list[Minute]:
@@ -52,6 +52,25 @@ def test_a_stall_fails() -> None:
     verdict = Verdict()
     check_minutes(rows, verdict)
     assert "no stall" in [line.split(":")[0] for line in verdict.failed]
+
+
+def test_the_halves_hold_each_fault_of_a_round_equally_often() -> None:
+    """A dip in descriptors every third minute (a worker replaced) fails no steady series.
+
+    15 minutes of 50 descriptors, 20 in each minute a worker is killed (1, 4, 7, ...).
+    Halves of every minute after the warm-up (6-10 against 11-15) hold two such minutes
+    against one and fail; the judged rounds (10-12 against 13-15) hold one each and pass.
+    """
+    rows = [
+        Minute(m, 50_000_000, 4_000, 300_000_000, 20 if m % 3 == 1 else 50, m, 30.0)
+        for m in range(1, 16)
+    ]
+    assert [10, 11, 12, 13, 14, 15] == [r.minute for r in judged(rows, cycle=3)]
+    aligned, unaligned = Verdict(), Verdict()
+    check_minutes(rows, aligned, cycle=3)
+    check_minutes(rows, unaligned, cycle=1)
+    assert [] == aligned.failed
+    assert ["open descriptors"] == [line.split(":")[0] for line in unaligned.failed]
 
 
 def test_keys_that_grow_with_a_task_length_fail_and_name_their_kind() -> None:

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from coordinator.spec import load_spec
-from storage.errors import InvalidSpec
+from cairn.coordinator.spec import load_spec
+from cairn.storage.errors import InvalidSpec
 
 GOOD = """
 name: demo

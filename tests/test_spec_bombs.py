@@ -15,12 +15,12 @@ from pathlib import Path
 import pytest
 import yaml
 
-from agents.accounting import load_prices
-from agents.spec import StepPolicy, load_policy
-from agents.userfiles import MAX_VALUES
-from coordinator.spec import MAX_SPEC_BYTES, TaskSpec, load_spec
-from storage.errors import InvalidSpec
-from storage.redis_server import RedisServer
+from cairn.agents.accounting import load_prices
+from cairn.agents.spec import StepPolicy, load_policy
+from cairn.agents.userfiles import MAX_VALUES
+from cairn.coordinator.spec import MAX_SPEC_BYTES, TaskSpec, load_spec
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 1 << 30  # bytes of address space the process may take

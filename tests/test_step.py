@@ -15,17 +15,17 @@ import pytest
 from structlog.contextvars import merge_contextvars
 from structlog.testing import capture_logs
 
-from agents.barrier import build_gc
-from agents.models.scripted import ScriptedModel
-from agents.spec import AgentSpec, CheckpointTriggers, StepPolicy
-from agents.step import FIRST_BEAT_MS, run_step
-from agents.task import start_task
-from agents.tools import idempotency_key
-from coordinator.views import record_decision
-from storage.errors import FencedWrite, InvalidSpec, ModelError
-from storage.records import AgentStatus, Role
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.barrier import build_gc
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.spec import AgentSpec, CheckpointTriggers, StepPolicy
+from cairn.agents.step import FIRST_BEAT_MS, run_step
+from cairn.agents.task import start_task
+from cairn.agents.tools import idempotency_key
+from cairn.coordinator.views import record_decision
+from cairn.storage.errors import FencedWrite, InvalidSpec, ModelError
+from cairn.storage.records import AgentStatus, Role
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted, superstep
 
 CALC = "def add(a, b):\n    return a - b\n"
@@ -90,14 +90,14 @@ def test_twenty_step_coding_task_ends_with_the_expected_files(
 CRASHER = """
 import sys
 from pathlib import Path
-from agents.spec import AgentSpec
-from agents.models.scripted import ScriptedModel
-from agents.sandbox import UNSANDBOXED, use_sandbox
-from agents.step import FIRST_BEAT_MS, run_step
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import RedisHotStore, connect
-from storage.codec import Codec
-from storage.store import CheckpointStore
+from cairn.agents.spec import AgentSpec
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.sandbox import UNSANDBOXED, use_sandbox
+from cairn.agents.step import FIRST_BEAT_MS, run_step
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.codec import Codec
+from cairn.storage.store import CheckpointStore
 
 url, archive, cache, log, task, agent, superstep, attempt = sys.argv[1:9]
 # Its commands stand for the world outside: they write a ledger beside the workspace, or

@@ -27,10 +27,10 @@ from pathlib import Path
 import pytest
 
 from cairn.cli.timeline_page import render
-from coordinator import views
-from coordinator.diff import diff
-from coordinator.restore import Restorer
-from coordinator.timeline import (
+from cairn.coordinator import views
+from cairn.coordinator.diff import diff
+from cairn.coordinator.restore import Restorer
+from cairn.coordinator.timeline import (
     CheckpointMark,
     FileVersion,
     History,
@@ -38,8 +38,8 @@ from coordinator.timeline import (
     Timeline,
     gather,
 )
-from storage.records import GCStatus
-from storage.redis_server import RedisServer
+from cairn.storage.records import GCStatus
+from cairn.storage.redis_server import RedisServer
 from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
 

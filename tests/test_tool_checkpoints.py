@@ -11,12 +11,12 @@ import signal
 import sys
 from pathlib import Path
 
-from agents.task import start_task
-from agents.tools import idempotency_key
-from storage import keys
-from storage.records import Role, sha256_hex
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.task import start_task
+from cairn.agents.tools import idempotency_key
+from cairn.storage import keys
+from cairn.storage.records import Role, sha256_hex
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import record, scripted, superstep
 from tests.test_step import run_in_process
 

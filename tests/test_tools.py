@@ -7,12 +7,12 @@ from pathlib import Path
 
 import pytest
 
-from agents.sandbox import WORKDIR
-from agents.spec import TOOL_NAMES, StepPolicy
-from agents.tools import TOOLS, ToolContext
-from agents.workspace import Workspace
-from storage.errors import ToolError
-from storage.records import Effects
+from cairn.agents.sandbox import WORKDIR
+from cairn.agents.spec import TOOL_NAMES, StepPolicy
+from cairn.agents.tools import TOOLS, ToolContext
+from cairn.agents.workspace import Workspace
+from cairn.storage.errors import ToolError
+from cairn.storage.records import Effects
 
 
 @pytest.fixture

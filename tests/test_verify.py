@@ -16,15 +16,15 @@ from rq import Queue
 from rq.job import Job
 from rq.serializers import JSONSerializer
 
-from coordinator.coordinator import Coordinator
-from coordinator.jobs import STEPS_QUEUE
-from coordinator.runs import RunState
-from coordinator.spec import Limits, TaskSpec
-from coordinator.verifier import GaveUp, Verifier
-from coordinator.verify import FIELD, JOB, TRIES, VerifyRun
-from storage import keys
-from storage.backends.redis import RedisHotStore, connect
-from storage.redis_server import RedisServer
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.runs import RunState
+from cairn.coordinator.spec import Limits, TaskSpec
+from cairn.coordinator.verifier import GaveUp, Verifier
+from cairn.coordinator.verify import FIELD, JOB, TRIES, VerifyRun
+from cairn.storage import keys
+from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.redis_server import RedisServer
 from tests.cluster import Cluster, team_spec
 
 KEY = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from agents.workspace import Conflict, Workspace, apply_changes, merge, net_changes
-from storage.store import CheckpointStore
+from cairn.agents.workspace import Conflict, Workspace, apply_changes, merge, net_changes
+from cairn.storage.store import CheckpointStore
 
 
 def put(store: CheckpointStore, files: dict[str, bytes]) -> dict[str, str]:

@@ -17,21 +17,28 @@ from pathlib import Path
 
 import pytest
 
-from agents.barrier import build_gc, runnable
-from agents.sandbox import UNSANDBOXED, process_sandbox, use_sandbox
-from agents.spec import StepPolicy, parse_model
-from agents.step import run_step
-from agents.task import start_task
-from agents.toolkit import builtin_tools
-from agents.tools import TOOLS, ToolContext
-from agents.workspace import Conflict, SizeLimits, Workspace, merge, replace_file, tree_clashes
 from cairn import tool
-from coordinator.spec import TaskSpec
-from coordinator.views import export_workspace
-from storage.errors import InvalidSpec, InvalidWorkspace, ToolError
-from storage.records import GlobalCheckpoint, Role, WorkspaceManifest
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.barrier import build_gc, runnable
+from cairn.agents.sandbox import UNSANDBOXED, process_sandbox, use_sandbox
+from cairn.agents.spec import StepPolicy, parse_model
+from cairn.agents.step import run_step
+from cairn.agents.task import start_task
+from cairn.agents.toolkit import builtin_tools
+from cairn.agents.tools import TOOLS, ToolContext
+from cairn.agents.workspace import (
+    Conflict,
+    SizeLimits,
+    Workspace,
+    merge,
+    replace_file,
+    tree_clashes,
+)
+from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.views import export_workspace
+from cairn.storage.errors import InvalidSpec, InvalidWorkspace, ToolError
+from cairn.storage.records import GlobalCheckpoint, Role, WorkspaceManifest
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted, superstep
 from tests.cli_harness import cli_runner
 

@@ -8,7 +8,7 @@ tools. Importing this package does not import the `mcp` SDK; `manager` and `resu
 (`pip install 'cairn-agents[mcp]'`).
 """
 
-from agents.mcp.config import McpServer, load_mcp_config
-from agents.mcp.names import MCP_REF, parse_ref, tool_name
+from cairn.agents.mcp.config import McpServer, load_mcp_config
+from cairn.agents.mcp.names import MCP_REF, parse_ref, tool_name
 
 __all__ = ["MCP_REF", "McpServer", "load_mcp_config", "parse_ref", "tool_name"]

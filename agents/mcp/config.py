@@ -27,9 +27,9 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from agents.mcp.names import MAX_SERVER_NAME, is_server_name
-from agents.userfiles import read_at_most
-from storage.errors import InvalidSpec
+from cairn.agents.mcp.names import MAX_SERVER_NAME, is_server_name
+from cairn.agents.userfiles import read_at_most
+from cairn.storage.errors import InvalidSpec
 
 DEFAULT_TIMEOUT = 60.0  # seconds, for one listing or one call
 MAX_CONFIG_BYTES = 1024 * 1024

@@ -58,12 +58,12 @@ except ImportError as exc:  # the optional extra is not installed
         f"MCP servers need the mcp extra: pip install 'cairn-agents[mcp]' ({exc})"
     ) from exc
 
-from agents.logs import get_logger
-from agents.mcp.config import McpServer
-from agents.mcp.names import tool_name
-from agents.mcp.results import ToolOutput, render_result
-from storage.errors import ToolError, ToolUnreachable
-from storage.records import Effects
+from cairn.agents.logs import get_logger
+from cairn.agents.mcp.config import McpServer
+from cairn.agents.mcp.names import tool_name
+from cairn.agents.mcp.results import ToolOutput, render_result
+from cairn.storage.errors import ToolError, ToolUnreachable
+from cairn.storage.records import Effects
 
 META_KEY = "cairn/idempotency_key"  # in a tools/call request's `_meta`
 CONNECT_TIMEOUT = 30.0  # seconds to start a server (or reach it) and shake hands

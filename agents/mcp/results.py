@@ -20,8 +20,8 @@ from dataclasses import dataclass
 
 import mcp_types
 
-from agents.models.base import IMAGE_TYPES, image_note
-from storage.records import ImagePart
+from cairn.agents.models.base import IMAGE_TYPES, image_note
+from cairn.storage.records import ImagePart
 
 # Bytes of images one result may show a model; images past it are a note.
 MAX_IMAGE_BYTES = 1024 * 1024

@@ -16,13 +16,13 @@ import socket
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from agents.mcp.names import PREFIX, parse_ref, tool_name
-from agents.toolkit import ToolRegistry
-from agents.tools import Args, Tool, ToolContext
-from storage.errors import MissingTool, ToolError, ToolUnreachable
+from cairn.agents.mcp.names import PREFIX, parse_ref, tool_name
+from cairn.agents.toolkit import ToolRegistry
+from cairn.agents.tools import Args, Tool, ToolContext
+from cairn.storage.errors import MissingTool, ToolError, ToolUnreachable
 
 if TYPE_CHECKING:  # the SDK is imported by whoever builds a manager, not by this module
-    from agents.mcp.manager import McpManager, McpToolInfo
+    from cairn.agents.mcp.manager import McpManager, McpToolInfo
 
 
 def server_tools(manager: McpManager, server: str) -> list[Tool]:

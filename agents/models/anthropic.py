@@ -5,7 +5,7 @@ back: leading system messages become `system`; an assistant turn's tool calls be
 `tool_use` blocks and the tool results after it one user turn of `tool_result` blocks
 (several calls in one turn go out and come back together), a result's images as `image`
 blocks in its content; turns of one role in a row are merged, since the API wants user
-and assistant to alternate. The transport is `agents.models.http.Endpoint`, not the
+and assistant to alternate. The transport is `cairn.agents.models.http.Endpoint`, not the
 `anthropic` SDK, for the reasons in openai.py and one more: the SDK refuses a
 non-streaming request whose `max_tokens` could take over ten minutes unless the caller
 sets its own timeout (docs/models.md weighs it in full).
@@ -20,7 +20,7 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
-from agents.models.base import (
+from cairn.agents.models.base import (
     IMAGE_TYPES,
     ModelConfig,
     ModelReply,
@@ -29,10 +29,10 @@ from agents.models.base import (
     check_reply,
     unshown_images,
 )
-from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
-from storage.errors import ModelError
-from storage.ids import new_id
-from storage.records import Message, Role, ToolCall, Usage
+from cairn.agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
+from cairn.storage.errors import ModelError
+from cairn.storage.ids import new_id
+from cairn.storage.records import Message, Role, ToolCall, Usage
 
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"

@@ -28,8 +28,8 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
-from storage.errors import ModelError
-from storage.redact import redact
+from cairn.storage.errors import ModelError
+from cairn.storage.redact import redact
 
 # 408 timeout, 409 conflict (OpenAI's "try again"), 429 rate limit; every 5xx as well.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})

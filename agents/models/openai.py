@@ -2,7 +2,7 @@
 
 Works with api.openai.com, Azure's v1 endpoint and any server speaking the same
 `/chat/completions` dialect (vLLM, llama.cpp, Ollama, LiteLLM...), through `base_url`.
-The transport is `agents.models.http.Endpoint`, not the `openai` SDK: the SDK's timeout
+The transport is `cairn.agents.models.http.Endpoint`, not the `openai` SDK: the SDK's timeout
 bounds each socket read rather than the call, it honours `Retry-After` only up to 60 s,
 it reads bodies without a cap and puts them whole into its errors, and it would add
 httpx and five more packages to every worker for a request this module builds in forty
@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
-from agents.models.base import (
+from cairn.agents.models.base import (
     ModelConfig,
     ModelReply,
     ModelRequest,
@@ -27,10 +27,10 @@ from agents.models.base import (
     check_reply,
     unshown_images,
 )
-from agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
-from storage.errors import ModelError
-from storage.ids import new_id
-from storage.records import Message, ToolCall, Usage
+from cairn.agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
+from cairn.storage.errors import ModelError
+from cairn.storage.ids import new_id
+from cairn.storage.records import Message, ToolCall, Usage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 

@@ -13,12 +13,12 @@ import re
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
-from agents.models.anthropic import build_anthropic
-from agents.models.base import Model, ModelConfig, ModelProvider
-from agents.models.openai import build_openai
-from agents.models.scripted import ScriptedModel
-from agents.spec import AgentSpec
-from storage.errors import ModelError
+from cairn.agents.models.anthropic import build_anthropic
+from cairn.agents.models.base import Model, ModelConfig, ModelProvider
+from cairn.agents.models.openai import build_openai
+from cairn.agents.models.scripted import ScriptedModel
+from cairn.agents.spec import AgentSpec
+from cairn.storage.errors import ModelError
 
 ENTRY_POINT_GROUP = "cairn.models"
 BUILT_IN: dict[str, ModelProvider] = {"openai": build_openai, "anthropic": build_anthropic}

@@ -11,10 +11,10 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-from agents.models.base import ModelReply, ModelRequest
-from agents.spec import Turn
-from storage.errors import ModelError
-from storage.records import Role, ToolCall, Usage
+from cairn.agents.models.base import ModelReply, ModelRequest
+from cairn.agents.spec import Turn
+from cairn.storage.errors import ModelError
+from cairn.storage.records import Role, ToolCall, Usage
 
 FINISHED = "(nothing left in my script)"
 

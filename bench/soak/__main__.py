@@ -15,7 +15,15 @@ from pathlib import Path
 
 from bench.report import size
 from bench.soak import run as soak
-from bench.soak.verdict import WARMUP, Minute, Verdict, check_ended, check_minutes, judged
+from bench.soak.verdict import (
+    WARMUP,
+    Minute,
+    Verdict,
+    check_ended,
+    check_minutes,
+    judged,
+    least_minutes,
+)
 
 MiB = 1024 * 1024
 COLUMNS = ("min", "used_memory", "keys", "rq keys", "RSS", "fds", "archive", "steps/s",
@@ -35,8 +43,10 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--keep", type=Path, help="run in DIR and keep it (logs, archive)")
     parser.add_argument("--seed", type=int, default=1)
     args = parser.parse_args(argv)
-    if args.minutes < 3:
-        parser.error("--minutes: at least 3 (one of warm-up, two to compare)")
+    least = least_minutes(len(soak.FAULTS))
+    if args.minutes < least:
+        parser.error(f"--minutes: at least {least} (a warm-up, then two rounds of the "
+                     f"{len(soak.FAULTS)} faults to compare)")  # fmt: skip
     if args.keep is not None:
         args.keep.mkdir(parents=True, exist_ok=True)
         return play(args.keep, args.minutes, args.seed)
@@ -67,10 +77,12 @@ def play(directory: Path, minutes: int, seed: int) -> int:
 
     rows = runner.run(show)
     verdict = Verdict()
-    check_minutes(rows, verdict)
+    cycle = len(soak.FAULTS)
+    check_minutes(rows, verdict, cycle=cycle)
     check_ended(runner.ended, soak.cold_bound(), verdict, runner.stuck)
+    first = judged(rows, cycle=cycle)[0].minute
     print(f"\n{runner.submitted} tasks submitted, {len(runner.ended)} ended and removed from "
-          f"Redis; judged minutes {judged(rows)[0].minute}..{rows[-1].minute}")  # fmt: skip
+          f"Redis; judged minutes {first}..{rows[-1].minute}")  # fmt: skip
     for line in verdict.passed:
         print(f"pass: {line}")
     for line in verdict.skipped:

@@ -33,23 +33,23 @@ from typing import cast
 
 import redis
 
-from agents.spec import AgentSpec
 from bench.scale import memory, turns
 from bench.soak.verdict import STUCK_S, YOUNG, Ended, Minute
+from cairn.agents.spec import AgentSpec
+from cairn.coordinator.archiver import cold_slack
+from cairn.coordinator.runs import TaskState
+from cairn.coordinator.settings import open_store
+from cairn.coordinator.spec import CheckpointPolicy, TaskSpec
+from cairn.coordinator.tasks import Tasks
+from cairn.storage import keys
+from cairn.storage.archive import DEFAULT_SKEW_MARGIN
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import InvalidSpec
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 from chaos.faults import Fault, Plan
 from chaos.run import ChaosRun
 from chaos.team import AGENTS
-from coordinator.archiver import cold_slack
-from coordinator.runs import TaskState
-from coordinator.settings import open_store
-from coordinator.spec import CheckpointPolicy, TaskSpec
-from coordinator.tasks import Tasks
-from storage import keys
-from storage.archive import DEFAULT_SKEW_MARGIN
-from storage.backends.redis import connect
-from storage.errors import InvalidSpec
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
 
 TASKS, TEAM, LATENCY = 4, 3, 0.3  # tasks at once, agents a task, seconds a model turn
 SUPERSTEPS = (10, 30)  # a task's length, drawn
@@ -174,7 +174,7 @@ class Soak(ChaosRun):
         self._spawned += 1
         name = f"worker-{self._spawned}"
         concurrency = ["--concurrency", str(self.plan.concurrency)]
-        return self._spawn(["coordinator.worker", *concurrency], name)
+        return self._spawn(["cairn.coordinator.worker", *concurrency], name)
 
     def cairn_processes(self) -> list[Process]:
         """Every live Cairn process (coordinators, then workers), measured now."""

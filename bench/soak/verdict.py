@@ -1,8 +1,11 @@
 """The soak's pass/fail criteria: pure functions of the minute samples and the ended tasks.
 
-A criterion compares the judged samples (every minute after the warm-up) in two halves,
+A criterion compares the judged samples (the minutes after the warm-up) in two halves,
 earlier and later, so a steady series passes whatever its noise does between minutes,
-and one that keeps rising fails once it has risen by the tolerance:
+and one that keeps rising fails once it has risen by the tolerance. The faults come in a
+fixed round (one a minute), and each leaves its own mark on a minute (a replaced worker
+holds fewer descriptors while it starts): the judged minutes are the last whole rounds,
+an even number of them, so each half holds every fault equally often.
 
 - Redis `used_memory` and its key count (DBSIZE): later mean within ±10% of earlier;
 - the summed VmRSS of the Cairn processes: within ±10%;
@@ -79,10 +82,23 @@ class Verdict:
         (self.passed if ok else self.failed).append(line)
 
 
-def judged(minutes: Sequence[Minute], warmup: float = WARMUP) -> list[Minute]:
-    """The minutes after the warm-up (at least the first one is always warm-up)."""
-    skip = max(1, round(len(minutes) * warmup))
-    return list(minutes[skip:])
+def judged(minutes: Sequence[Minute], warmup: float = WARMUP, cycle: int = 1) -> list[Minute]:
+    """The judged minutes, each half holding every fault of a round equally often.
+
+    After the warm-up (at least the first minute), the last `2k` whole rounds of `cycle`
+    minutes, or all of them when they hold fewer than two rounds.
+    """
+    rest = list(minutes[max(1, round(len(minutes) * warmup)) :])
+    whole = len(rest) // (2 * cycle) * 2 * cycle
+    return rest[len(rest) - whole :] if whole else rest
+
+
+def least_minutes(cycle: int, warmup: float = WARMUP) -> int:
+    """The shortest soak whose judged minutes hold two whole rounds of `cycle` faults."""
+    minutes = 2 * cycle
+    while minutes - max(1, round(minutes * warmup)) < 2 * cycle:
+        minutes += 1
+    return minutes
 
 
 def halves(values: Sequence[float]) -> tuple[float, float]:
@@ -102,9 +118,11 @@ def check_level(name: str, values: Sequence[float], share: float, verdict: Verdi
     )
 
 
-def check_minutes(minutes: Sequence[Minute], verdict: Verdict, warmup: float = WARMUP) -> None:
-    """The criteria on the minute series (see the module's docstring)."""
-    rows = judged(minutes, warmup)
+def check_minutes(
+    minutes: Sequence[Minute], verdict: Verdict, warmup: float = WARMUP, cycle: int = 1
+) -> None:
+    """The criteria on the minute series, `cycle` faults a round (see the module's docstring)."""
+    rows = judged(minutes, warmup, cycle)
     if len(rows) < 2:
         verdict.skipped.append(f"the minute series: {len(rows)} judged minute(s), 2 needed")
         return

@@ -15,13 +15,13 @@ import redis
 from pydantic import ValidationError
 from rich.console import Console
 
-from agents.logs import configure_logging
+from cairn.agents.logs import configure_logging
 from cairn.cli.commands import Handler, Session
 from cairn.cli.exits import Exit
 from cairn.cli.parse import GLOBAL_OPTIONS, UsageError, build_parser
 from cairn.cli.render import say
-from coordinator.settings import Settings, load_settings
-from storage.errors import (
+from cairn.coordinator.settings import Settings, load_settings
+from cairn.storage.errors import (
     CairnError,
     InvalidName,
     InvalidSpec,

@@ -16,8 +16,8 @@ from typing import Any
 from rich.console import Console
 from rich.live import Live
 
-from agents.mcp.config import load_mcp_config
-from agents.toolkit import load_tools
+from cairn.agents.mcp.config import load_mcp_config
+from cairn.agents.toolkit import load_tools
 from cairn.cli import render
 from cairn.cli.demo import run_demo
 from cairn.cli.exits import Exit
@@ -25,11 +25,11 @@ from cairn.cli.processes import run_coordinator, run_up, run_workers
 from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client, Task
 from cairn.console.launch import run_console  # Starlette and uvicorn only once it serves
-from coordinator.runs import TaskState
-from coordinator.settings import Settings
-from coordinator.spec import load_spec
-from coordinator.views import TaskStatus
-from storage.errors import InvalidSpec
+from cairn.coordinator.runs import TaskState
+from cairn.coordinator.settings import Settings
+from cairn.coordinator.spec import load_spec
+from cairn.coordinator.views import TaskStatus
+from cairn.storage.errors import InvalidSpec
 
 WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
 

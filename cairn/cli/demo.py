@@ -24,19 +24,19 @@ from importlib import resources
 from pathlib import Path
 from typing import cast
 
-from agents.logs import configure_logging
-from coordinator.coordinator import Coordinator
-from coordinator.runs import StepRun, TaskState
-from coordinator.settings import Settings, load_settings, open_store
-from coordinator.spec import TaskSpec, load_spec
-from coordinator.tasks import Tasks
-from coordinator.views import TaskStatus
-from storage import keys
-from storage.backends.redis import connect
-from storage.errors import CairnError
-from storage.records import GCStatus, GlobalCheckpoint
-from storage.redis_server import RedisServer
-from storage.store import CheckpointStore
+from cairn.agents.logs import configure_logging
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.runs import StepRun, TaskState
+from cairn.coordinator.settings import Settings, load_settings, open_store
+from cairn.coordinator.spec import TaskSpec, load_spec
+from cairn.coordinator.tasks import Tasks
+from cairn.coordinator.views import TaskStatus
+from cairn.storage import keys
+from cairn.storage.backends.redis import connect
+from cairn.storage.errors import CairnError
+from cairn.storage.records import GCStatus, GlobalCheckpoint
+from cairn.storage.redis_server import RedisServer
+from cairn.storage.store import CheckpointStore
 
 KILL_AGENT, KILL_SUPERSTEP = "coder", 2  # whose step loses its worker, and when
 ROLLBACK_AFTER, ROLLBACK_TO = 3, 1  # once GC 3 is committed, go back to GC 1
@@ -60,7 +60,7 @@ def demo_spec(model: str | None = None, base_url: str | None = None) -> TaskSpec
 
 @dataclass
 class Workers:
-    """The demo's worker processes (`python -m coordinator.worker`), each its own cache.
+    """The demo's worker processes (`python -m cairn.coordinator.worker`), each its own cache.
 
     Each learns its Redis from `CAIRN_REDIS_URL`: a URL on its command line would show.
     Its other settings are the demo's, with the archive in the demo's state directory.
@@ -83,7 +83,7 @@ class Workers:
         log = (self.state / f"worker-{n}.log").open("ab")
         with log:
             process = subprocess.Popen(
-                [sys.executable, "-m", "coordinator.worker"],
+                [sys.executable, "-m", "cairn.coordinator.worker"],
                 env=env,
                 stdout=subprocess.DEVNULL,
                 stderr=log,

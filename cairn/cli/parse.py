@@ -11,7 +11,7 @@ from typing import NoReturn
 
 from cairn.cli import commands
 from cairn.cli.exits import EPILOG
-from coordinator.settings import LOG_FORMATS, LOG_LEVELS
+from cairn.coordinator.settings import LOG_FORMATS, LOG_LEVELS
 
 DESCRIPTION = "Crash-safe checkpoints for teams of LLM agents."
 GLOBAL_OPTIONS = (

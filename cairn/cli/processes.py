@@ -25,14 +25,14 @@ from typing import IO
 
 from rich.console import Console
 
-from agents.logs import get_logger
+from cairn.agents.logs import get_logger
 from cairn.client import Client
 from cairn.connection import ping
-from coordinator import metrics
-from coordinator.coordinator import Coordinator
-from coordinator.settings import Settings, display_url
-from storage.errors import InvalidSpec, Unavailable
-from storage.redis_server import RedisServer
+from cairn.coordinator import metrics
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.settings import Settings, display_url
+from cairn.storage.errors import InvalidSpec, Unavailable
+from cairn.storage.redis_server import RedisServer
 
 log = get_logger("cairn.cli")
 YOUNG = 5.0  # seconds: a child dying sooner than this is restarted after a backoff
@@ -154,7 +154,7 @@ def worker_children(settings: Settings, url: str, count: int, logs: Path | None)
     return [
         Child(
             f"worker-{n}",
-            [sys.executable, "-m", "coordinator.worker"],
+            [sys.executable, "-m", "cairn.coordinator.worker"],
             env,
             None if logs is None else logs / f"worker-{n}.log",
         )
@@ -222,7 +222,7 @@ def run_up(settings: Settings, workers: int, console: Console) -> int:
     env = settings.child_env(url)
     coordinator = Child(
         "coordinator",
-        [sys.executable, "-m", "coordinator", "--name", "up"],
+        [sys.executable, "-m", "cairn.coordinator", "--name", "up"],
         env,
         logs / "coordinator.log",
     )

@@ -9,8 +9,8 @@ their diff. `#step=<lc id>` and `#diff=<a>,<b>` in the URL open the same views.
 
 The diff is computed in the page, not embedded: the page carries each LC's additions to
 its agent's history (pooled, so a message is held once), each GC's members and manifest,
-and the files' text within limits (`coordinator.timeline`), and its script finds the
-common prefixes and draws line diffs as `coordinator.diff` does. That grows with the
+and the files' text within limits (`cairn.coordinator.timeline`), and its script finds the
+common prefixes and draws line diffs as `cairn.coordinator.diff` does. That grows with the
 task's history, where embedded diffs of all pairs grow with the square of its checkpoints
 and repeat the same messages in every pair; and any two checkpoints can be compared.
 
@@ -31,8 +31,8 @@ from datetime import datetime
 from html import escape
 
 from cairn.cli.timeline_script import DIFF_SCRIPT, EARLY_SCRIPT, SCRIPT
-from coordinator.diff import MAX_DIFF_LINES
-from coordinator.timeline import CheckpointMark, StepCell, Timeline
+from cairn.coordinator.diff import MAX_DIFF_LINES
+from cairn.coordinator.timeline import CheckpointMark, StepCell, Timeline
 
 TEXT_LIMIT = 20_000  # characters of one string (a message, a tool result) the page carries
 WIDTH = 100.0  # percent: places on the time track run from 0 to this

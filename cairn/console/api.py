@@ -21,11 +21,11 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from agents.spec import parse_model
+from cairn.agents.spec import parse_model
 from cairn.cli.render import plain
 from cairn.client import Client, Task
-from coordinator.runs import TaskState
-from storage.errors import (
+from cairn.coordinator.runs import TaskState
+from cairn.storage.errors import (
     CairnError,
     InvalidName,
     InvalidSpec,

@@ -11,8 +11,8 @@ import socket
 from collections.abc import Callable
 
 from cairn.client import Client
-from coordinator.settings import Settings
-from storage.errors import InvalidSpec
+from cairn.coordinator.settings import Settings
+from cairn.storage.errors import InvalidSpec
 
 EXTRA = "pip install 'cairn-agents[console]'"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")

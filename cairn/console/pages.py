@@ -19,8 +19,8 @@ from starlette.routing import BaseRoute, Route
 from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client
 from cairn.console.security import CSP, timeline_policy
-from coordinator.runs import TaskState
-from storage.errors import CairnError, TaskNotFound, one_line
+from cairn.coordinator.runs import TaskState
+from cairn.storage.errors import CairnError, TaskNotFound, one_line
 
 FRAMED_CSP = CSP.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
 

@@ -25,8 +25,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from storage.errors import ArchiveConflict, ArchiveError
-from storage.keys import check_name
+from cairn.storage.errors import ArchiveConflict, ArchiveError
+from cairn.storage.keys import check_name
 
 SUFFIX = ".rec"
 TMP_PREFIX = ".tmp-"

@@ -11,10 +11,10 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
-from storage.errors import ArchiveConflict, CommitRefused, FencedWrite
-from storage.keys import SPEC_DOC, check_name
-from storage.records import GCStatus, GlobalCheckpoint, LCRef, Level, Usage
+from cairn.storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
+from cairn.storage.errors import ArchiveConflict, CommitRefused, FencedWrite
+from cairn.storage.keys import SPEC_DOC, check_name
+from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef, Level, Usage
 
 
 @dataclass(slots=True)
@@ -53,7 +53,7 @@ class MemoryHotStore:
         self._spent: dict[tuple[str, int, int], dict[tuple[str, int], Usage]] = {}
 
     def init_task(self, task: str) -> int:
-        check_name("task", task)  # as storage.keys does for Redis
+        check_name("task", task)  # as cairn.storage.keys does for Redis
         with self._lock:
             return self._epochs.setdefault(task, 1)
 

@@ -1,6 +1,6 @@
 """The hot store on Redis: fenced LC writes and atomic GC commits as Lua scripts.
 
-Every key comes from `storage.keys` and carries the task's `{task}` hash tag. Every write
+Every key comes from `cairn.storage.keys` and carries the task's `{task}` hash tag. Every write
 is idempotent, because redis-py 8 retries a command whose reply it lost (10 tries).
 """
 
@@ -28,12 +28,12 @@ from redis.connection import (
 from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelManagedConnection
 
-from storage import keys
-from storage.backends.sentinel import is_sentinel_url, sentinel_pool
-from storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
-from storage.errors import CommitRefused, FencedWrite
-from storage.keys import SPEC_DOC
-from storage.records import GCStatus, LCRef, Usage
+from cairn.storage import keys
+from cairn.storage.backends.sentinel import is_sentinel_url, sentinel_pool
+from cairn.storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
+from cairn.storage.errors import CommitRefused, FencedWrite
+from cairn.storage.keys import SPEC_DOC
+from cairn.storage.records import GCStatus, LCRef, Usage
 
 HIREDIS = importlib.util.find_spec("hiredis") is not None
 if HIREDIS:
@@ -106,7 +106,7 @@ class _Unix(_PythonPackerMixin, UnixDomainSocketConnection):
 class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
     """A connection to the primary the Sentinels name, asked each time it connects.
 
-    It connects again whenever they name another (see `storage.backends.sentinel`).
+    It connects again whenever they name another (see `cairn.storage.backends.sentinel`).
     """
 
     connection_pool: Any
@@ -143,7 +143,7 @@ class _Sentinel(_PythonPackerMixin, SentinelManagedConnection):
 def connect(url: str, **kwargs: object) -> redis.Redis:
     """Return a client for `url` with the hybrid packer.
 
-    `url` is redis://, rediss://, unix://, or redis+sentinel:// (see `storage.backends.
+    `url` is redis://, rediss://, unix://, or redis+sentinel:// (see `cairn.storage.backends.
     sentinel`), whose connections follow the primary the Sentinels name across failovers.
     """
     if is_sentinel_url(url):
@@ -161,7 +161,7 @@ def script(r: redis.Redis, name: str) -> Script:
 
 def _source(name: str) -> str:
     """The text of `lua/<name>.lua` of this package."""
-    return resources.files("storage.backends").joinpath(f"lua/{name}.lua").read_text()
+    return resources.files("cairn.storage.backends").joinpath(f"lua/{name}.lua").read_text()
 
 
 class _Lua:

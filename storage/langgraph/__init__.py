@@ -34,6 +34,6 @@ only grew), `tiers` (reads from Redis, else the archive), `cold` (moving checkpo
 the archive) and `places` (each record's sealed place and archive name).
 """
 
-from storage.langgraph.saver import CairnSaver
+from cairn.storage.langgraph.saver import CairnSaver
 
 __all__ = ["CairnSaver"]

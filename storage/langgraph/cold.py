@@ -13,11 +13,11 @@ from typing import Any, cast
 
 import redis
 
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import script
-from storage.codec import Codec, Place
-from storage.keys import ThreadKeys
-from storage.langgraph.places import (
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import script
+from cairn.storage.codec import Codec, Place
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph.places import (
     NSS_DOC,
     checkpoint_at,
     cold_name,
@@ -29,7 +29,7 @@ from storage.langgraph.places import (
     seal_record,
     writes_at,
 )
-from storage.langgraph.tiers import Tiers
+from cairn.storage.langgraph.tiers import Tiers
 
 DROP_ROUNDS = 4  # an archive's tries to drop blobs no checkpoint put meanwhile names
 

@@ -15,9 +15,9 @@ from typing import Any
 
 import ormsgpack
 
-from storage.codec import Codec, Place
-from storage.errors import CorruptCheckpoint
-from storage.keys import ThreadKeys, langgraph_slot
+from cairn.storage.codec import Codec, Place
+from cairn.storage.errors import CorruptCheckpoint
+from cairn.storage.keys import ThreadKeys, langgraph_slot
 
 NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces
 

@@ -22,13 +22,13 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
-from storage.backends.disk import DiskArchive
-from storage.backends.redis import script, translating
-from storage.codec import Codec, Place
-from storage.errors import CairnError
-from storage.keys import ThreadKeys
-from storage.langgraph.cold import ColdTier
-from storage.langgraph.pieces import (
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import script, translating
+from cairn.storage.codec import Codec, Place
+from cairn.storage.errors import CairnError
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph.cold import ColdTier
+from cairn.storage.langgraph.pieces import (
     MAX_PIECES,
     Grown,
     Recent,
@@ -37,15 +37,15 @@ from storage.langgraph.pieces import (
     ref_of,
     stored_form,
 )
-from storage.langgraph.places import (
+from cairn.storage.langgraph.places import (
     blob_at,
     checkpoint_at,
     open_record,
     seal_record,
     write_at,
 )
-from storage.langgraph.threaded import ThreadedSaver
-from storage.langgraph.tiers import Tiers
+from cairn.storage.langgraph.threaded import ThreadedSaver
+from cairn.storage.langgraph.tiers import Tiers
 
 REMEMBERED = 1_000  # threads' channels (and forks) a saver remembers for its next put
 

@@ -12,12 +12,12 @@ from typing import Any, cast
 
 import redis
 
-from storage.backends.disk import DiskArchive
-from storage.codec import Codec, Place
-from storage.errors import RecordNotFound
-from storage.keys import LANGGRAPH_PREFIX, ThreadKeys
-from storage.langgraph.pieces import holds_value
-from storage.langgraph.places import (
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.codec import Codec, Place
+from cairn.storage.errors import RecordNotFound
+from cairn.storage.keys import LANGGRAPH_PREFIX, ThreadKeys
+from cairn.storage.langgraph.pieces import holds_value
+from cairn.storage.langgraph.places import (
     NSS_DOC,
     blob_at,
     checkpoint_at,

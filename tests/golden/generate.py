@@ -24,13 +24,13 @@ from typing import Any, cast
 from langchain_core.runnables import RunnableConfig
 from langgraph.checkpoint.base import Checkpoint, CheckpointMetadata
 
-from storage.backends.redis import connect
-from storage.chain import rebuild
-from storage.codec import FLAG_HMAC, FLAG_ZSTD, GC_ZSTD_LEVEL, Codec, Sealed, canonical_bytes
-from storage.keys import ThreadKeys
-from storage.langgraph import CairnSaver
-from storage.langgraph.pieces import ref_of
-from storage.records import (
+from cairn.storage.backends.redis import connect
+from cairn.storage.chain import rebuild
+from cairn.storage.codec import FLAG_HMAC, FLAG_ZSTD, GC_ZSTD_LEVEL, Codec, Sealed, canonical_bytes
+from cairn.storage.keys import ThreadKeys
+from cairn.storage.langgraph import CairnSaver
+from cairn.storage.langgraph.pieces import ref_of
+from cairn.storage.records import (
     SCHEMA_VERSION,
     AgentStatus,
     Effects,
@@ -47,7 +47,7 @@ from storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from storage.redis_server import RedisServer
+from cairn.storage.redis_server import RedisServer
 
 # A key for these files only; the test holds the same bytes. Never a real CAIRN_SIGNING_KEY.
 SIGNING_KEY = b"golden-test-key"

@@ -1,0 +1,73 @@
+"""The code's layout: one import package, and imports that point one way.
+
+Cairn installs the one top-level package `cairn`; the root folders `coordinator/`,
+`agents/` and `storage/` are its subpackages (docs/design.md#code-layout). Layers import
+downwards only: the facade (`cairn` itself: the client, CLI, console) → `cairn.coordinator`
+→ `cairn.agents` → `cairn.storage`. These tests read the imports from the code itself.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LAYERS = ("coordinator", "agents", "storage")  # top to bottom
+# What each layer may import of Cairn's own: the layers below it, never the facade.
+MAY_IMPORT = {
+    "coordinator": {"cairn.coordinator", "cairn.agents", "cairn.storage"},
+    "agents": {"cairn.agents", "cairn.storage"},
+    "storage": {"cairn.storage"},
+}
+
+
+def imported(path: Path) -> Iterator[tuple[int, str]]:
+    """Each absolute module name `path` imports, with its line."""
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            yield node.lineno, node.module
+
+
+def sources(*folders: str) -> list[Path]:
+    """Every Python file under the named root folders."""
+    return sorted(p for folder in folders for p in (ROOT / folder).rglob("*.py"))
+
+
+@pytest.mark.parametrize("layer", LAYERS)
+def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
+    """`storage` imports neither other layer, `agents` never `coordinator`, none the facade."""
+    allowed = MAY_IMPORT[layer]
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sources(layer)
+        for line, name in imported(path)
+        if name.split(".")[0] == "cairn"
+        and not any(name == a or name.startswith(a + ".") for a in allowed)
+    ]
+    assert [] == wrong
+
+
+def test_nothing_imports_a_layer_by_a_top_level_name() -> None:
+    """`import coordinator` would load a second copy of it; every import says `cairn.`."""
+    folders = (*LAYERS, "cairn", "tests", "bench", "chaos", "examples")
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sources(*folders)
+        if "demo/project" not in path.as_posix()
+        for line, name in imported(path)
+        if name.split(".")[0] in LAYERS
+    ]
+    assert [] == wrong
+
+
+def test_the_package_links_to_the_root_folders() -> None:
+    """`cairn/coordinator` and its siblings are links to the root folders, not copies."""
+    for layer in LAYERS:
+        link = ROOT / "cairn" / layer
+        assert link.is_symlink(), link
+        assert (ROOT / layer).resolve() == link.resolve()
