@@ -42,6 +42,7 @@ from cairn.agents.task import start_task
 from cairn.coordinator import archiver as archiver_module
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.launcher import Launcher
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import TERMINAL
 from cairn.coordinator.spec import CheckpointPolicy, TaskSpec
@@ -179,7 +180,7 @@ class Team:
         """Build and commit the next GC as the coordinator does; return three times (ns).
 
         From the last vote to committed, of commit_gc alone, and of its hot-store call. The
-        coordinator reads each LC's outputs as its vote arrives (`_ingest`): the early
+        coordinator reads each LC's outputs as its vote arrives (`Watcher.ingest`): the early
         votes are read untimed, the last one inside the timed part.
         """
         gc, order = self.gc, [s.agent for s in self.states]
@@ -370,7 +371,7 @@ def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0)
         mock.patch.object(b.store, "commit_gc", committing),
         mock.patch.object(b.store, "commit_and_begin", beginning),
         cpu_used(b, b.cairn, used),
-        timing(launching, Coordinator, "_launch"),
+        timing(launching, Launcher, "launch"),
         timing(archiving, archiver_module, "archive_gc", "trim_hot", "trim_cold"),
     ):
         while True:
@@ -445,7 +446,7 @@ def scaling(b: Bench, coordinator: Coordinator) -> None:
         f"{SCALE_AGENTS * LATENCY / many:g} s on {many}. With {many}, all processes used "
         f"{used:.2f} CPU-s a superstep: >= "
         f"{used / (os.cpu_count() or 1):.2f} s on {os.cpu_count()} CPUs. Ticks every "
-        f"{POLL * 1e3:g} ms; launch: Coordinator._launch; archiver: archive_gc + trims on "
+        f"{POLL * 1e3:g} ms; launch: Launcher.launch; archiver: archive_gc + trims on "
         "the coordinator's archiver thread, off the loop)"
     )
     b.targets.append(

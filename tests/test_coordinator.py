@@ -23,7 +23,8 @@ from structlog.testing import capture_logs
 
 from cairn.agents.barrier import build_gc
 from cairn.agents.spec import FailSpec
-from cairn.coordinator.coordinator import FRESH_LOOK, Coordinator
+from cairn.coordinator.committer import FRESH_LOOK
+from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from cairn.coordinator.runs import Look
 from cairn.coordinator.spec import TaskSpec
