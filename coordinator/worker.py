@@ -4,31 +4,18 @@ It serves the control queue (restores) before the steps queue, and runs up to
 `concurrency` jobs at once (`CAIRN_WORKER_CONCURRENCY`, `--concurrency`), each on a
 thread of its own (a lane): the main thread takes a job from Redis only when a lane is
 free, so a job is never held dequeued and unstarted behind a busy one. Each job runs as
-`SimpleWorker` runs one, in the worker's own process (~3.4 ms a job here against ~13 ms for
-a forking worker), with RQ's bookkeeping per job: an execution in the queue's
-`StartedJobRegistry` and in the worker's execution index, so `rq info` and RQ dashboards
-show every step running; the worker is `busy` while any lane runs. A step keeps its own
-heartbeat, fencing token, attempt and workspace tree (a lane of the process's cache
-slot), so killing the process retries every step it ran, and a zombie step in a live
-process is fenced like any other.
+`SimpleWorker` runs one, in the worker's own process (no process forked a job), with RQ's
+bookkeeping per job: an execution in the queue's `StartedJobRegistry` and in the worker's
+execution index, so `rq info` and RQ dashboards show every step running; the worker is
+`busy` while any lane runs. A step keeps its own heartbeat, fencing token, attempt and
+workspace tree (a lane of the process's cache slot), so killing the process retries every
+step it ran, and a zombie step in a live process is fenced like any other.
 
-Lanes are threads, not asyncio tasks and not processes. Measured on this repository's
-2-CPU test machine, 64 jobs shaped like a step (six Redis round trips, a 0.3 s blocking
-model call, a `run_command` subprocess, 15 ms of CPU), eight at once, each with its own
-heartbeat thread or task beating every 0.25 s:
-
-- threads: 21.2 steps/s (the ideal is 24); a heartbeat at most 10 ms late
-- asyncio with every blocking call in `asyncio.to_thread`: 15.9 steps/s, 6 ms late
-- asyncio running the (synchronous) steps on the loop: 3.1 steps/s, one step at a time,
-  and every heartbeat silent while a step blocks
-- one process per step (`rq worker-pool -n 8`) runs them too, at 55 MiB resident a
-  process: 440 MiB, against 55 MiB for one process with eight lanes
-
-Steps are synchronous code making blocking HTTP, Redis and subprocess calls: asyncio gains
-nothing unless every one of them is rewritten, and loses a quarter of the throughput when
-they hop to threads anyway. The heartbeats are beaten by one thread of the process, apart
-from the lanes, so a step busy on the CPU delays the beats by the interpreter's switch
-interval (5 ms), not by its work.
+Lanes are threads, not asyncio tasks and not processes: steps are synchronous code making
+blocking HTTP, Redis and subprocess calls. The heartbeats are beaten by one thread of the
+process, apart from the lanes, so a step busy on the CPU delays the beats by the
+interpreter's switch interval, not by its work.
+Measured against asyncio and processes: docs/benchmarks.md#worker-lanes-threads-asyncio-processes
 
 A Redis at `maxmemory` refuses writes for a while, and a Redis failing over or
 restarting is out of reach for seconds, longer than redis-py's own retries last: the
