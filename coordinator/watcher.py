@@ -83,9 +83,16 @@ class Watcher:
         for (agent, step), job, raw in zip(watched.items(), jobs, beats, strict=True):
             beat = None if raw is None else raw.decode()
             failure = step_failure(
-                step, epoch, superstep, outcomes.get(agent.encode()), job, beat, limits,
-                ctx.heartbeat_grace, now,
-            )  # fmt: skip
+                step,
+                epoch,
+                superstep,
+                outcomes.get(agent.encode()),
+                job,
+                beat,
+                limits,
+                ctx.heartbeat_grace,
+                now,
+            )
             if failure is not None and not self.retry(
                 task, run, agent, step, superstep, failure, now
             ):
@@ -100,8 +107,9 @@ class Watcher:
         key = (task, epoch, superstep)
         self._outputs = {k: v for k, v in self._outputs.items() if k[0] != task or k == key}
         seen = self._outputs.setdefault(key, {})
-        fresh = {agent: ref for agent, ref in votes.items() if agent not in seen
-                 or seen[agent][0] != ref}  # fmt: skip
+        fresh = {
+            agent: ref for agent, ref in votes.items() if agent not in seen or seen[agent][0] != ref
+        }
         if not fresh:
             return
         try:

@@ -66,10 +66,12 @@ class GCRecords(RedisRecords):
         fence = (keys.attempts(task), keys.epoch(task), keys.audit(task))
         flag = self._audit_flag
         scripts += [
-            (self._begin_attempt,
-             self._begin_attempt.command(fence, [agent, superstep, attempt, flag, epoch]))
+            (
+                self._begin_attempt,
+                self._begin_attempt.command(fence, [agent, superstep, attempt, flag, epoch]),
+            )
             for agent, attempt in attempts.items()
-        ]  # fmt: skip
+        ]
         for reply in pipelined(self._held(), scripts):
             if isinstance(reply, redis.ResponseError):
                 raise translated(reply)
@@ -84,9 +86,15 @@ class GCRecords(RedisRecords):
         t = gc.task
         return self._prepare_gc.command(
             [keys.epoch(t), keys.gc(t, gc.number), keys.gcs(t), keys.owner(t)],
-            [gc.number, gc.epoch, entry.sealed.data, entry.sealed.checksum, gc.superstep,
-             owner_token(owner)],
-        )  # fmt: skip
+            [
+                gc.number,
+                gc.epoch,
+                entry.sealed.data,
+                entry.sealed.checksum,
+                gc.superstep,
+                owner_token(owner),
+            ],
+        )
 
     def commit_gc(
         self, entry: GCEntry, owner: int | None = None, then: NextSuperstep | None = None
@@ -99,8 +107,14 @@ class GCRecords(RedisRecords):
             nxt = then.prepare.record
             begin_keys = [keys.gc(t, nxt.number), keys.attempts(t), keys.audit(t)]
             lines = "".join(f"{agent}\t{attempt}\n" for agent, attempt in then.attempts.items())
-            begin_args = [nxt.number, then.prepare.sealed.data, then.prepare.sealed.checksum,
-                          nxt.superstep, lines, self._audit_flag]  # fmt: skip
+            begin_args = [
+                nxt.number,
+                then.prepare.sealed.data,
+                then.prepare.sealed.checksum,
+                nxt.superstep,
+                lines,
+                self._audit_flag,
+            ]
         reply = translating(
             lambda: self._commit_gc(
                 keys=[

@@ -101,8 +101,11 @@ def pipelined(
         replies = batch(client, commands, errors=True)
     except redis.ConnectionError:
         replies = batch(client, commands, errors=True)
-    lost = {id(lua): lua for (lua, _), reply in zip(scripts, replies, strict=True)
-            if isinstance(reply, NoScriptError)}  # fmt: skip
+    lost = {
+        id(lua): lua
+        for (lua, _), reply in zip(scripts, replies, strict=True)
+        if isinstance(reply, NoScriptError)
+    }
     if not lost:
         return replies
     for lua in lost.values():

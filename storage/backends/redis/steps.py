@@ -188,9 +188,16 @@ class StepRecords(RedisRecords):
     ) -> Callable[[], bool]:
         pending = self._spend.send(
             keys=[keys.spend(task), keys.attempt_spend(task, epoch, superstep)],
-            args=[agent, attempt, usage.prompt_tokens, usage.completion_tokens,
-                  usage.cached_tokens, repr(usage.cost_usd), ATTEMPT_SPEND_TTL_S],
-        )  # fmt: skip
+            args=[
+                agent,
+                attempt,
+                usage.prompt_tokens,
+                usage.completion_tokens,
+                usage.cached_tokens,
+                repr(usage.cost_usd),
+                ATTEMPT_SPEND_TTL_S,
+            ],
+        )
         self._threads.pending = pending  # read before this thread's next script
         return lambda: bool(pending.result())
 
