@@ -52,6 +52,10 @@ TOOL_NAMES = (  # the built-in tools (agents/tools.py), every agent's tools by d
 TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 MAX_PROMPT_CHARS = 1_000_000  # of a task's goal or an agent's system prompt
 MODEL_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}:\S{1,256}")
+MODEL_CHOICES = (
+    "'scripted' or '<provider>:<model name>' (openai:, anthropic:, or a provider a worker's "
+    "package adds)"
+)
 KEY_VARIABLE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,120}_API_KEY")
 RESERVED_PARAMS = ("model", "messages", "system", "tools", "stream")
 MAX_PARAMS_BYTES = 64 * 1024
@@ -126,7 +130,7 @@ class AgentSpec(Strict):
 
     name: str
     system: str = Field(default="", max_length=MAX_PROMPT_CHARS)
-    model: str = "scripted"
+    model: str  # "scripted" or "<provider>:<model name>"; no default (see _names_a_model)
     script: list[Turn] = Field(default_factory=list)
     base_url: str | None = None
     api_key_env: str | None = None
@@ -142,14 +146,23 @@ class AgentSpec(Strict):
     def _safe_name(cls, value: str) -> str:
         return check_name("agent", value)
 
+    @model_validator(mode="before")
+    @classmethod
+    def _names_a_model(cls, data: object) -> object:
+        # A default model would run a team on a script it does not have, or bill an API
+        # nobody chose: every agent says which model it thinks with.
+        if isinstance(data, dict) and "model" not in data:
+            name = data.get("name")
+            # The name is the user's and not yet checked: shown only when it keeps one line.
+            shown = name if isinstance(name, str) and name.isprintable() and name else "?"
+            raise ValueError(f"agent {shown[:64]} names no model: give {MODEL_CHOICES}")
+        return data
+
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
         if value != "scripted" and not MODEL_PATTERN.fullmatch(value):
-            raise ValueError(
-                "must be 'scripted' or '<provider>:<model name>' (openai:, anthropic:, or a "
-                "provider a worker's package adds)"
-            )
+            raise ValueError(f"must be {MODEL_CHOICES}")
         return value
 
     @field_validator("base_url")

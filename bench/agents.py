@@ -180,7 +180,7 @@ class Team:
         tools: Sequence[str] = TOOL_NAMES,
     ) -> Team:
         """Start `task` (GC 0) with one agent whose turns `model` plays, offered `tools`."""
-        agent = AgentSpec(name=AGENT, system=SYSTEM, tools=list(tools))
+        agent = AgentSpec(name=AGENT, model="scripted", system=SYSTEM, tools=list(tools))
         record = TaskRecord(task=task, goal=GOAL, agents=[agent])
         return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 

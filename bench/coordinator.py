@@ -157,7 +157,7 @@ class Team:
     @classmethod
     def start(cls, store: CheckpointStore, task: str, agents: int) -> Team:
         """Start `task` (GC 0) with agents a0..a{agents-1} and read their states back."""
-        specs = [AgentSpec(name=f"a{i}") for i in range(agents)]
+        specs = [AgentSpec(name=f"a{i}", model="scripted") for i in range(agents)]
         gc = start_task(store, TaskRecord(task=task, goal=GOAL, agents=specs), {"README.md": b"x"})
         states = [store.read_state(task, a, ref.id, ref.checksum) for a, ref in gc.members.items()]
         return cls(store, gc, states)
@@ -390,7 +390,7 @@ def drive(b: Bench, coordinator: Coordinator, task: str, timeout: float = 240.0)
 
 def scripted(name: str, agents: int, turns: Callable[[int], list[Turn]]) -> TaskSpec:
     """A task of `agents` scripted agents a0.., agent i playing `turns(i)`."""
-    team = [AgentSpec(name=f"a{i}", script=turns(i)) for i in range(agents)]
+    team = [AgentSpec(name=f"a{i}", model="scripted", script=turns(i)) for i in range(agents)]
     return TaskSpec(name=name, goal=GOAL, files={"README.md": "# notes\n"}, agents=team)
 
 

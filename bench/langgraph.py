@@ -38,7 +38,7 @@ from cairn.storage.backends.redis import connect
 from cairn.storage.keys import LANGGRAPH_PREFIX as PREFIX
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 
 # pick(full, quick): `python -m bench --quick` runs the same code at the second sizes
 HISTORIES = pick((10, 100, 1_000), (10, 100))  # messages of history before the timed steps

@@ -43,8 +43,8 @@ from cairn.agents.workspace import Workspace
 from cairn.coordinator.settings import Settings, open_store
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.records import Message, Role
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 # pick(full, quick): `python -m bench --quick` runs the same code at the second size
 STEPS = pick(100, 12)  # timed steps a run

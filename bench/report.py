@@ -21,8 +21,8 @@ from cairn.agents.logs import configure_logging
 from cairn.coordinator.settings import Settings, open_store
 from cairn.storage.backends.redis import connect
 from cairn.storage.chain import DEFAULT_FULL_EVERY
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 now_ns = time.perf_counter_ns
 T = TypeVar("T")

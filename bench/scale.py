@@ -46,8 +46,8 @@ from cairn.coordinator.jobs import STEPS_QUEUE
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.tasks import Tasks
 from cairn.storage import keys
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 GOAL = "Make the project pass its tests."
@@ -272,7 +272,10 @@ def turns(agent: int, supersteps: int, latency: float) -> list[Turn]:
 
 def spec(name: str, agents: int, supersteps: int, latency: float) -> TaskSpec:
     """A task of `agents` scripted agents a0.., each playing `supersteps` turns."""
-    team = [AgentSpec(name=f"a{i}", script=turns(i, supersteps, latency)) for i in range(agents)]
+    team = [
+        AgentSpec(name=f"a{i}", model="scripted", script=turns(i, supersteps, latency))
+        for i in range(agents)
+    ]
     return TaskSpec(name=name, goal=GOAL, files={"README.md": "# notes\n"}, agents=team)
 
 

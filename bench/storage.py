@@ -62,8 +62,8 @@ from cairn.storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 FULL_EVERY = 20
 # pick(full, quick): `python -m bench --quick` runs every measurement at the second size

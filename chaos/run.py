@@ -32,13 +32,13 @@ import yaml
 from pydantic import JsonValue
 
 from cairn.coordinator.settings import load_settings, open_store
-from cairn.coordinator.testing import cure, poison
 from cairn.coordinator.worker import UNAVAILABLE
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
 from cairn.storage.errors import RedisServerError
-from cairn.storage.redis_server import RedisServer
-from cairn.storage.replicas import ReplicaSet
+from cairn.testing.coordinator import cure, poison
+from cairn.testing.redis_server import RedisServer
+from cairn.testing.replicas import ReplicaSet
 from chaos.checker import Violation, check
 from chaos.faults import Fault, Plan
 from chaos.observe import History, Observed, observe, read_history
@@ -231,7 +231,7 @@ class ChaosRun:
         self._spawned += 1
         name = f"coordinator-{self._spawned}"
         url = self._env(name)["CAIRN_REDIS_URL"]
-        module = "cairn.coordinator.testing" if self.poisonable else "cairn.coordinator"
+        module = "cairn.testing.coordinator" if self.poisonable else "cairn.coordinator"
         self.coordinators[name] = self._spawn(
             [module, url, "--name", name, "--lease-ms", "1000"], name
         )

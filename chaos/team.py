@@ -50,7 +50,14 @@ def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
         if agent == "reviewer":
             last["tools"] = [{"name": "finish", "args": {"summary": "all parts are in"}}]
         script.append(last)
-        agents.append({"name": agent, "system": f"You are the {agent}.", "script": script})
+        agents.append(
+            {
+                "name": agent,
+                "model": "scripted",
+                "system": f"You are the {agent}.",
+                "script": script,
+            }
+        )
     parts = " ".join(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS))
     return {
         "name": "chaos team",
@@ -90,6 +97,9 @@ def victim() -> dict[str, JsonValue]:
         "name": "chaos victim",
         "goal": "The writer leaves a note; the reader reads it.",
         "verify": "test -f note.txt",
-        "agents": [{"name": "writer", "script": writer}, {"name": "reader", "script": reader}],
+        "agents": [
+            {"name": "writer", "model": "scripted", "script": writer},
+            {"name": "reader", "model": "scripted", "script": reader},
+        ],
         "checkpoints": {"durability": "sync"},
     }

@@ -24,8 +24,8 @@ from cairn.storage.chain import AgentState
 from cairn.storage.codec import Codec
 from cairn.storage.errors import CairnError
 from cairn.storage.records import GlobalCheckpoint, Message, Role, WorkspaceManifest
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 TEAM = ("planner", "coder", "reviewer")
 SUPERSTEPS = 6

@@ -34,7 +34,8 @@ def record(task: str, *agents: AgentSpec, policy: StepPolicy | None = None) -> T
 def scripted(name: str, turns: Sequence[Mapping[str, object]], **extra: object) -> AgentSpec:
     """A scripted agent from plain turn dicts (as a YAML spec would give them)."""
     return AgentSpec.model_validate(
-        {"name": name, "script": [Turn.model_validate(t) for t in turns], **extra}
+        {"name": name, "model": "scripted", "script": [Turn.model_validate(t) for t in turns]}
+        | extra
     )
 
 

@@ -25,9 +25,9 @@ from cairn.storage import keys
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
-from cairn.storage.redis_server import RedisServer
-from cairn.storage.replicas import ReplicaSet
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
+from cairn.testing.replicas import ReplicaSet
 from tests.agent_harness import files_of
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -176,12 +176,14 @@ files: {"greet.py": "print('hi')\\n"}
 verify: grep -q Hello greet.py && test -f REVIEW.md
 agents:
   - name: planner
+    model: scripted
     script:
       - say: Plan.
         tools:
           - {name: write_file, args: {path: PLAN.md, content: "1. say Hello\\n"}}
           - {name: send_message, args: {to: coder, content: Please make it say Hello.}}
   - name: coder
+    model: scripted
     script:
       - say: Waiting for the plan.
       - say: Coding.
@@ -191,6 +193,7 @@ agents:
           - {name: run_command, args: {command: "echo coder-ran >> LEDGER"}}
           - {name: send_message, args: {to: reviewer, content: "Done, please review."}}
   - name: reviewer
+    model: scripted
     script:
       - say: Nothing to review yet.
       - say: Reviewing.

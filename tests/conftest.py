@@ -17,8 +17,8 @@ from cairn.storage.backends.memory import MemoryArchive, MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.base import ColdArchive, HotStore
 from cairn.storage.codec import Codec
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests import langgraph_suite
 from tests.cluster import Cluster
 

@@ -33,7 +33,7 @@ from importlib.metadata import version
 from pathlib import Path
 from typing import IO, cast
 
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.langgraph_suite_plugin import REDIS_VARIABLE, SAVER_VARIABLE
 
 SAVERS = ("cairn", "memory")

@@ -29,6 +29,7 @@ goal: Write three notes, one a superstep.
 prices: {scripted: {input: 2.0, output: 10.0, cached: 1.0}}
 agents:
   - name: writer
+    model: scripted
     script:
       - say: First I write a, a note of some length to count.
         tools: [{name: write_file, args: {path: a.txt, content: "a"}}]
@@ -38,6 +39,7 @@ agents:
       - say: Done writing.
         tools: [{name: finish, args: {summary: done}}]
   - name: counter
+    model: scripted
     script:
       - say: I count along.
         tools: [{name: list_files, args: {}}]

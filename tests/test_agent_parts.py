@@ -90,12 +90,15 @@ def test_policy_triggers_load_from_yaml() -> None:
 @pytest.mark.parametrize(
     ("agent", "message"),
     [
-        ({"name": "../x"}, "invalid agent name"),
+        ({"name": "../x", "model": "scripted"}, "invalid agent name"),
         ({"name": "a", "model": "gpt"}, "scripted"),
         ({"name": "a", "model": "openai:"}, "scripted"),
-        ({"name": "a", "tools": ["rm -rf /"]}, "is not a tool name"),
-        ({"name": "a", "tools": ["read_file"], "approve": ["run_command"]}, "does not have"),
-        ({"name": "a", "colour": "red"}, "colour"),
+        ({"name": "a", "model": "scripted", "tools": ["rm -rf /"]}, "is not a tool name"),
+        (
+            {"name": "a", "model": "scripted", "tools": ["read_file"], "approve": ["run_command"]},
+            "does not have",
+        ),
+        ({"name": "a", "model": "scripted", "colour": "red"}, "colour"),
     ],
 )
 def test_invalid_agent_specs_name_the_field(agent: dict[str, object], message: str) -> None:
@@ -108,7 +111,13 @@ def test_duplicate_agents_are_refused() -> None:
     """Two agents with one name make an invalid task."""
     with pytest.raises(InvalidSpec, match="unique"):
         parse_model(
-            TaskRecord, {"task": "t", "goal": "g", "agents": [{"name": "a"}, {"name": "a"}]}, "task"
+            TaskRecord,
+            {
+                "task": "t",
+                "goal": "g",
+                "agents": [{"name": "a", "model": "scripted"}, {"name": "a", "model": "scripted"}],
+            },
+            "task",
         )
 
 

@@ -37,7 +37,7 @@ from cairn import (
     TaskStatus,
 )
 from cairn.errors import CairnError, InvalidSpec, TaskNotFound, Timeout, Unavailable
-from cairn.storage.redis_server import RedisServer, free_port
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import spawn, stop
 from tests.cluster import TEAM
 
@@ -333,7 +333,7 @@ def test_a_spec_as_a_model_or_a_mapping_and_the_list_of_tasks(stack: Stack, clie
         "name": "Inline",
         "goal": "Say hello.",
         "files": {"a.txt": "a\n"},
-        "agents": [{"name": "solo", "script": [{"say": "Done."}]}],
+        "agents": [{"name": "solo", "model": "scripted", "script": [{"say": "Done."}]}],
     }
     first = client.submit(fields)
     second = client.submit(TaskSpec.model_validate(fields))

@@ -42,7 +42,7 @@ class Writer:
 
 def start_writer(store: CheckpointStore, task: str) -> None:
     """Submit one agent whose every write waits for a person."""
-    agent = AgentSpec(name="a", tools=["write_file"], approve=["write_file"])
+    agent = AgentSpec(name="a", model="scripted", tools=["write_file"], approve=["write_file"])
     start_task(store, TaskRecord(task=task, goal="g", agents=[agent]), {"f": b"x"})
 
 

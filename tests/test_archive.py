@@ -20,8 +20,8 @@ from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
 from cairn.storage.errors import ArchiveError, CorruptCheckpoint, NotCommitted
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
 
 TASK = "arch"

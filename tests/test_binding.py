@@ -43,8 +43,8 @@ from cairn.storage.keys import EPOCH_DOC, SPEC_DOC, ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.storage.langgraph.places import cold_name, cold_task
 from cairn.storage.records import LCRef, LocalCheckpoint, Message, Record, Role, ToolCall, Usage
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import files_of, record, scripted, superstep
 from tests.cluster import Cluster, team_spec
 
@@ -75,7 +75,7 @@ def archived(tmp_path: Path, task: str, *parts: str) -> Path:
 
 def spec_of(task: str, goal: str) -> TaskRecord:
     """A one-agent task record with `goal`."""
-    return TaskRecord(task=task, goal=goal, agents=[AgentSpec(name="a")])
+    return TaskRecord(task=task, goal=goal, agents=[AgentSpec(name="a", model="scripted")])
 
 
 def approval(reason: str) -> Approval:
@@ -295,8 +295,8 @@ def test_a_step_refuses_to_run_an_agent_from_another_tasks_spec(
 
     Read as it stands, X's agent would write deploy.sh without anyone approving it.
     """
-    gated = AgentSpec(name="a", tools=["write_file"], approve=["write_file"])
-    ungated = AgentSpec(name="a", tools=["write_file"])
+    gated = AgentSpec(name="a", model="scripted", tools=["write_file"], approve=["write_file"])
+    ungated = AgentSpec(name="a", model="scripted", tools=["write_file"])
     start_task(store, TaskRecord(task="x", goal="g", agents=[gated]), {})
     start_task(store, TaskRecord(task="y", goal="g", agents=[ungated]), {})
     redis_client.set(

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import redis
 
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from chaos.checker import INVARIANTS, check
 from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, draw
 from chaos.ledger import record

@@ -27,7 +27,7 @@ from cairn import Client
 from cairn import __version__ as cairn_version
 from cairn.coordinator.settings import display_url, load_settings
 from cairn.storage.errors import InvalidSpec
-from cairn.storage.redis_server import RedisServer, free_port
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import (
     Run,
     cairn,
@@ -71,6 +71,7 @@ goal: Write b.txt, with permission.
 files: {"a.txt": "a\\n"}
 agents:
   - name: writer
+    model: scripted
     approve: [write_file]
     script:
       - say: May I?
@@ -174,6 +175,19 @@ def test_an_invalid_spec_exits_2_with_one_line(stack: Stack) -> None:
     assert 2 == missing.returncode
     assert 1 == len(missing.stderr.splitlines())
     assert "Traceback" not in done.stderr + missing.stderr
+
+
+def test_a_spec_naming_no_model_exits_2_naming_the_agent_and_the_choices(stack: Stack) -> None:
+    """An agent without `model` is refused at submit (none is assumed): exit 2, one line."""
+    spec = stack.tmp / "no-model.yaml"
+    spec.write_text("name: x\ngoal: y\nagents: [{name: writer, script: [{say: hi}]}]\n")
+    done = cairn("submit", str(spec), env=stack.env)
+    assert 2 == done.returncode
+    assert [
+        "cairn: invalid task spec: agents.0: Value error, agent writer names no model: give "
+        "'scripted' or '<provider>:<model name>' (openai:, anthropic:, or a provider a "
+        "worker's package adds)"
+    ] == done.stderr.splitlines()
 
 
 def test_an_unreachable_redis_exits_3_fast_without_its_password(stack: Stack) -> None:

@@ -28,7 +28,7 @@ from cairn.coordinator.jobs import STEPS_QUEUE
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.worker import DRAIN_SECONDS, HANDED_BACK
 from cairn.storage import keys
-from cairn.storage.redis_server import RedisServer, free_port
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
 
 TASKS = 4
@@ -197,8 +197,13 @@ def gate_spec(gate: Path, step_timeout: float) -> TaskSpec:
             "goal": "Pass the gate.",
             "step_timeout": step_timeout,
             "agents": [
-                {"name": "waiter", "tools": ["wait_gate", "finish"], "script": waiter},
-                {"name": "other", "script": other},
+                {
+                    "name": "waiter",
+                    "model": "scripted",
+                    "tools": ["wait_gate", "finish"],
+                    "script": waiter,
+                },
+                {"name": "other", "model": "scripted", "script": other},
             ],
         }
     )

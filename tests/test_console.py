@@ -27,7 +27,7 @@ import pytest
 from playwright.sync_api import Browser, Dialog, Page, Playwright, expect, sync_playwright
 
 from cairn.coordinator.spec import TaskSpec
-from cairn.storage.redis_server import RedisServer, free_port
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import cairn, spawn, stop
 from tests.cluster import Cluster, files_and_histories, team_spec
 
@@ -115,7 +115,7 @@ def waiting_spec(name: str) -> TaskSpec:
         "files": {"notes.md": "harmless\n"},
         "verify": "cat deploy.sh",
         "agents": [{
-            "name": "deployer",
+            "name": "deployer", "model": "scripted",
             "approve": ["write_file"],
             "tools": ["write_file", "apply_patch", "read_file"],
             "script": [

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from cairn.storage.redis_server import RedisServer, free_port
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import spawn, stop
 from tests.cluster import ROOT
 

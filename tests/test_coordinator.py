@@ -33,7 +33,7 @@ from cairn.storage import keys
 from cairn.storage.backends.redis import connect
 from cairn.storage.errors import FencedWrite, InvalidSpec
 from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import Cluster, files_and_histories, outcome, run_foreign_job, team_spec
 from tests.test_restore import run_until
 
@@ -571,6 +571,7 @@ def voted_superstep(cluster: Cluster, tmp_path: Path) -> tuple[str, dict[str, LC
 
 WRITER = """
   - name: {name}
+    model: scripted
     script:
       - say: Writing.
         tools:

@@ -10,7 +10,7 @@ import pytest
 import structlog
 
 from cairn.cli.demo import Workers, run_demo
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cli_harness import cmdline
 
 

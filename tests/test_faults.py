@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from chaos.faults import Fault, Plan
 from chaos.observe import Observed
 from chaos.proxy import DelayProxy
@@ -134,7 +134,9 @@ def test_a_command_refused_for_memory_says_so_in_one_line(tmp_path: Path) -> Non
         client = redis.Redis(port=server.port)
         client.config_set("maxmemory", 1)  # below what any Redis uses: every write refused
         spec = tmp_path / "team.yaml"
-        spec.write_text("name: t\ngoal: g\nagents:\n  - {name: a, script: [{say: hi}]}\n")
+        spec.write_text(
+            "name: t\ngoal: g\nagents:\n  - {name: a, model: scripted, script: [{say: hi}]}\n"
+        )
         env = {"PYTHONPATH": str(ROOT), "CAIRN_REDIS_URL": server.url, "PATH": "/usr/bin:/bin",
                "CAIRN_ARCHIVE_DIR": str(tmp_path / "archive")}  # fmt: skip
         done = subprocess.run([sys.executable, "-m", "cairn.cli", "submit", str(spec)], env=env,

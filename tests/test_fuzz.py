@@ -40,8 +40,8 @@ from cairn.storage.errors import (
     ToolError,
 )
 from cairn.storage.records import WorkspaceManifest
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
 BASE = settings(
@@ -128,6 +128,7 @@ VALID: dict[str, Any] = {
     "agents": [
         {
             "name": "coder",
+            "model": "scripted",
             "tools": ["read_file", "write_file"],
             "script": [{"say": "hi", "tools": [{"name": "read_file", "args": {"path": "a.py"}}]}],
         }
@@ -198,16 +199,23 @@ TRICKY_DOCUMENTS = [
     b"name: x\ngoal: 2020-13-45\n",
     b"? [a]\n: b\n",
     b"name: x\ngoal: g\nagents: &x [*x]\n",
-    b'name: x\ngoal: "\\ud800"\nagents: [{name: a, system: "\\udfff"}]\n',
+    b'name: x\ngoal: "\\ud800"\nagents: [{name: a, model: scripted, system: "\\udfff"}]\n',
     b"1" * 5_000,
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a"}], "files": {"a\\nb": 1}}',
-    b'{"name": "\\ud800", "goal": "g", "agents": [{"name": "a"}]}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a"}], "files": {"a": "\\udc80"}}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a", "system": "\\ud800"}]}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a", "script": [{"say": "\\ud800"}]}]}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a"}], "verify": "\\ud800"}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a"}], "max_supersteps": 1e400}',
-    b'{"name": "x", "goal": "g", "agents": [{"name": "a", "script": [{"tools": '
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted"}], "files": {"a\\nb": 1}}',
+    b'{"name": "\\ud800", "goal": "g", "agents": [{"name": "a", "model": "scripted"}]}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted"}], "files": {"a": "\\udc80"}}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted", "system": "\\ud800"}]}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted", "script": [{"say": "\\ud800"}]}]}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted"}], "verify": "\\ud800"}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted"}], "max_supersteps": 1e400}',
+    b'{"name": "x", "goal": "g", '
+    b'"agents": [{"name": "a", "model": "scripted", "script": [{"tools": '
     b'[{"name": "read_file", "args": {"n": 100000000000000000000000}}]}]}]}',
 ]
 raw_documents = st.binary(max_size=200) | st.sampled_from(TRICKY_DOCUMENTS)

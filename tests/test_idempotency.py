@@ -22,8 +22,8 @@ from cairn.agents.task import start_task
 from cairn.agents.tools import idempotency_key
 from cairn.coordinator.restore import Restorer
 from cairn.storage.records import Role, ToolCall, Usage
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import superstep
 from tests.cluster import ROOT
 
@@ -74,7 +74,11 @@ def run_paying_task(
     """Pay in superstep 1, restore to before it, run superstep 1 again; return the ledger."""
     ledger, cache = tmp_path / "ledger", tmp_path / "cache"
     model = Restored(ledger, same=same)
-    spec = TaskRecord(task="pay", goal="pay", agents=[AgentSpec(name="a", tools=["run_command"])])
+    spec = TaskRecord(
+        task="pay",
+        goal="pay",
+        agents=[AgentSpec(name="a", model="scripted", tools=["run_command"])],
+    )
     start_task(store, spec, {"f": b"x"})
     assert superstep(store, "pay", cache, lambda _: model) is not None
     assert superstep(store, "pay", cache, lambda _: model) is not None  # halts
@@ -150,7 +154,7 @@ def test_a_retry_that_asks_the_model_again_gives_its_new_call_a_new_key(
     ledger = tmp_path / "ledger"
     alice, carol = pay(ledger, "pay-alice-10"), pay(ledger, "refund-carol-99")
     policy = StepPolicy(triggers=CheckpointTriggers(tool_call="none"))
-    agents = [AgentSpec(name="a", tools=["run_command"])]
+    agents = [AgentSpec(name="a", model="scripted", tools=["run_command"])]
     start_task(own_store, TaskRecord(task="retry", goal="pay", policy=policy, agents=agents), {})
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     for attempt, code in ((1, -signal.SIGKILL), (2, 0)):
@@ -175,7 +179,9 @@ def test_a_retry_of_the_same_turn_keeps_the_key(
     ledger = tmp_path / "ledger"
     command = pay(ledger, "pay-alice-10")
     turn = {"tools": [{"name": "run_command", "args": {"command": command}}]}
-    script = AgentSpec.model_validate({"name": "a", "script": [turn], "tools": ["run_command"]})
+    script = AgentSpec.model_validate(
+        {"name": "a", "model": "scripted", "script": [turn], "tools": ["run_command"]}
+    )
     start_task(real_store, TaskRecord(task="again", goal="pay", agents=[script]), {})
     for attempt in (1, 2):  # attempt 1's vote is dropped: as if it were never counted
         real_store.hot.begin_attempt("again", "a", 1, attempt)

@@ -20,9 +20,9 @@ from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.isolation import FAULT_REASON
 from cairn.coordinator.runs import TaskState
 from cairn.coordinator.spec import TaskSpec
-from cairn.coordinator.testing import PHASES, PoisonedCoordinator, cure, poison
 from cairn.storage import keys
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.coordinator import PHASES, PoisonedCoordinator, cure, poison
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import Cluster, files_and_histories, team_spec
 
 PAUSE_AFTER = 0.5  # seconds a task's advance may keep failing here before it is paused

@@ -29,7 +29,7 @@ from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.worker import CairnJob
 from cairn.storage import keys
 from cairn.storage.redact import REDACTED
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import ROOT, Cluster, team_spec
 
 MARKS = "CAIRN_TEST_MARKS"  # where `leave_mark` leaves its marks, in the worker's environment
@@ -236,7 +236,7 @@ def test_a_failed_jobs_traceback_is_stored_and_logged_redacted(
     """A step whose model error holds an API key: RQ's stored failure and its log hold no key."""
     spec = team_spec(tmp_path / "ledger").model_dump(mode="json", exclude_none=True)
     spec["agents"] = [
-        {"name": "solo", "script": [{"say": "x", "fail": {
+        {"name": "solo", "model": "scripted", "script": [{"say": "x", "fail": {
             "attempts": [1], "error": "fatal",
             "message": f"HTTP 401: Incorrect API key provided: {SECRET}"}}]},
     ]  # fmt: skip

@@ -19,7 +19,7 @@ from rq import Queue
 from rq.serializers import JSONSerializer
 
 from cairn.coordinator.jobs import ALLOWED_JOBS, STEP_JOB, STEPS_QUEUE
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import Cluster, team_spec
 
 OLD_STEP_JOB = "coordinator.jobs.step_job"

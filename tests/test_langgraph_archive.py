@@ -20,7 +20,7 @@ from langgraph.checkpoint.base import Checkpoint, empty_checkpoint
 
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.langgraph_hammer import Acked, config_of, run_roles
 
 ROOT = Path(__file__).parent.parent

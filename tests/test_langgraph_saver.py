@@ -38,7 +38,7 @@ from cairn.storage.backends.redis import connect
 from cairn.storage.errors import CorruptCheckpoint, FencedWrite
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 
 S = TypeVar("S", bound=BaseCheckpointSaver[Any])
 

@@ -2,8 +2,9 @@
 
 Cairn installs the one top-level package `cairn`; the root folders `coordinator/`,
 `agents/` and `storage/` are its subpackages (docs/design.md#code-layout). Layers import
-downwards only: the facade (`cairn` itself: the client, CLI, console) → `cairn.coordinator`
-→ `cairn.agents` → `cairn.storage`. These tests read the imports from the code itself.
+downwards only: the facade (`cairn` itself: the client, CLI, console, `cairn.testing`) →
+`cairn.coordinator` → `cairn.agents` → `cairn.storage`. These tests read the imports from
+the code itself.
 """
 
 from __future__ import annotations
@@ -25,12 +26,16 @@ MAY_IMPORT = {
 
 
 def imported(path: Path) -> Iterator[tuple[int, str]]:
-    """Each absolute module name `path` imports, with its line."""
+    """Each absolute module name `path` imports, with its line.
+
+    `from a import b` yields `a` and `a.b`: `b` may be a module (`from cairn import testing`).
+    """
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             yield from ((node.lineno, alias.name) for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             yield node.lineno, node.module
+            yield from ((node.lineno, f"{node.module}.{alias.name}") for alias in node.names)
 
 
 def sources(*folders: str) -> list[Path]:
@@ -71,3 +76,16 @@ def test_the_package_links_to_the_root_folders() -> None:
         link = ROOT / "cairn" / layer
         assert link.is_symlink(), link
         assert (ROOT / layer).resolve() == link.resolve()
+
+
+def test_no_layer_imports_the_testing_package() -> None:
+    """`cairn.testing` (test doubles, fault hooks) sits on the facade: no layer reaches it."""
+    assert (ROOT / "cairn" / "testing").is_dir()
+    assert not (ROOT / "cairn" / "testing").is_symlink()
+    wrong = [
+        f"{path.relative_to(ROOT)}:{line} imports {name}"
+        for path in sources(*LAYERS)
+        for line, name in imported(path)
+        if name == "cairn.testing" or name.startswith("cairn.testing.")
+    ]
+    assert [] == wrong

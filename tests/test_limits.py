@@ -189,7 +189,7 @@ def test_a_response_body_over_the_limit_is_refused(server: ScriptedServer) -> No
 # task specs --------------------------------------------------------------------------------
 def spec_data(**fields: Any) -> dict[str, Any]:
     """A valid task spec's fields, with `fields` replacing or adding some."""
-    return {"name": "limits", "goal": "g", "agents": [{"name": "a"}]} | fields
+    return {"name": "limits", "goal": "g", "agents": [{"name": "a", "model": "scripted"}]} | fields
 
 
 @pytest.mark.parametrize(
@@ -200,12 +200,22 @@ def spec_data(**fields: Any) -> dict[str, Any]:
             f"invalid task spec: goal: String should have at most {MAX_PROMPT_CHARS} characters",
         ),
         (
-            spec_data(agents=[{"name": "a", "system": "s" * (MAX_PROMPT_CHARS + 1)}]),
+            spec_data(
+                agents=[{"name": "a", "model": "scripted", "system": "s" * (MAX_PROMPT_CHARS + 1)}]
+            ),
             "invalid task spec: agents.0.system: "
             f"String should have at most {MAX_PROMPT_CHARS} characters",
         ),
         (
-            spec_data(agents=[{"name": "a", "script": [{"say": "s" * (MAX_REPLY_CHARS + 1)}]}]),
+            spec_data(
+                agents=[
+                    {
+                        "name": "a",
+                        "model": "scripted",
+                        "script": [{"say": "s" * (MAX_REPLY_CHARS + 1)}],
+                    }
+                ]
+            ),
             "invalid task spec: agents.0.script.0.say: "
             f"String should have at most {MAX_REPLY_CHARS} characters",
         ),
@@ -214,6 +224,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
                 agents=[
                     {
                         "name": "a",
+                        "model": "scripted",
                         "script": [{"tools": [{"name": "finish"}] * (MAX_TOOL_CALLS + 1)}],
                     }
                 ]
@@ -227,6 +238,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
                 agents=[
                     {
                         "name": "a",
+                        "model": "scripted",
                         "script": [
                             {"tools": [{"name": "finish", "args": {"s": "x" * MAX_ARGS_BYTES}}]}
                         ],

@@ -31,7 +31,7 @@ from cairn.agents.tools import idempotency_key
 from cairn.coordinator.spec import TaskSpec
 from cairn.storage import keys
 from cairn.storage.records import GCStatus, TraceRecord
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import ROOT, Cluster
 from tests.test_restore import run_until
 
@@ -138,7 +138,12 @@ def _keys(path: Path) -> list[str]:
 
 def spec(name: str, turns: list[dict[str, object]], tools: list[str] | None = None) -> TaskSpec:
     """One scripted agent, `clerk`, with the test server's tools and `finish`."""
-    agent = {"name": AGENT, "tools": tools or ["mcp:notes", "finish"], "script": turns}
+    agent = {
+        "name": AGENT,
+        "model": "scripted",
+        "tools": tools or ["mcp:notes", "finish"],
+        "script": turns,
+    }
     return TaskSpec.model_validate({"name": name, "goal": "Keep the ledger.", "agents": [agent]})
 
 

@@ -77,8 +77,8 @@ def echo_plugin(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str
 
 
 def agent(**fields: object) -> AgentSpec:
-    """An agent spec named `a` with `fields`."""
-    return AgentSpec.model_validate({"name": "a", **fields})
+    """An agent spec named `a` with `fields` (a scripted one unless they name a model)."""
+    return AgentSpec.model_validate({"name": "a", "model": "scripted", **fields})
 
 
 def test_built_in_providers() -> None:
@@ -188,7 +188,7 @@ def test_model_fields_are_checked_in_one_line_naming_the_field(
 ) -> None:
     """A bad model, base_url, api_key_env, timeout, params or headers is refused in one line."""
     with pytest.raises(InvalidSpec) as caught:
-        parse_model(AgentSpec, {"name": "a", **fields}, "agent")
+        parse_model(AgentSpec, {"name": "a", "model": "scripted", **fields}, "agent")
     error = str(caught.value)
     assert error.startswith(f"invalid agent: {message_}"), error
     assert "\n" not in error

@@ -113,6 +113,7 @@ name: Count
 goal: Write the count.
 agents:
   - name: a
+    model: scripted
     tools: [write_file]
     script:
 """
@@ -174,7 +175,11 @@ def test_a_refused_raise_epoch_leaves_the_archive_floor_as_it_was(
     real_store: CheckpointStore,
 ) -> None:
     """A coordinator that lost the task asks for a lower epoch: refused, floor untouched."""
-    start_task(real_store, TaskRecord(task="t", goal="g", agents=[AgentSpec(name="a")]), {})
+    start_task(
+        real_store,
+        TaskRecord(task="t", goal="g", agents=[AgentSpec(name="a", model="scripted")]),
+        {},
+    )
     real_store.hot.claim("t", 7)
     assert 5 == real_store.raise_epoch("t", 5, owner=7)
     with pytest.raises(FencedWrite):
@@ -187,7 +192,11 @@ def test_the_archive_floor_never_falls_even_when_redis_lost_its_epoch(
     redis_client: redis.Redis, real_store: CheckpointStore
 ) -> None:
     """Unfenced callers asking for less than the floor (Redis lost its counter) keep it."""
-    start_task(real_store, TaskRecord(task="t", goal="g", agents=[AgentSpec(name="a")]), {})
+    start_task(
+        real_store,
+        TaskRecord(task="t", goal="g", agents=[AgentSpec(name="a", model="scripted")]),
+        {},
+    )
     real_store.raise_epoch("t", 9)
     redis_client.flushall()
     real_store.raise_epoch("t", 4)
@@ -221,7 +230,11 @@ def test_after_a_flushall_a_restore_never_reuses_an_epoch(
     Epoch 5 was handed out, then a stale raise to 3 was refused, then Redis lost it all.
     """
     task = "t"
-    start_task(real_store, TaskRecord(task=task, goal="g", agents=[AgentSpec(name="a")]), {})
+    start_task(
+        real_store,
+        TaskRecord(task=task, goal="g", agents=[AgentSpec(name="a", model="scripted")]),
+        {},
+    )
     archive_gc(real_store, task, 0)
     real_store.hot.claim(task, 7)
     real_store.raise_epoch(task, 5, owner=7)

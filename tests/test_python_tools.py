@@ -397,7 +397,7 @@ def test_a_missing_tool_fails_the_task_with_the_reason_and_no_retry(
     worker = cluster.start_worker()
     spec = TaskSpec.model_validate({
         "name": "needs weather", "goal": "Say the weather.",
-        "agents": [{"name": "forecaster", "tools": ["read_file", "weather"],
+        "agents": [{"name": "forecaster", "model": "scripted", "tools": ["read_file", "weather"],
                     "script": [{"say": "Looking.", "tools": [{"name": "weather"}]}]}],
     })  # fmt: skip
     task = cluster.tasks.submit(spec)
@@ -423,7 +423,8 @@ def test_a_worker_runs_an_installed_packages_tools(
     cluster.start_worker()
     spec = TaskSpec.model_validate({
         "name": "count", "goal": "Count words.",
-        "agents": [{"name": "counter", "tools": ["shout", "tally", "finish"], "script": [
+        "agents": [{"name": "counter", "model": "scripted", "tools": ["shout", "tally", "finish"],
+                    "script": [
             {"tools": [{"name": "shout", "args": {"text": "hi"}},
                        {"name": "tally", "args": {"word": "x", "times": 2}},
                        {"name": "tally", "args": {"word": "x", "times": "many"}}]},
@@ -456,7 +457,8 @@ def test_a_worker_killed_after_a_packages_external_tool_does_not_call_it_again(
     workers = [cluster.start_worker(), cluster.start_worker()]
     spec = TaskSpec.model_validate({
         "name": "stamp", "goal": "Stamp once.", "files": {"README.md": "hi\n"},
-        "agents": [{"name": "clerk", "tools": ["stamp", "read_file", "finish"], "script": [
+        "agents": [{"name": "clerk", "model": "scripted", "tools": ["stamp", "read_file", "finish"],
+                    "script": [
             {"say": "Stamping.", "tools": [{"name": "stamp", "args": {"label": "paid"}},
                                            {"name": "read_file", "args": {"path": "README.md"}}],
              "crash": {"attempts": [1], "after_tools": 1}},  # dies as the read starts

@@ -14,8 +14,8 @@ from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
 from cairn.storage.errors import CommitRefused, FencedWrite
 from cairn.storage.records import Level
-from cairn.storage.redis_server import RedisServer, free_port
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer, free_port
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step
 
 

@@ -24,8 +24,8 @@ from cairn.coordinator.tasks import Tasks
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import ROOT, team_spec
 
 pytestmark = pytest.mark.skipif(

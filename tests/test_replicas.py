@@ -28,8 +28,8 @@ from cairn.langgraph import CairnSaver
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
 from cairn.storage.backends.sentinel import _Pool
-from cairn.storage.redis_server import free_port
-from cairn.storage.replicas import ReplicaSet
+from cairn.testing.redis_server import free_port
+from cairn.testing.replicas import ReplicaSet
 from tests.cli_harness import children, cli_runner, cmdline, spawn, stop, wait_until
 from tests.cluster import Cluster, team_spec
 
@@ -272,6 +272,7 @@ goal: Write DONE, then finish.
 verify: sleep 3 && test -f DONE
 agents:
   - name: solo
+    model: scripted
     script:
       - say: Writing.
         latency: 0.3

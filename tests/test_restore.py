@@ -320,7 +320,11 @@ def test_a_task_submitted_under_sync_durability_survives_a_flushall_at_once(
 
 def bare_task(store: CheckpointStore, task: str) -> None:
     """A task as `cairn.agents.task.start_task` leaves: spec and GC 0, no coordinator's limits."""
-    record = TaskRecord(task=task, goal="g", agents=[AgentSpec(name="a"), AgentSpec(name="b")])
+    record = TaskRecord(
+        task=task,
+        goal="g",
+        agents=[AgentSpec(name="a", model="scripted"), AgentSpec(name="b", model="scripted")],
+    )
     start_task(store, record, {"README.md": b"x"})
 
 

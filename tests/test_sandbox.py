@@ -65,7 +65,7 @@ def spec_running(name: str, command: str) -> TaskSpec:
     """A task of one scripted agent that runs `command`, then finishes."""
     return TaskSpec.model_validate({
         "name": name, "goal": "Run a command.",
-        "agents": [{"name": "agent", "script": [{"say": "Running.", "tools": [
+        "agents": [{"name": "agent", "model": "scripted", "script": [{"say": "Running.", "tools": [
             {"name": "run_command", "args": {"command": command}},
             {"name": "finish", "args": {"summary": "done"}},
         ]}]}],
@@ -237,8 +237,13 @@ def test_a_command_has_no_network_unless_the_spec_allows_it(
     opened, _ = run_commands(real_store, tmp_path / "opened", "opened", connect, network=True)
     assert closed[0].startswith("exit code 0\nunreachable"), closed
     assert "exit code 0\nconnected\n" == opened[0]
-    assert TaskSpec.model_validate({"name": "n", "goal": "g", "network": True,
-                                    "agents": [{"name": "a"}]}).policy().network  # fmt: skip
+    spec = {
+        "name": "n",
+        "goal": "g",
+        "network": True,
+        "agents": [{"name": "a", "model": "scripted"}],
+    }
+    assert TaskSpec.model_validate(spec).policy().network
 
 
 # a worker that cannot sandbox ---------------------------------------------------------------

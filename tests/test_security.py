@@ -49,8 +49,8 @@ from cairn.storage.codec import FLAG_HMAC, FLAG_ZSTD, HEADER_SIZE, MAGIC, Codec,
 from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.records import GCStatus, LocalCheckpoint, Message, Role
 from cairn.storage.redact import _PATTERNS, REDACTED, redact
-from cairn.storage.redis_server import RedisServer, TLSFiles
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer, TLSFiles
 from tests.cluster import Cluster, run_foreign_job, team_spec
 
 PICKLE_PROTO = b"\x80"  # every pickle of protocol 2 or later starts with the PROTO opcode
@@ -321,6 +321,7 @@ files: {"README": "nothing here\\n"}
 verify: "true"
 agents:
   - name: snoop
+    model: scripted
     script:
       - say: Looking.
         tools:
@@ -400,6 +401,7 @@ files:
 verify: "true"
 agents:
   - name: reader
+    model: scripted
     script:
       - say: "I will call the API with the header Authorization: Bearer {BEARER}"
         tools:
@@ -407,6 +409,7 @@ agents:
           - {{name: run_command, args: {{command: "sed s/^/api_key=/ config.env | tail -n 1"}}}}
           - {{name: send_message, args: {{to: writer, content: "see config.env"}}}}
   - name: writer
+    model: scripted
     script:
       - say: Waiting.
       - say: Done.

@@ -17,7 +17,7 @@ import pytest
 from cairn import Client
 from cairn.coordinator.settings import load_settings
 from cairn.storage.errors import InvalidSpec
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import ROOT
 
 SHORT_KEY = "short-signing-key-" + "k" * 13  # 31 bytes: one short

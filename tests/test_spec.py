@@ -6,8 +6,10 @@ import json
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from cairn.coordinator.spec import load_spec
+from cairn.agents.spec import AgentSpec, parse_model
+from cairn.coordinator.spec import TaskSpec, load_spec
 from cairn.storage.errors import InvalidSpec
 
 GOOD = """
@@ -19,6 +21,7 @@ max_supersteps: 12
 checkpoints: {hot_keep: 2, durability: sync, tool_level: all}
 agents:
   - name: coder
+    model: scripted
     tools: [read_file, write_file, run_command]
     approve: [run_command]
     script:
@@ -49,7 +52,14 @@ def test_a_json_spec_with_inline_files_loads(tmp_path: Path) -> None:
     """JSON works too, and inline files are the workspace."""
     path = tmp_path / "spec.json"
     path.write_text(
-        json.dumps({"name": "j", "goal": "g", "files": {"a.txt": "A"}, "agents": [{"name": "a"}]})
+        json.dumps(
+            {
+                "name": "j",
+                "goal": "g",
+                "files": {"a.txt": "A"},
+                "agents": [{"name": "a", "model": "scripted"}],
+            }
+        )
     )
     assert {"a.txt": b"A"} == load_spec(path).workspace_files(tmp_path)
 
@@ -59,14 +69,24 @@ def test_a_json_spec_with_inline_files_loads(tmp_path: Path) -> None:
     [
         ("name: x\ngoal: g\nagents: []\n", "agents: List should have at least 1 item"),
         ("name: x\ngoal: g\nagents: [{name: a, model: gpt}]\n", "agents.0.model"),
-        ("name: x\ngoal: g\nagents: [{name: a}]\nmax_supersteps: 0\n", "max_supersteps"),
         (
-            "name: x\ngoal: g\nagents: [{name: a}]\ncheckpoints: {durability: maybe}\n",
+            "name: x\ngoal: g\nagents: [{name: a, model: scripted}]\nmax_supersteps: 0\n",
+            "max_supersteps",
+        ),
+        (
+            "name: x\ngoal: g\nagents: [{name: a, model: scripted}]\n"
+            "checkpoints: {durability: maybe}\n",
             "checkpoints.durability",
         ),
-        ("name: x\ngoal: g\nagents: [{name: a}]\nfiles: {../x: y}\n", "leaves the workspace"),
-        ("name: x\ngoal: g\nagents: [{name: a}, {name: a}]\n", "unique"),
-        ("name: x\ngoal: g\nagents: [{name: a}]\ncolour: red\n", "colour"),
+        (
+            "name: x\ngoal: g\nagents: [{name: a, model: scripted}]\nfiles: {../x: y}\n",
+            "leaves the workspace",
+        ),
+        (
+            "name: x\ngoal: g\nagents: [{name: a, model: scripted}, {name: a, model: scripted}]\n",
+            "unique",
+        ),
+        ("name: x\ngoal: g\nagents: [{name: a, model: scripted}]\ncolour: red\n", "colour"),
         ("name: [unclosed\n", "not valid YAML"),
         ("- a list\n", "mapping"),
     ],
@@ -82,12 +102,31 @@ def test_invalid_specs_are_refused_naming_the_field(
     assert "\n" not in str(caught.value)
 
 
+def test_an_agent_naming_no_model_is_refused_naming_it() -> None:
+    """No model is assumed: `TaskSpec` and `AgentSpec` refuse an agent without one."""
+    data = {"name": "x", "goal": "g", "agents": [{"name": "writer", "script": [{"say": "hi"}]}]}
+    with pytest.raises(ValidationError, match="agent writer names no model: give 'scripted' or"):
+        TaskSpec.model_validate(data)
+    with pytest.raises(InvalidSpec) as caught:
+        parse_model(TaskSpec, data, "task spec")
+    assert str(caught.value).startswith("invalid task spec: agents.0: Value error, agent writer")
+    assert "\n" not in str(caught.value)
+    with pytest.raises(ValidationError, match="agent a names no model"):
+        AgentSpec.model_validate({"name": "a"})
+    assert (
+        "scripted"
+        == TaskSpec.model_validate({**data, "agents": [{"name": "writer", "model": "scripted"}]})
+        .agents[0]
+        .model
+    )
+
+
 def test_a_missing_spec_or_workspace_is_a_clear_error(tmp_path: Path) -> None:
     """An unreadable file or a workspace that is not a directory says so."""
     with pytest.raises(InvalidSpec, match="cannot read task spec"):
         load_spec(tmp_path / "nope.yaml")
     (tmp_path / "spec.yaml").write_text(
-        "name: x\ngoal: g\nworkspace: missing\nagents: [{name: a}]\n"
+        "name: x\ngoal: g\nworkspace: missing\nagents: [{name: a, model: scripted}]\n"
     )
     with pytest.raises(InvalidSpec, match="not a directory"):
         load_spec(tmp_path / "spec.yaml").workspace_files(tmp_path)

@@ -20,7 +20,7 @@ from cairn.agents.spec import StepPolicy, load_policy
 from cairn.agents.userfiles import MAX_VALUES
 from cairn.coordinator.spec import MAX_SPEC_BYTES, TaskSpec, load_spec
 from cairn.storage.errors import InvalidSpec
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]
 CAP = 1 << 30  # bytes of address space the process may take
@@ -35,9 +35,12 @@ def _laughs(levels: int = 9) -> str:
 
 # The same bomb where a spec holds JSON the user chose: an agent's params, a turn's args.
 BOMBS = {
-    "params": f"name: bomb\ngoal: g\nagents:\n  - name: a\n    params: {_laughs()}\n",
+    "params": (
+        f"name: bomb\ngoal: g\nagents:\n  - name: a\n    model: scripted\n    params: {_laughs()}\n"
+    ),
     "args": (
-        "name: bomb\ngoal: g\nagents:\n  - name: a\n    script:\n      - tools:\n"
+        "name: bomb\ngoal: g\nagents:\n  - name: a\n    model: scripted\n    script:\n"
+        "      - tools:\n"
         f"          - {{name: read_file, args: {_laughs()}}}\n"
     ),
 }
@@ -103,7 +106,7 @@ def test_a_spec_of_small_values_up_to_the_size_limit_is_refused(
 ) -> None:
     """16 MiB of `[],` in YAML (a kilobyte each to PyYAML) is refused by count, in 1 GiB."""
     spec = tmp_path / "flood.yaml"
-    head = "name: flood\ngoal: g\nagents: [{name: a, params: {p: ["
+    head = "name: flood\ngoal: g\nagents: [{name: a, model: scripted, params: {p: ["
     count = (MAX_SPEC_BYTES - len(head) - 10) // 3
     spec.write_text(head + "[]," * count + "[]]}}]\n")
     done = cairn_capped(tmp_path, redis_server, "submit", str(spec))
@@ -114,8 +117,12 @@ def _script(fmt: str, turns: int) -> str:
     """A valid spec whose agent's script is `turns` empty turns, as YAML or JSON."""
     if fmt == "json":
         empty = ",".join(["{}"] * turns)
-        return f'{{"name": "t", "goal": "g", "agents": [{{"name": "a", "script": [{empty}]}}]}}'
-    return "name: t\ngoal: g\nagents:\n  - name: a\n    script:\n" + "      - {}\n" * turns
+        agent = f'{{"name": "a", "model": "scripted", "script": [{empty}]}}'
+        return f'{{"name": "t", "goal": "g", "agents": [{agent}]}}'
+    return (
+        "name: t\ngoal: g\nagents:\n  - name: a\n    model: scripted\n    script:\n"
+        + "      - {}\n" * turns
+    )
 
 
 @pytest.mark.parametrize("fmt", ["yaml", "json"])
@@ -132,7 +139,8 @@ def test_a_spec_of_more_values_than_allowed_is_refused(tmp_path: Path, fmt: str)
 def test_a_spec_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path: Path) -> None:
     """A file one byte over `MAX_SPEC_BYTES` is refused for its size, whatever it holds."""
     spec = tmp_path / "big.json"
-    head = '{"name": "big", "goal": "g", "agents": [{"name": "a"}], "files": {"a.txt": "'
+    agents = '"agents": [{"name": "a", "model": "scripted"}]'
+    head = '{"name": "big", "goal": "g", ' + agents + ', "files": {"a.txt": "'
     spec.write_text(head + "x" * (MAX_SPEC_BYTES - len(head) - 3) + '"}}')
     assert MAX_SPEC_BYTES == spec.stat().st_size
     assert isinstance(load_spec(spec), TaskSpec)  # at the limit: read
@@ -143,8 +151,16 @@ def test_a_spec_over_the_size_limit_is_refused_before_it_is_parsed(tmp_path: Pat
 
 
 HARMLESS_ALIASES = {
-    "shared prompt": ("name: t\ngoal: &g Count.\nagents:\n  - {name: a, system: *g}\n", 4, 23),
-    "merge key": ("name: t\ngoal: g\nagents:\n  - &a {name: a}\n  - {<<: *a, name: b}\n", 5, 10),
+    "shared prompt": (
+        "name: t\ngoal: &g Count.\nagents:\n  - {name: a, system: *g, model: scripted}\n",
+        4,
+        23,
+    ),
+    "merge key": (
+        "name: t\ngoal: g\nagents:\n  - &a {name: a, model: scripted}\n  - {<<: *a, name: b}\n",
+        5,
+        10,
+    ),
 }
 
 
@@ -162,7 +178,7 @@ def test_an_alias_is_refused_where_the_spec_would_be_valid(tmp_path: Path, case:
 def test_a_price_table_is_bounded_like_a_spec(tmp_path: Path, redis_server: RedisServer) -> None:
     """`CAIRN_PRICES` as /dev/zero or an alias bomb: `cairn submit` exits 2, in 1 GiB."""
     spec = tmp_path / "spec.yaml"
-    spec.write_text("name: t\ngoal: g\nagents: [{name: a}]\n")
+    spec.write_text("name: t\ngoal: g\nagents: [{name: a, model: scripted}]\n")
     done = cairn_capped(tmp_path, redis_server, "submit", str(spec), CAIRN_PRICES="/dev/zero")
     assert_refused(done, "price table /dev/zero is over")
     bomb = tmp_path / "prices.yaml"

@@ -24,8 +24,8 @@ from cairn.agents.tools import idempotency_key
 from cairn.coordinator.views import record_decision
 from cairn.storage.errors import FencedWrite, InvalidSpec, ModelError
 from cairn.storage.records import AgentStatus, Role
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import drive, files_of, record, scripted, superstep
 
 CALC = "def add(a, b):\n    return a - b\n"

@@ -39,7 +39,7 @@ from cairn.coordinator.timeline import (
     gather,
 )
 from cairn.storage.records import GCStatus
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cli_harness import Run, cli_runner
 from tests.cluster import Cluster, team_spec
 

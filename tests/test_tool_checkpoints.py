@@ -15,8 +15,8 @@ from cairn.agents.task import start_task
 from cairn.agents.tools import idempotency_key
 from cairn.storage import keys
 from cairn.storage.records import Role, sha256_hex
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import record, scripted, superstep
 from tests.test_step import run_in_process
 

@@ -24,7 +24,7 @@ from cairn.coordinator.verifier import GaveUp, Verifier
 from cairn.coordinator.verify import FIELD, JOB, TRIES, VerifyRun
 from cairn.storage import keys
 from cairn.storage.backends.redis import RedisHotStore, connect
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 from tests.cluster import Cluster, team_spec
 
 KEY = "sk-proj-" + "A1b2C3d4E5f6G7h8I9j0" * 2

@@ -37,8 +37,8 @@ from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.views import export_workspace
 from cairn.storage.errors import InvalidSpec, InvalidWorkspace, ToolError
 from cairn.storage.records import GlobalCheckpoint, Role, WorkspaceManifest
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import drive, files_of, record, scripted, superstep
 from tests.cli_harness import cli_runner
 
@@ -156,7 +156,12 @@ def test_merge_always_gives_a_tree() -> None:
 )
 def test_a_spec_whose_files_are_not_a_tree_is_refused(files: dict[str, str], why: str) -> None:
     """A spec's inline files must be a tree: no file under a file, no file named twice."""
-    spec = {"name": "t", "goal": "g", "agents": [{"name": "a"}], "files": files}
+    spec = {
+        "name": "t",
+        "goal": "g",
+        "agents": [{"name": "a", "model": "scripted"}],
+        "files": files,
+    }
     with pytest.raises(InvalidSpec, match=why):
         parse_model(TaskSpec, spec, "task spec")
 
@@ -255,7 +260,11 @@ def test_a_spec_sets_the_limits_and_its_own_files_must_keep_them() -> None:
 
     The initial files are held to them.
     """
-    spec: dict[str, object] = {"name": "t", "goal": "g", "agents": [{"name": "a"}]}
+    spec: dict[str, object] = {
+        "name": "t",
+        "goal": "g",
+        "agents": [{"name": "a", "model": "scripted"}],
+    }
     default = parse_model(TaskSpec, spec, "task spec").policy()
     assert (64 * MiB, 1024 * MiB) == (default.max_file_bytes, default.max_workspace_bytes)
     spec |= {"max_file_bytes": 100, "max_workspace_bytes": 500}

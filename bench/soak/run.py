@@ -45,8 +45,8 @@ from cairn.storage import keys
 from cairn.storage.archive import DEFAULT_SKEW_MARGIN
 from cairn.storage.backends.redis import connect
 from cairn.storage.errors import InvalidSpec
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 from chaos.faults import Fault, Plan
 from chaos.run import ChaosRun
 from chaos.team import AGENTS
@@ -70,7 +70,10 @@ def cold_bound() -> int:
 
 def soak_spec(name: str, supersteps: int) -> TaskSpec:
     """A task of TEAM scripted agents (named as the chaos team's) playing `supersteps` turns."""
-    team = [AgentSpec(name=AGENTS[i], script=turns(i, supersteps, LATENCY)) for i in range(TEAM)]
+    team = [
+        AgentSpec(name=AGENTS[i], model="scripted", script=turns(i, supersteps, LATENCY))
+        for i in range(TEAM)
+    ]
     return TaskSpec(
         name=name,
         goal="Take notes, turn by turn.",

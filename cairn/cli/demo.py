@@ -35,8 +35,8 @@ from cairn.storage import keys
 from cairn.storage.backends.redis import connect
 from cairn.storage.errors import CairnError
 from cairn.storage.records import GCStatus, GlobalCheckpoint
-from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore
+from cairn.testing.redis_server import RedisServer
 
 KILL_AGENT, KILL_SUPERSTEP = "coder", 2  # whose step loses its worker, and when
 ROLLBACK_AFTER, ROLLBACK_TO = 3, 1  # once GC 3 is committed, go back to GC 1

@@ -32,7 +32,7 @@ from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import Settings, display_url
 from cairn.storage.errors import InvalidSpec, Unavailable
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 
 log = get_logger("cairn.cli")
 YOUNG = 5.0  # seconds: a child dying sooner than this is restarted after a backoff

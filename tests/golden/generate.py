@@ -47,7 +47,7 @@ from cairn.storage.records import (
     Usage,
     WorkspaceManifest,
 )
-from cairn.storage.redis_server import RedisServer
+from cairn.testing.redis_server import RedisServer
 
 # A key for these files only; the test holds the same bytes. Never a real CAIRN_SIGNING_KEY.
 SIGNING_KEY = b"golden-test-key"

@@ -5,8 +5,8 @@
 Redis for a poison naming that task and that phase, and raises `InjectedFault` if it finds
 one, as a bug or a hostile record met there would. So a test shows that one task's failure
 in any phase stays that task's. Set a poison with `poison`, lift it with `cure`.
-`python -m cairn.coordinator.testing` runs it as `python -m cairn.coordinator` runs the real
-one. Nothing outside tests and the chaos suite uses this module.
+`python -m cairn.testing.coordinator` runs it as `python -m cairn.coordinator` runs the
+real one. Cairn's own tests and the chaos suite use it; `cairn.testing` does not export it.
 """
 
 from __future__ import annotations

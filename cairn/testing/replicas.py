@@ -23,7 +23,7 @@ from redis.backoff import NoBackoff
 from redis.retry import Retry
 
 from cairn.storage.errors import RedisServerError
-from cairn.storage.redis_server import (
+from cairn.testing.redis_server import (
     START_TIMEOUT,
     RedisServer,
     free_port,

@@ -1,4 +1,4 @@
-"""A private `redis-server` process on a free port: for tests and the embedded default.
+"""A private `redis-server` process on a free port: for tests (yours and Cairn's) and `cairn up`.
 
 It never touches a Redis it did not start, and it is stopped (or killed, to test crashes)
 by whoever started it.
