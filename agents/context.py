@@ -24,6 +24,7 @@ from cairn.agents.approval import decision_for
 from cairn.agents.logs import get_logger
 from cairn.agents.models.base import Model, ModelReply, ModelRequest
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
+from cairn.agents.team import team
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
 from cairn.storage.chain import AgentState
@@ -97,8 +98,8 @@ class StepContext:
 
     @property
     def team(self) -> list[str]:
-        """The team's agents, in order."""
-        return [a.name for a in self.record.agents]
+        """The team's agents at the GC this step follows, in order (`cairn.agents.team`)."""
+        return team(self.gc, self.record)
 
     @property
     def policy(self) -> StepPolicy:
