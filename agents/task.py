@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from cairn.agents.kinds import kind_of
 from cairn.agents.spec import TaskRecord
 from cairn.agents.workspace import check_path, tree_clashes
 from cairn.storage.chain import AgentState
@@ -40,6 +41,7 @@ def start_task(
             ],
             workspace_before=workspace,
             workspace_after=workspace,
+            kind_state=kind_of(spec).initial_state(spec),
         )
         members[spec.name] = store.write_lc(state, vote=True)
     gc = GlobalCheckpoint(

@@ -38,7 +38,10 @@ SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 @dataclass(slots=True)
 class ToolContext:
-    """What a tool call may touch: the workspace, the team, and the step's outputs."""
+    """What one tool call may touch: the workspace, the team, the step's outputs, its key.
+
+    Each call gets its own: its images and its idempotency key are that call's alone.
+    """
 
     workspace: Workspace
     agent: str
@@ -48,23 +51,18 @@ class ToolContext:
     task: str = ""
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
-    # Images the current call returned, beside its text, for a model that takes them: the
-    # step moves them into the call's result message.
+    # Images the call returned, beside its text, for a model that takes them: the step
+    # moves them into the call's result message.
     images: list[ImagePart] = field(default_factory=list)
-    # The current call's key, or how to work it out: most tools never read it.
-    _key: str | Callable[[], str] = field(default="", init=False, repr=False)
+    # The call's key, or how to work it out: most tools never read it.
+    key: str | Callable[[], str] = field(default="", repr=False)
 
     @property
     def idempotency_key(self) -> str:
-        """The current call's key (see `idempotency_key`); "" outside a call."""
-        if not isinstance(self._key, str):
-            self._key = self._key()
-        return self._key
-
-    @idempotency_key.setter
-    def idempotency_key(self, key: str | Callable[[], str]) -> None:
-        """Set the current call's key, or a function giving it when first read."""
-        self._key = key
+        """The call's key (see `idempotency_key`); "" outside a call."""
+        if not isinstance(self.key, str):
+            self.key = self.key()
+        return self.key
 
     def path(self, path: str) -> Path:
         """Return where workspace path `path` is on disk; `ToolError` if it leaves the workspace."""

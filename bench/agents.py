@@ -36,8 +36,8 @@ from bench.report import (
     table,
 )
 from bench.storage import Text, filesystem, floor_write
-from cairn.agents import step as step_module
 from cairn.agents.barrier import build_gc
+from cairn.agents.context import StepContext
 from cairn.agents.heartbeat import Heartbeat
 from cairn.agents.models.base import Model, ModelRequest
 from cairn.agents.models.scripted import ScriptedModel
@@ -122,7 +122,7 @@ class Phases:
             (CheckpointStore, "read_state", "read_state: open + validate + rebuild chain"),
             (CheckpointStore, "read_manifest", "read_manifest: open + validate"),
             (Workspace, "sync", "workspace.sync: scan tree, write index"),
-            (getattr(step_module, "_Step", None), "_trace", "trace records: pydantic validate"),
+            (StepContext, "_trace", "trace records: pydantic validate"),
             (Workspace, "capture", "workspace.capture: scan, hash, write index"),
             (CheckpointStore, "put_blob", "put_blob: sha256 (+zstd) seal"),
             (CheckpointStore, "put_manifest", "put_manifest: canonical JSON"),

@@ -18,6 +18,7 @@ import time
 
 from cairn.agents.logs import get_logger
 from cairn.agents.spec import TaskRecord
+from cairn.agents.team import team
 from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.replication import require
@@ -75,12 +76,13 @@ def fork_task(
     gc = committed_gc(store, source, at)
     record = store.read_doc(source, SPEC_DOC, TaskRecord).model_copy(update={"task": new})
     limits = store.read_doc(source, LIMITS_DOC, Limits)
+    agents = team(gc, record)  # the source's team at that GC
     if spec is not None:
         names = sorted(a.name for a in spec.agents)
-        if names != sorted(a.name for a in record.agents):
+        if names != sorted(agents):
             raise InvalidSpec(
                 f"a fork keeps its team: the spec names {', '.join(names)}, task {source} has "
-                + ", ".join(sorted(a.name for a in record.agents))
+                + ", ".join(sorted(agents))
             )
         record, limits = spec.record(new), spec.limits()
     epoch = store.hot.init_task(new)
@@ -92,15 +94,17 @@ def fork_task(
     workspace = store.put_manifest(new, WorkspaceManifest(files=copied))
     members: dict[str, LCRef] = {}
     histories: dict[str, Usage] = {}
-    for agent in record.agents:
-        ref = gc.members[agent.name]
-        state = store.read_state(source, agent.name, ref.id, ref.checksum)
+    systems = {agent.name: agent.system for agent in record.agents}
+    for name in agents:
+        ref = gc.members[name]
+        state = store.read_state(source, name, ref.id, ref.checksum)
         _move(state, new, epoch, gc.superstep, workspace)
-        if agent.system and state.messages and state.messages[0].role is Role.SYSTEM:
-            state.messages[0] = Message(role=Role.SYSTEM, content=agent.system)
-        store.hot.begin_attempt(new, agent.name, gc.superstep, 1, epoch=epoch)
-        members[agent.name] = store.write_lc(state, vote=True)
-        histories[agent.name] = state.usage
+        system = systems.get(name)
+        if system and state.messages and state.messages[0].role is Role.SYSTEM:
+            state.messages[0] = Message(role=Role.SYSTEM, content=system)
+        store.hot.begin_attempt(new, name, gc.superstep, 1, epoch=epoch)
+        members[name] = store.write_lc(state, vote=True)
+        histories[name] = state.usage
     inherit(runs.redis, new, histories)  # spent by the source: not the fork's own spend
     start = gc.model_copy(
         update={

@@ -32,6 +32,7 @@ from rq.serializers import JSONSerializer
 
 from cairn.agents.logs import get_logger
 from cairn.agents.spec import TaskRecord
+from cairn.agents.team import team
 from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
@@ -203,7 +204,7 @@ class Restorer:
         try an older GC. Staging that failed in passing, or no vote from every agent
         within `wait` s, raises `RestoreFailed` instead (see `_given_up`).
         """
-        agents = [a.name for a in record.agents]
+        agents = team(gc, record)
         self.store.hot.begin_attempts(task, dict.fromkeys(agents, 1), gc.superstep, epoch=epoch)
         if not self.workers:
             for agent in agents:

@@ -23,6 +23,7 @@ from cairn.agents.accounting import Budget
 from cairn.agents.approval import decide
 from cairn.agents.barrier import StepOutputs, pending_calls
 from cairn.agents.spec import TaskRecord
+from cairn.agents.team import team as team_at
 from cairn.agents.workspace import check_path, directories, tree_clashes
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
@@ -303,8 +304,8 @@ def list_tasks(client: redis.Redis, store: CheckpointStore) -> list[TaskStatus]:
 
 
 def team(store: CheckpointStore, task: str) -> list[str]:
-    """The task's agents, in team order."""
-    return [a.name for a in store.read_doc(task, SPEC_DOC, TaskRecord).agents]
+    """The task's agents at its latest GC, in team order (`cairn.agents.team`)."""
+    return team_at(latest(store, task), store.read_doc(task, SPEC_DOC, TaskRecord))
 
 
 def latest(store: CheckpointStore, task: str) -> GlobalCheckpoint:
@@ -404,7 +405,7 @@ def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[J
     team order and position in the agent's own trace.
     """
     gc = latest(store, task)
-    order = team(store, task)
+    order = team_at(gc, store.read_doc(task, SPEC_DOC, TaskRecord))
     if agent is not None and agent not in gc.members:
         raise InvalidSpec(f"task {task} has no agent {agent!r}")
     rows = []

@@ -12,11 +12,12 @@ and a step only appends to the trace (`AgentState.add_trace`) and writes its new
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-from pydantic import ConfigDict, Field, GetPydanticSchema
+from pydantic import ConfigDict, Field, GetPydanticSchema, JsonValue
 from pydantic_core import core_schema
 
 from cairn.storage.codec import parse
@@ -120,6 +121,7 @@ class AgentState:
     outbox: list[InboxMessage] = field(default_factory=list)
     base: LCBase | None = None
     usage: Usage = field(default_factory=Usage)  # of the whole history's model calls
+    kind_state: dict[str, JsonValue] = field(default_factory=dict)  # the agent kind's own
     # Set while the `trace` slot is unset: what reading `trace` builds it from.
     _unbuilt: _UnbuiltTrace | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -167,6 +169,7 @@ class AgentState:
             changes=dict(self.changes),
             outbox=list(self.outbox),
             base=None if self.base is None else replace(self.base),
+            kind_state=copy.deepcopy(self.kind_state),  # nested JSON a kind changes in place
         )
         if unbuilt is not None:
             copied.defer_trace(unbuilt.verified, list(unbuilt.added))
@@ -203,6 +206,7 @@ CONTEXT_FIELDS = (
     "inbox_cursor",
     "changes",
     "outbox",
+    "kind_state",
 )
 
 

@@ -14,7 +14,7 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-SCHEMA_VERSION = 3  # what this code writes; older records are read through storage/upcast.py
+SCHEMA_VERSION = 4  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
@@ -256,6 +256,11 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     # What the model calls of the agent's whole history used, up to this LC (None in
     # records of schema 1, which did not keep it: their trace has it, call by call).
     usage: Usage | None = None
+    # The agent kind's own state, whole in every LC (`cairn.agents.kinds`). Left out of the
+    # stored form when empty, as it is for every `llm` agent.
+    kind_state: dict[str, JsonValue] = Field(
+        default_factory=dict, exclude_if=lambda state: not state
+    )
 
     @property
     def added_messages(self) -> list[Message]:

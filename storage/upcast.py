@@ -14,6 +14,8 @@ Steps:
          documents gained `prices` and `budget`. All added, with defaults.
   2 → 3: a message keeps a tool result's images (`images`, empty before, and left out
          of the stored form while empty). Added, with a default.
+  3 → 4: a local checkpoint keeps its agent kind's own state (`kind_state`, empty
+         before, and left out of the stored form while empty). Added, with a default.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ def _additive(record: Json) -> Json:
 
 ADDITIVE: Final[Upcaster] = _additive
 # version → the step from it to the next one
-UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE}
+UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE}
 
 
 def needs_json(version: int) -> bool:

@@ -79,12 +79,13 @@ class Cluster:
         args = ["cairn.coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
         return self._spawn(args, f"coordinator-{name}", f"coordinator-{name}.log")
 
-    def start_worker(self) -> subprocess.Popen[bytes]:
-        """Start one more worker process, with a workspace cache of its own."""
+    def start_worker(self, module: str = "cairn.testing.worker") -> subprocess.Popen[bytes]:
+        """Start one more worker process, with a workspace cache of its own.
+
+        By default the testing worker, whose scripted crashes kill it (`cairn.testing.faults`).
+        """
         n = len(self.workers)
-        worker = self._spawn(
-            ["cairn.coordinator.worker", self.server.url], f"worker-{n}", f"worker-{n}.log"
-        )
+        worker = self._spawn([module, self.server.url], f"worker-{n}", f"worker-{n}.log")
         self.workers.append(worker)
         return worker
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import io
 import json
 import threading
@@ -12,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from cairn.agents import faults
 from cairn.agents.cache import WorkerCache
 from cairn.agents.heartbeat import Heartbeat
 from cairn.agents.logs import configure_logging, get_logger
@@ -52,14 +54,18 @@ def test_scripted_turn_depends_only_on_the_history() -> None:
 
 
 def test_scripted_failures_follow_the_attempt() -> None:
-    """Fail raises on the listed attempts only, with its kind; crash marks the listed attempts."""
+    """Fail raises on the listed attempts only, with its kind; crash arms the listed attempts."""
     model = ScriptedModel(SCRIPT)
     with pytest.raises(ModelError, match="bad key") as caught:
         model.complete(ModelRequest(history(1), [], attempt=2))
     assert not caught.value.retryable
     assert "fail" == model.complete(ModelRequest(history(1), [], attempt=3)).content
-    assert 2 == model.complete(ModelRequest(history(2), [], attempt=1)).crash_after_tools
-    assert model.complete(ModelRequest(history(2), [], attempt=2)).crash_after_tools is None
+    armed = contextvars.copy_context()
+    armed.run(model.complete, ModelRequest(history(2), [], attempt=1))
+    assert faults.Crash(after_tools=2) == armed.get(faults._armed)
+    spared = contextvars.copy_context()
+    spared.run(model.complete, ModelRequest(history(2), [], attempt=2))
+    assert spared.get(faults._armed) is None
 
 
 def test_scripted_model_halts_past_its_script() -> None:

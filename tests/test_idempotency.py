@@ -115,6 +115,7 @@ def test_the_same_call_replayed_after_a_restore_keeps_its_key(
 SAMPLER = """
 import sys
 from pathlib import Path
+from cairn.agents import faults
 from cairn.agents.models.base import ModelReply
 from cairn.agents.sandbox import UNSANDBOXED, use_sandbox
 from cairn.agents.step import run_step
@@ -123,6 +124,7 @@ from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
 from cairn.storage.records import ToolCall, Usage
 from cairn.storage.store import CheckpointStore
+from cairn.testing.faults import install_fault_hook
 
 url, archive, cache, task, attempt, first, again = sys.argv[1:8]
 
@@ -131,11 +133,12 @@ class Sampler:
     def complete(self, request):
         command = first if request.attempt == 1 else again
         call = ToolCall(id="c0", name="run_command", args={"command": command})
-        crash = 1 if request.attempt == 1 else None  # attempt 1 dies past its one tool
-        return ModelReply(content="paying", usage=Usage(), tool_calls=[call],
-                          crash_after_tools=crash)
+        if request.attempt == 1:  # attempt 1 dies past its one tool
+            faults.arm(faults.Crash(after_tools=1))
+        return ModelReply(content="paying", usage=Usage(), tool_calls=[call])
 
 use_sandbox(UNSANDBOXED)
+install_fault_hook()
 store = CheckpointStore(RedisHotStore(connect(url)), DiskArchive(archive), Codec())
 epoch = store.hot.get_epoch(task)
 run_step(task, "a", 1, epoch, int(attempt), store=store, cache=Path(cache),

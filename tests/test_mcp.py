@@ -255,8 +255,7 @@ def test_agent_tools_expand_mcp_names(stdio: McpManager, tmp_path: Path, record_
     assert ["read_file", "notes__record"] == list(tools)
     assert NOTES_TOOLS == sorted(agent_tools(["mcp:notes"], registry, stdio))
     workspace = Workspace(tmp_path / "cache", "t", "coder")
-    ctx = ToolContext(workspace, "coder", ["coder"], 3, StepPolicy(output_limit=300))
-    ctx.idempotency_key = KEY
+    ctx = ToolContext(workspace, "coder", ["coder"], 3, StepPolicy(output_limit=300), key=KEY)
     assert tools["notes__record"].run(ctx, {"note": "via a step"}).startswith("recorded")
     assert [KEY] == _recorded(record_file)
     with pytest.raises(MissingTool, match="'mcp:notes/nope'"):

@@ -32,7 +32,7 @@ import time
 import zlib
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from random import Random
@@ -253,9 +253,7 @@ def own_everything(tmp_path: Path) -> Iterator[Served]:
 def step_context(tmp_path: Path) -> ToolContext:
     """What a step hands a tool: the workspace, the team, the policy, the call's key."""
     workspace = Workspace(tmp_path / "cache", "mcp-servers", AGENT)
-    ctx = ToolContext(workspace, AGENT, [AGENT], 1, StepPolicy())
-    ctx.idempotency_key = KEY
-    return ctx
+    return ToolContext(workspace, AGENT, [AGENT], 1, StepPolicy(), key=KEY)
 
 
 # Images: never base64 in what a model reads.
@@ -393,12 +391,11 @@ def test_git_commit_as_a_step_runs_once_with_its_key(
     repo, tools = git_server.home, git_server.tools()
     (repo / "notes.txt").write_text("stones\n")
     before, sent_before = _commits(repo), len(git_server.calls_of("git_commit"))
-    step_context.idempotency_key = "mcp-servers:clerk:1:0:aaaa"
     staged = tools["git__git_add"].run(
-        step_context, {"repo_path": str(repo), "files": ["notes.txt"]}
+        replace(step_context, key="mcp-servers:clerk:1:0:aaaa"),
+        {"repo_path": str(repo), "files": ["notes.txt"]},
     )
     assert "staged" in staged.lower()
-    step_context.idempotency_key = KEY
     args: Args = {"repo_path": str(repo), "message": "notes: one stone"}
     assert "committed" in tools["git__git_commit"].run(step_context, args).lower()
     assert before + 1 == _commits(repo)

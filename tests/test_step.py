@@ -98,11 +98,13 @@ from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
 from cairn.storage.store import CheckpointStore
+from cairn.testing.faults import install_fault_hook
 
 url, archive, cache, log, task, agent, superstep, attempt = sys.argv[1:9]
 # Its commands stand for the world outside: they write a ledger beside the workspace, or
 # kill this process, which a sandboxed command cannot.
 use_sandbox(UNSANDBOXED)
+install_fault_hook()  # a scripted crash kills this process
 store = CheckpointStore(RedisHotStore(connect(url)), DiskArchive(archive), Codec())
 
 def models(spec: AgentSpec) -> ScriptedModel:

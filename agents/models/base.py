@@ -48,16 +48,11 @@ class ModelRequest:
 
 @dataclass(frozen=True, slots=True)
 class ModelReply:
-    """A model's answer: text, tool calls, tokens used.
-
-    `crash_after_tools` is fault injection for the scripted model only: the step kills
-    its own process with SIGKILL once that many of this turn's tool calls have run.
-    """
+    """A model's answer: text, tool calls, tokens used."""
 
     content: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
-    crash_after_tools: int | None = None
 
 
 class Model(Protocol):

@@ -3,7 +3,8 @@
 The turn it plays is a pure function of the agent's state, the number of assistant turns
 already in the history (as the Forge seed's mock model does), so a restored agent goes on
 with its script exactly where its checkpoint left it. Past the end it answers without tool
-calls, and the agent halts.
+calls, and the agent halts. A turn's `crash` arms a fault point of the step it answers
+(`cairn.agents.faults`): only a worker with a fault hook dies there.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+from cairn.agents import faults
 from cairn.agents.models.base import ModelReply, ModelRequest
 from cairn.agents.spec import Turn
 from cairn.storage.errors import ModelError
@@ -52,11 +54,10 @@ class ScriptedModel:
             for i, tool in enumerate(turn.tools)
         ]
         crash = turn.crash
+        if crash is not None and request.attempt in crash.attempts:
+            faults.arm(faults.Crash(crash.after_tools))
         return ModelReply(
             content=turn.say,
             tool_calls=calls,
             usage=Usage(prompt_tokens=prompt_tokens, completion_tokens=len(turn.say or "") // 4),
-            crash_after_tools=(
-                crash.after_tools if crash and request.attempt in crash.attempts else None
-            ),
         )

@@ -148,13 +148,19 @@ def stop_on_signals() -> threading.Event:
     return stop
 
 
-def worker_children(settings: Settings, url: str, count: int, logs: Path | None) -> list[Child]:
-    """`count` worker processes on the Redis at `url`."""
+def worker_children(
+    settings: Settings,
+    url: str,
+    count: int,
+    logs: Path | None,
+    module: str = "cairn.coordinator.worker",
+) -> list[Child]:
+    """`count` worker processes on the Redis at `url`, each `python -m module`."""
     env = settings.child_env(url)
     return [
         Child(
             f"worker-{n}",
-            [sys.executable, "-m", "cairn.coordinator.worker"],
+            [sys.executable, "-m", module],
             env,
             None if logs is None else logs / f"worker-{n}.log",
         )

@@ -29,12 +29,15 @@ What is here (docs/testing-your-agents.md has more):
 - The scripted model: an agent with `model: scripted` plays its `script`, a list of
   `Turn`s (what it says, the `ToolRequest`s it makes, a `latency`, a `FailSpec` making
   the model call fail on given attempts, a `CrashSpec` making the worker SIGKILL itself
-  mid-step). `ScriptedModel` is that model on its own; past its script it answers
-  `FINISHED` with no tool call, and the agent rests.
+  mid-step: a worker of `LocalCairn`'s, or any started as `python -m cairn.testing.worker`
+  or after `install_fault_hook()`; other workers log the crash and go on).
+  `ScriptedModel` is that model on its own; past its script it answers `FINISHED` with
+  no tool call, and the agent rests.
 """
 
 from cairn.agents.models.scripted import FINISHED, ScriptedModel
 from cairn.agents.spec import AgentSpec, CrashSpec, FailSpec, ToolRequest, Turn
+from cairn.testing.faults import install_fault_hook
 from cairn.testing.local import LocalCairn
 from cairn.testing.redis_server import RedisServer, TLSFiles, free_port
 from cairn.testing.replicas import ReplicaSet
@@ -52,4 +55,5 @@ __all__ = [
     "ToolRequest",
     "Turn",
     "free_port",
+    "install_fault_hook",
 ]

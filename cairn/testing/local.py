@@ -2,8 +2,9 @@
 
 A private `redis-server` (on a free port, with a password made for it), one coordinator
 and a number of worker processes, all started from the directory given and all stopped
-at the end of the `with` block. A process that dies (a worker a script's `crash` killed)
-is started again, as `cairn up` does. Its `client` is a `cairn.Client` on that Redis.
+at the end of the `with` block. The workers are `cairn.testing.worker`s, which a script's
+`crash` kills; a process that dies is started again, as `cairn up` does. Its `client`
+is a `cairn.Client` on that Redis.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class LocalCairn:
                 self.settings.child_env(self.url),
                 logs / "coordinator.log",
             )
-            workers = worker_children(self.settings, self.url, self.workers, logs)
+            # The testing worker: a script's `crash` kills it (`cairn.testing.faults`).
+            workers = worker_children(self.settings, self.url, self.workers, logs,
+                                      module="cairn.testing.worker")  # fmt: skip
             self._supervisor = Supervisor([coordinator, *workers])
             self._supervisor.start()
             self._stop.clear()

@@ -193,6 +193,7 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
         workspace_after=manifest_id,
         changes={"notes.md": notes_sha, "draft.md": None},
         usage=FULL_CALL,
+        kind_state={"plan": ["survey", "notes"], "done": 1, "draft": None},
         outbox=[
             InboxMessage(
                 id="01942a3c-1e01-7000-8000-00000000b001",

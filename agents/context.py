@@ -1,0 +1,279 @@
+"""`StepContext`: what an agent kind may see and do in one step.
+
+The step's protocol (`cairn.agents.step`) fences the attempt, loads the agent's state and
+the workspace, and writes the checkpoints; a kind (`cairn.agents.kinds`) decides what
+the agent does, through this context only: read its history and goal, take its inbox,
+ask its model (counted and traced), call its tools (approval, tool-level checkpoints and
+idempotency keys as the spec says), keep a JSON state of its own, and take a tool-level
+checkpoint. Each tool call gets a `ToolContext` of its own.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from functools import partial
+
+from pydantic import JsonValue
+
+from cairn.agents import faults
+from cairn.agents.accounting import cost
+from cairn.agents.approval import decision_for
+from cairn.agents.logs import get_logger
+from cairn.agents.models.base import Model, ModelReply, ModelRequest
+from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
+from cairn.agents.team import team
+from cairn.agents.tools import Tool, ToolContext, idempotency_key
+from cairn.agents.workspace import Workspace
+from cairn.storage.chain import AgentState
+from cairn.storage.errors import ToolError
+from cairn.storage.records import (
+    AgentStatus,
+    Effects,
+    GlobalCheckpoint,
+    Message,
+    Role,
+    ToolCall,
+    TraceRecord,
+    Usage,
+)
+from cairn.storage.redact import redact, redact_json, redact_optional
+from cairn.storage.store import CheckpointStore
+
+log = get_logger(__name__)
+
+
+@dataclass(slots=True)
+class Tally:
+    """What a step did, for its result and its log line."""
+
+    tools_run: int = 0
+    model_called: bool = False
+    tokens: int | None = None
+
+
+@dataclass(slots=True)
+class StepContext:
+    """One step of one agent, as its kind sees it.
+
+    `history` is the agent's messages (the kind appends to it, through `ask`, `call` and
+    `inbox`), `state` its kind's own JSON state, kept in every checkpoint. `checkpoint`
+    writes a tool-level LC: a retry of this step starts from the latest one.
+    """
+
+    store: CheckpointStore
+    record: TaskRecord
+    spec: AgentSpec
+    lc: AgentState  # the agent's state this step changes, cut into its checkpoints
+    gc: GlobalCheckpoint  # the GC the step follows
+    model: Model
+    tools: Mapping[str, Tool]  # the agent's tools on this worker, by name
+    approved: frozenset[str]  # the tools a person approves each call of
+    workspace: Workspace
+    checkpoint: Callable[[], None]  # write a tool-level LC now
+    resumed: bool  # the step resumes from a tool-level LC an earlier attempt wrote
+    waiting_at: str  # the LC id a waiting call's decision is filed under (`approval`)
+    decided: list[ToolCall] = field(default_factory=list)  # calls whose decision it used
+    tally: Tally = field(default_factory=Tally)
+    spent: Callable[[], bool] | None = None  # the model call's spend, on its way
+    dirty: bool = False  # an external call ran since the last tool-level checkpoint
+    touched: bool = False  # a tool ran since the tree was last synced or captured
+
+    @property
+    def task(self) -> str:
+        """The task's id."""
+        return self.lc.task
+
+    @property
+    def agent(self) -> str:
+        """The agent's name."""
+        return self.lc.agent
+
+    @property
+    def goal(self) -> str:
+        """The task's goal, as submitted."""
+        return self.record.goal
+
+    @property
+    def team(self) -> list[str]:
+        """The team's agents at the GC this step follows, in order (`cairn.agents.team`)."""
+        return team(self.gc, self.record)
+
+    @property
+    def policy(self) -> StepPolicy:
+        """The task's step policy (limits, checkpoint triggers)."""
+        return self.record.policy
+
+    @property
+    def history(self) -> list[Message]:
+        """The agent's whole history; what a kind appends is checkpointed with the step."""
+        return self.lc.messages
+
+    @property
+    def state(self) -> dict[str, JsonValue]:
+        """The kind's own state: JSON, kept in every checkpoint (empty for `llm`)."""
+        return self.lc.kind_state
+
+    def inbox(self) -> list[Message]:
+        """Deliver the messages sent to the agent since it last read, into its history."""
+        cursor = self.lc.inbox_cursor
+        mine = sorted(
+            (m for m in self.gc.inbox if m.recipient == self.agent and m.seq > cursor),
+            key=lambda m: m.seq,
+        )
+        delivered = []
+        for sent in mine:
+            text = redact(f"Message from {sent.sender}: {sent.content}")
+            delivered.append(Message(role=Role.USER, name=sent.sender, content=text))
+            self.lc.inbox_cursor = sent.seq
+        self.lc.messages.extend(delivered)
+        return delivered
+
+    def ask(self) -> ModelReply:
+        """Take one model turn on the history with the agent's tools on offer.
+
+        The turn's spend is counted as soon as it is paid for, whatever becomes of the
+        step; the turn goes into the history (tool calls as the model made them: a retry
+        runs them from there) and the trace.
+        """
+        schemas = [tool.schema for tool in self.tools.values()]
+        started, clock = datetime.now(UTC), time.perf_counter()
+        request = ModelRequest(self.lc.messages, schemas, agent=self.agent,
+                               attempt=self.lc.attempt)  # fmt: skip
+        reply = self.model.complete(request)
+        price = self.record.prices.get(self.spec.model)
+        usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
+        at = (self.lc.epoch, self.lc.superstep, self.lc.attempt)
+        self.spent = self.store.hot.send_spend(self.task, self.agent, *at, usage)
+        self.lc.usage = self.lc.usage.plus(usage)
+        content = redact_optional(reply.content)
+        self.lc.messages.append(
+            Message(role=Role.ASSISTANT, content=content, tool_calls=reply.tool_calls)
+        )
+        self._trace(None, {}, content, None, None, started, clock, usage)
+        self.tally.model_called, self.tally.tokens = True, usage.tokens
+        # At debug: "step done" carries the turn's tokens, so a step logs one line at info.
+        log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=usage.tokens)
+        return reply
+
+    def call(self, call: ToolCall, place: int) -> bool:
+        """Run one tool call, the `place`-th of its turn; False when it waits for a person.
+
+        A call the agent's spec says a person approves waits until one decides (its
+        result, if rejected, says why); a checkpoint precedes it as the policy's triggers
+        say; its result (or error) goes into the history and the trace.
+        """
+        done = self._call(call, place)
+        self.tally.tools_run += done
+        return done
+
+    def _call(self, call: ToolCall, place: int) -> bool:
+        tool = self.tools.get(call.name)
+        if tool is not None and call.name in self.approved:
+            decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
+            if decision is None:
+                self.lc.status = AgentStatus.WAITING_APPROVAL
+                log.info("waiting for approval", tool=call.name, call=call.id)
+                return False
+            self.decided.append(call)
+            if not decision.approved:
+                self._result(call, tool, None, f"rejected by a person: {decision.reason}")
+                return True
+        if tool is not None and self._wants_checkpoint(tool):
+            self.checkpoint()
+        faults.before_tool(place)
+        started, clock = datetime.now(UTC), time.perf_counter()
+        if tool is None:
+            self._result(call, None, None, f"unknown tool {call.name!r}", started, clock)
+            return True
+        self.dirty = self.dirty or tool.effects is Effects.EXTERNAL
+        self.touched = True
+        key = partial(idempotency_key, self.task, self.agent, self.lc.superstep, place,
+                      call.name, call.args)  # fmt: skip
+        own = ToolContext(workspace=self.workspace, agent=self.agent, team=self.team,
+                          superstep=self.lc.superstep, policy=self.policy, task=self.task,
+                          outbox=self.lc.outbox, key=key)  # fmt: skip
+        # The trace records an external call's key; a tool that reads it works it out.
+        traced = own.idempotency_key if tool.effects is Effects.EXTERNAL else None
+        try:
+            result = tool.run(own, call.args)
+        except ToolError as exc:
+            self._result(call, tool, None, str(exc), started, clock, traced)
+        except (OSError, ValueError) as exc:  # e.g. a file that is not UTF-8 text
+            # An OSError's text names the worker's real path: the model gets the reason only.
+            why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+            error = f"{type(exc).__name__}: {why}"
+            self._result(call, tool, None, error, started, clock, traced)
+        else:
+            self._result(call, tool, result, None, started, clock, traced, own)
+        return True
+
+    def _wants_checkpoint(self, tool: Tool) -> bool:
+        """Say whether to checkpoint before `tool`.
+
+        `all`: before every tool. `side_effects`: before each tool with external effects
+        and before any tool that follows one, so a finished external call is on record
+        before anything else runs, and a crash repeats at most the call it interrupted.
+        Workspace effects need none: a retry discards the step's tree and outbox since the
+        last LC and redoes them.
+        """
+        level = self.policy.triggers.tool_call
+        external = tool.effects is Effects.EXTERNAL
+        return level == "all" or (level == "side_effects" and (external or self.dirty))
+
+    def _result(
+        self,
+        call: ToolCall,
+        tool: Tool | None,
+        result: str | None,
+        error: str | None,
+        started: datetime | None = None,
+        clock: float | None = None,
+        key: str | None = None,
+        own: ToolContext | None = None,
+    ) -> None:
+        redacted = redact_optional(result)
+        content = redacted if error is None else redact(f"error: {error}")
+        images = own.images if own is not None and error is None else []
+        message = Message(role=Role.TOOL, tool_call_id=call.id, name=call.name,
+                          content=content, images=images)  # fmt: skip
+        self.lc.messages.append(message)
+        effects = tool.effects if tool is not None else None
+        self._trace(call.name, call.args, redacted, effects, error, started, clock, None, key)
+        if error is not None:
+            log.info("tool failed", tool=call.name, error=error)
+
+    def _trace(
+        self,
+        tool: str | None,
+        args: dict[str, JsonValue],
+        result: str | None,
+        effects: Effects | None,
+        error: str | None,
+        started: datetime | None,
+        clock: float | None,
+        usage: Usage | None,
+        key: str | None = None,
+    ) -> None:
+        now = datetime.now(UTC)
+        self.lc.add_trace(
+            TraceRecord.model_validate(
+                {
+                    "step": self.lc.step,
+                    "superstep": self.lc.superstep,
+                    "tool": tool,
+                    "arguments": redact_json(args),
+                    "result": result,  # redacted by the caller, as its message's content
+                    "side_effect": effects is Effects.EXTERNAL,
+                    "effects": effects,
+                    "idempotency_key": key,
+                    "error": redact_optional(error),
+                    "started_at": started or now,
+                    "finished_at": now,
+                    "duration_ms": 0.0 if clock is None else (time.perf_counter() - clock) * 1000,
+                    "usage": usage,
+                }
+            )
+        )

@@ -1,0 +1,71 @@
+"""The `llm` kind: one model turn, then the tool calls it asked for.
+
+A step resumed from a tool-level checkpoint does not ask the model again for a turn it
+already took: it runs the calls of that turn still without a result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import JsonValue
+
+from cairn.agents.barrier import pending_calls
+from cairn.agents.context import StepContext
+from cairn.agents.spec import AgentSpec
+from cairn.storage.records import AgentStatus, Message, Role
+
+
+@dataclass(frozen=True, slots=True)
+class LlmKind:
+    """A model and its tools, in a loop of one turn a step (see the module's docstring)."""
+
+    name: str = "llm"
+
+    def initial_state(self, spec: AgentSpec) -> dict[str, JsonValue]:
+        """None: the history is the whole of an `llm` agent's state."""
+        return {}
+
+    def step(self, ctx: StepContext) -> None:
+        """Take the turn (unless this step took it before a crash), then run its calls."""
+        pending = pending_calls(ctx.history)
+        base = ctx.lc.base.message_count if ctx.lc.base else 0
+        taken = any(m.role is Role.ASSISTANT for m in ctx.history[base:])
+        if not pending and not taken:
+            ctx.inbox()
+            pending = list(ctx.ask().tool_calls)
+            if ctx.policy.triggers.model_reply:
+                ctx.checkpoint()
+        places = _places(ctx.history)
+        for call in pending:
+            if not ctx.call(call, places[call.id]):
+                break  # waiting for a person's approval
+
+    def status(self, ctx: StepContext) -> AgentStatus:
+        """Where the agent stands, read from its history alone.
+
+        Waiting while a call of its last turn awaits approval; finished once that turn
+        called `finish`; active while the turn asked for tools (it goes on next
+        superstep); else halted until a message wakes it.
+        """
+        if pending_calls(ctx.history):
+            return AgentStatus.WAITING_APPROVAL
+        last = next((m for m in reversed(ctx.history) if m.role is Role.ASSISTANT), None)
+        if last is None or not last.tool_calls:
+            return AgentStatus.HALTED
+        if any(call.name == "finish" for call in last.tool_calls):
+            return AgentStatus.FINISHED
+        return AgentStatus.ACTIVE
+
+
+def _places(messages: list[Message]) -> dict[str, int]:
+    """Each call id of the last assistant turn → its place in that turn (0-based).
+
+    A call's idempotency key uses its place in the turn, not its place among the calls
+    still pending, so a step resumed after some tools ran hands the same keys.
+    """
+    last = next((m for m in reversed(messages) if m.role is Role.ASSISTANT), None)
+    return {} if last is None else {call.id: place for place, call in enumerate(last.tool_calls)}
+
+
+LLM = LlmKind()
