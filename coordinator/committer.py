@@ -55,10 +55,9 @@ class Committer:
         ctx = self.ctx
         ctx.phase = "commit"
         run = seen.run
-        record = ctx.docs.record(task)
         gc = ctx.store.latest_gc(task)
         assert gc is not None
-        order = [a.name for a in record.agents]
+        order = ctx.docs.team(task, gc)
         epoch = int(run["epoch"])
         try:
             barrier = build_gc(

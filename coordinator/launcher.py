@@ -53,8 +53,7 @@ class Launcher:
             )
             self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent)
         elif plan.then is Then.VERIFY:
-            order = [a.name for a in ctx.docs.record(task).agents]
-            ctx.committer.verify(task, gc, order, limits, barrier.epoch)
+            ctx.committer.verify(task, gc, ctx.docs.team(task, gc), limits, barrier.epoch)
         elif plan.then is Then.FAIL:
             ctx.finisher.finish(task, TaskState.FAILED, plan.reason, gc)
         elif plan.then is Then.PAUSE:
@@ -64,7 +63,7 @@ class Launcher:
     def plan(self, task: str, gc: GlobalCheckpoint, barrier: Barrier) -> Plan:
         """Decide what follows `gc` (the caller does it): the next superstep, or what else."""
         limits = self.ctx.docs.limits(task)
-        order = [a.name for a in self.ctx.docs.record(task).agents]
+        order = self.ctx.docs.team(task, gc)
         agents = runnable(self.ctx.store, gc, order)
         if not agents:
             if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):

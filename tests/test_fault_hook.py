@@ -25,6 +25,7 @@ name: Crashy
 goal: Write one note; the first attempt's worker is scripted to die.
 agents:
   - name: writer
+    model: scripted
     script:
       - say: Writing.
         crash: {after_tools: 0, attempts: [1]}

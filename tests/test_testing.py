@@ -22,7 +22,7 @@ def test_local_cairn_runs_redis_a_coordinator_and_its_workers_and_stops_them(
         assert cairn.client.url == cairn.url
         started = {
             "coordinator": children(os.getpid(), "cairn.coordinator --name local"),
-            "workers": children(os.getpid(), "cairn.coordinator.worker"),
+            "workers": children(os.getpid(), "cairn.testing.worker"),
             "redis": children(os.getpid(), "redis-server"),
         }
         assert [1, 2, 1] == [len(pids) for pids in started.values()]
