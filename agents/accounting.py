@@ -19,7 +19,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cairn.agents.userfiles import load_json, load_yaml, read_bounded
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 from cairn.storage.records import Usage
 
 PER = 1_000_000  # prices are per million tokens

@@ -38,8 +38,8 @@ from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
 from cairn.agents.toolkit import ToolRegistry, installed_tools
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
+from cairn.errors import FencedWrite, ToolError
 from cairn.storage.codec import Place
-from cairn.storage.errors import FencedWrite, ToolError
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import (
     AgentStatus,

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from cairn.agents.spec import TaskRecord
 from cairn.agents.workspace import check_path, tree_clashes
+from cairn.errors import InvalidSpec, ToolError
 from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec, ToolError
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
 from cairn.storage.store import CheckpointStore

@@ -29,7 +29,7 @@ from pydantic_core import PydanticUndefined, to_json
 from cairn.agents.logs import get_logger
 from cairn.agents.spec import TOOL_NAME
 from cairn.agents.tools import TOOLS, Args, Tool, ToolContext
-from cairn.storage.errors import CairnError, InvalidSpec, ToolError
+from cairn.errors import CairnError, InvalidSpec, ToolError
 from cairn.storage.records import Effects
 
 ENTRY_POINTS = "cairn.tools"

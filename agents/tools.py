@@ -24,7 +24,7 @@ from cairn.agents.patch import apply_file_patch, parse_patch
 from cairn.agents.sandbox import CommandLimits, process_sandbox
 from cairn.agents.spec import StepPolicy
 from cairn.agents.workspace import Workspace, check_path, replace_file
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
 from cairn.storage.ids import new_id
 from cairn.storage.records import Effects, ImagePart, InboxMessage
 

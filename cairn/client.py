@@ -36,9 +36,9 @@ from cairn.coordinator.views import (
     RestoreResult,
     TaskStatus,
 )
+from cairn.errors import InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
-from cairn.storage.errors import InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage.records import AgentStatus as AgentState
 
 P = ParamSpec("P")

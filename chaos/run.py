@@ -34,9 +34,9 @@ from pydantic import JsonValue
 from cairn.coordinator.settings import load_settings, open_store
 from cairn.coordinator.testing import cure, poison
 from cairn.coordinator.worker import UNAVAILABLE
+from cairn.errors import RedisServerError
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import RedisServerError
 from cairn.storage.redis_server import RedisServer
 from cairn.storage.replicas import ReplicaSet
 from chaos.checker import Violation, check

@@ -49,8 +49,7 @@ from cairn.coordinator.spend import BUDGET_REASON, budget_of, budget_reached, pa
 from cairn.coordinator.verifier import GaveUp, Verifier
 from cairn.coordinator.verify import FIELD as VERIFY_FIELD
 from cairn.coordinator.worker import CairnJob
-from cairn.storage import keys
-from cairn.storage.errors import (
+from cairn.errors import (
     CairnError,
     CommitRefused,
     CorruptCheckpoint,
@@ -58,6 +57,7 @@ from cairn.storage.errors import (
     RecordNotFound,
     RestoreFailed,
 )
+from cairn.storage import keys
 from cairn.storage.ids import new_id
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage

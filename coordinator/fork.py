@@ -24,9 +24,9 @@ from cairn.coordinator.replication import require
 from cairn.coordinator.runs import RunState, TaskState
 from cairn.coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from cairn.coordinator.spend import inherit
+from cairn.errors import InvalidSpec
 from cairn.storage import keys
 from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import (
     GCStatus,

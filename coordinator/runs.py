@@ -23,10 +23,10 @@ from typing import Self, cast
 import redis
 
 from cairn.agents.logs import get_logger
+from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
 from cairn.storage.backends.redis import parse_ref, script, translated, translating
 from cairn.storage.base import HotStore
-from cairn.storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from cairn.storage.records import GlobalCheckpoint, LCRef
 from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore

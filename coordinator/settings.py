@@ -57,13 +57,13 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cairn.coordinator.metrics import MeteredHotStore, MeteredStore
+from cairn.errors import InvalidSpec
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
 from cairn.storage.backends.sentinel import parse as parse_sentinel_url
 from cairn.storage.chain import DEFAULT_FULL_EVERY
 from cairn.storage.codec import Codec
-from cairn.storage.errors import InvalidSpec
 from cairn.storage.store import CheckpointStore
 
 URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs

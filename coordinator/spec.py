@@ -33,7 +33,7 @@ from cairn.agents.workspace import (
     check_path,
     tree_clashes,
 )
-from cairn.storage.errors import InvalidSpec, RecordNotFound, ToolError
+from cairn.errors import InvalidSpec, RecordNotFound, ToolError
 from cairn.storage.records import Record
 from cairn.storage.store import CheckpointStore
 

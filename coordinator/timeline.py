@@ -24,7 +24,7 @@ import redis
 
 from cairn.coordinator import views
 from cairn.coordinator.views import JSON
-from cairn.storage.errors import CairnError, TaskNotFound
+from cairn.errors import CairnError, TaskNotFound
 from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
 from cairn.storage.store import CheckpointStore
 

@@ -26,8 +26,8 @@ from cairn.agents.spec import TaskRecord
 from cairn.agents.workspace import check_path, directories, tree_clashes
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
+from cairn.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.records import AgentStatus as AgentState
 from cairn.storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage

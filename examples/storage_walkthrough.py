@@ -16,13 +16,13 @@ from pathlib import Path
 import redis
 
 from cairn.coordinator.settings import load_settings
+from cairn.errors import CairnError
 from cairn.storage.archive import archive_gc, trim_hot
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.chain import AgentState
 from cairn.storage.codec import Codec
-from cairn.storage.errors import CairnError
 from cairn.storage.records import GlobalCheckpoint, Message, Role, WorkspaceManifest
 from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore

@@ -19,8 +19,8 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from cairn.errors import ArchiveConflict, NotCommitted
 from cairn.storage.codec import Codec
-from cairn.storage.errors import ArchiveConflict, NotCommitted
 from cairn.storage.records import GCStatus, GlobalCheckpoint
 from cairn.storage.store import CheckpointStore
 

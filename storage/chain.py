@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from pydantic import ConfigDict, Field, GetPydanticSchema
 from pydantic_core import core_schema
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import parse
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     AgentStatus,

@@ -14,6 +14,7 @@ from typing import Generic, TypeVar
 
 from pydantic import ConfigDict
 
+from cairn.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage.base import ColdArchive, GCEntry, HotStore, LCEntry, NextSuperstep
 from cairn.storage.chain import (
     DEFAULT_FULL_EVERY,
@@ -25,7 +26,6 @@ from cairn.storage.chain import (
     rebuild_unbuilt,
 )
 from cairn.storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, parse
-from cairn.storage.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage.keys import EPOCH_DOC
 from cairn.storage.records import (
     EpochFloor,

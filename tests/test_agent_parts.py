@@ -19,10 +19,10 @@ from cairn.agents.models.base import ModelRequest
 from cairn.agents.models.scripted import FINISHED, ScriptedModel
 from cairn.agents.spec import AgentSpec, TaskRecord, Turn, load_policy, parse_model
 from cairn.agents.summary import context_summary
+from cairn.errors import InvalidSpec, ModelError
 from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.base import HotStore
 from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec, ModelError
 from cairn.storage.records import LCRef, Message, Role, ToolCall, TraceRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)

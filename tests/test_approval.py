@@ -18,7 +18,7 @@ from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.task import start_task
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.views import record_decision
-from cairn.storage.errors import InvalidSpec, RecordNotFound
+from cairn.errors import InvalidSpec, RecordNotFound
 from cairn.storage.records import AgentStatus, Role, ToolCall, Usage
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, superstep

@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import HEADER_SIZE, Codec, canonical_bytes
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     AgentStatus,

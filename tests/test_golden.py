@@ -21,12 +21,12 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from pydantic_core import to_jsonable_python
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import GCEntry, LCEntry
 from cairn.storage.chain import rebuild
 from cairn.storage.codec import DIGEST_END, HEADER_SIZE, Codec, Sealed
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.storage.records import (

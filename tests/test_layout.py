@@ -4,6 +4,10 @@ Cairn installs the one top-level package `cairn`; the root folders `coordinator/
 `agents/` and `storage/` are its subpackages (docs/design.md#code-layout). Layers import
 downwards only: the facade (`cairn` itself: the client, CLI, console) → `cairn.coordinator`
 → `cairn.agents` → `cairn.storage`. These tests read the imports from the code itself.
+
+One module of the facade's level is below them all: `cairn.errors`, the error tree. It is
+a leaf (it imports nothing of Cairn's), so every layer raises and catches the same classes
+without reaching up into the facade.
 """
 
 from __future__ import annotations
@@ -16,11 +20,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("coordinator", "agents", "storage")  # top to bottom
-# What each layer may import of Cairn's own: the layers below it, never the facade.
+# What each layer may import of Cairn's own: the layers below it and the leaf `cairn.errors`,
+# nothing else of the facade.
 MAY_IMPORT = {
-    "coordinator": {"cairn.coordinator", "cairn.agents", "cairn.storage"},
-    "agents": {"cairn.agents", "cairn.storage"},
-    "storage": {"cairn.storage"},
+    "coordinator": {"cairn.errors", "cairn.coordinator", "cairn.agents", "cairn.storage"},
+    "agents": {"cairn.errors", "cairn.agents", "cairn.storage"},
+    "storage": {"cairn.errors", "cairn.storage"},
 }
 
 
@@ -40,7 +45,7 @@ def sources(*folders: str) -> list[Path]:
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
-    """`storage` imports neither other layer, `agents` never `coordinator`, none the facade."""
+    """`storage` imports no other layer, `agents` never `coordinator`; the facade only errors."""
     allowed = MAY_IMPORT[layer]
     wrong = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
@@ -71,3 +76,8 @@ def test_the_package_links_to_the_root_folders() -> None:
         link = ROOT / "cairn" / layer
         assert link.is_symlink(), link
         assert (ROOT / layer).resolve() == link.resolve()
+
+
+def test_the_errors_are_a_leaf() -> None:
+    """`cairn/errors.py` imports nothing of Cairn's: any layer may import it."""
+    assert [] == [name for _, name in imported(ROOT / "cairn" / "errors.py") if "cairn" in name]

@@ -36,8 +36,8 @@ from cairn.agents.toolkit import ToolRegistry, builtin_tools, load_tools
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
 from cairn.coordinator.spec import TaskSpec
+from cairn.errors import InvalidSpec, MissingTool, ToolError
 from cairn.storage import keys
-from cairn.storage.errors import InvalidSpec, MissingTool, ToolError
 from cairn.storage.records import AgentStatus, Effects, Role
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted

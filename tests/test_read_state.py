@@ -13,11 +13,11 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage import keys
 from cairn.storage.base import LCEntry
 from cairn.storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
 from cairn.storage.codec import DIGEST_END, Codec, Place, canonical_bytes
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     SCHEMA_VERSION,

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from cairn.coordinator.spec import load_spec
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 GOOD = """
 name: demo

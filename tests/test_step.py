@@ -22,7 +22,7 @@ from cairn.agents.step import FIRST_BEAT_MS, run_step
 from cairn.agents.task import start_task
 from cairn.agents.tools import idempotency_key
 from cairn.coordinator.views import record_decision
-from cairn.storage.errors import FencedWrite, InvalidSpec, ModelError
+from cairn.errors import FencedWrite, InvalidSpec, ModelError
 from cairn.storage.records import AgentStatus, Role
 from cairn.storage.redis_server import RedisServer
 from cairn.storage.store import CheckpointStore

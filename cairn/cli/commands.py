@@ -29,7 +29,7 @@ from cairn.coordinator.runs import TaskState
 from cairn.coordinator.settings import Settings
 from cairn.coordinator.spec import load_spec
 from cairn.coordinator.views import TaskStatus
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
 

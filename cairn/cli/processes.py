@@ -31,7 +31,7 @@ from cairn.connection import ping
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import Settings, display_url
-from cairn.storage.errors import InvalidSpec, Unavailable
+from cairn.errors import InvalidSpec, Unavailable
 from cairn.storage.redis_server import RedisServer
 
 log = get_logger("cairn.cli")

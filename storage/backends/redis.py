@@ -28,10 +28,10 @@ from redis.connection import (
 from redis.exceptions import NoScriptError
 from redis.sentinel import SentinelManagedConnection
 
+from cairn.errors import CommitRefused, FencedWrite
 from cairn.storage import keys
 from cairn.storage.backends.sentinel import is_sentinel_url, sentinel_pool
 from cairn.storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
-from cairn.storage.errors import CommitRefused, FencedWrite
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import GCStatus, LCRef, Usage
 
