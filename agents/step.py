@@ -42,7 +42,7 @@ from cairn.errors import FencedWrite, ToolError
 from cairn.storage.codec import Place
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import (
-    AgentStatus,
+    AgentState,
     Effects,
     GlobalCheckpoint,
     LCRef,
@@ -74,7 +74,7 @@ class StepResult:
     """What a step left: its LC (voted), the agent's status, what ran."""
 
     lc: LCRef
-    status: AgentStatus
+    status: AgentState
     tools_run: int
     model_called: bool
     resumed: bool
@@ -294,7 +294,7 @@ class _Step:
         if tool is not None and call.name in self.approved_names:
             decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
             if decision is None:
-                self.state.status = AgentStatus.WAITING_APPROVAL
+                self.state.status = AgentState.WAITING_APPROVAL
                 log.info("waiting for approval", tool=call.name, call=call.id)
                 return False
             self.decided.append(call)
@@ -440,7 +440,7 @@ class _Step:
         return StepResult(ref, state.status, ran, reply is not None, self.resumed)
 
 
-def _status(messages: list[Message]) -> AgentStatus:
+def _status(messages: list[Message]) -> AgentState:
     """Where an agent stands after its step, read from its history alone.
 
     Waiting while a call of its last turn awaits approval; finished once that turn called
@@ -448,13 +448,13 @@ def _status(messages: list[Message]) -> AgentStatus:
     halted until a message wakes it.
     """
     if pending_calls(messages):
-        return AgentStatus.WAITING_APPROVAL
+        return AgentState.WAITING_APPROVAL
     last = next((m for m in reversed(messages) if m.role is Role.ASSISTANT), None)
     if last is None or not last.tool_calls:
-        return AgentStatus.HALTED
+        return AgentState.HALTED
     if any(call.name == "finish" for call in last.tool_calls):
-        return AgentStatus.FINISHED
-    return AgentStatus.ACTIVE
+        return AgentState.FINISHED
+    return AgentState.ACTIVE
 
 
 def _places(messages: list[Message]) -> dict[str, int]:

@@ -37,8 +37,7 @@ from cairn.coordinator.views import (
     TaskStatus,
 )
 from cairn.storage.archive import ArchiveReport
-from cairn.storage.records import AgentStatus as AgentState
-from cairn.storage.records import GCStatus
+from cairn.storage.records import AgentState, GCStatus
 
 try:
     __version__ = _metadata.version("cairn-agents")

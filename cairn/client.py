@@ -39,7 +39,7 @@ from cairn.coordinator.views import (
 from cairn.errors import InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
-from cairn.storage.records import AgentStatus as AgentState
+from cairn.storage.records import AgentState
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -60,7 +60,7 @@ from cairn.errors import (
 from cairn.storage import keys
 from cairn.storage.ids import new_id
 from cairn.storage.keys import SPEC_DOC
-from cairn.storage.records import AgentStatus, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
+from cairn.storage.records import AgentState, GlobalCheckpoint, InboxMessage, LCRef, Record, Usage
 from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -270,7 +270,7 @@ class Coordinator:
         order = [a.name for a in self._record(task).agents]
         agents = runnable(self.store, gc, order)
         if not agents:
-            if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
+            if any(gc.statuses.get(a) is AgentState.WAITING_APPROVAL for a in order):
                 return Plan(then=Then.WAIT)
             return Plan(then=Then.VERIFY)
         if gc.superstep >= limits.max_supersteps:

@@ -29,8 +29,7 @@ from cairn.coordinator.spend import in_flight, read_spend, replayed, total
 from cairn.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC, check_name
-from cairn.storage.records import AgentStatus as AgentState
-from cairn.storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
+from cairn.storage.records import AgentState, GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
 from cairn.storage.store import CheckpointStore
 
 JSON = dict[str, Any]

@@ -46,7 +46,7 @@ class Role(str, Enum):
     TOOL = "tool"
 
 
-class AgentStatus(str, Enum):
+class AgentState(str, Enum):
     """Where an agent stands after a step."""
 
     ACTIVE = "active"
@@ -236,7 +236,7 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     agent: str
     step: int
     superstep: int
-    status: AgentStatus = AgentStatus.ACTIVE
+    status: AgentState = AgentState.ACTIVE
     epoch: int
     attempt: int
     level: Level = Level.STEP
@@ -293,7 +293,7 @@ class GlobalCheckpoint(Record):
     epoch: int
     members: dict[str, LCRef] = Field(default_factory=dict)
     # agent → its status in its member LC, so a coordinator can pick who runs next
-    statuses: dict[str, AgentStatus] = Field(default_factory=dict)
+    statuses: dict[str, AgentState] = Field(default_factory=dict)
     workspace: str
     inbox: list[InboxMessage] = Field(default_factory=list)
     # agent → seq of the last message ever delivered to it (the next one gets seq + 1)

@@ -31,7 +31,7 @@ from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.storage.records import (
     SCHEMA_VERSION,
-    AgentStatus,
+    AgentState,
     Effects,
     GlobalCheckpoint,
     InboxMessage,
@@ -219,7 +219,7 @@ def test_the_full_lc_decodes_to_typed_values(golden: Golden) -> None:
         assert decoded.started_at.tzinfo is not None
         assert datetime.fromisoformat(stored["started_at"]) == decoded.started_at
     assert [InboxMessage(**m) for m in fields["outbox"]] == lc.outbox
-    assert lc.status is AgentStatus(fields["status"])
+    assert lc.status is AgentState(fields["status"])
 
 
 def test_the_delta_rebuilds_on_its_full_parent(golden: Golden, store: CheckpointStore) -> None:
