@@ -26,6 +26,7 @@ from cairn.agents.spec import StepPolicy
 from cairn.agents.workspace import Workspace, check_path, replace_file
 from cairn.errors import ToolError
 from cairn.storage.ids import new_id
+from cairn.storage.public import public
 from cairn.storage.records import Effects, ImagePart, InboxMessage
 
 MAX_LISTED = 2_000
@@ -36,6 +37,7 @@ MAX_MESSAGE = 100 * 1024  # bytes of a send_message content
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 
+@public
 @dataclass(slots=True)
 class ToolContext:
     """What a tool call may touch: the workspace, the team, and the step's outputs."""

@@ -14,6 +14,8 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from cairn.storage.public import public
+
 SCHEMA_VERSION = 3  # what this code writes; older records are read through storage/upcast.py
 
 
@@ -46,6 +48,7 @@ class Role(str, Enum):
     TOOL = "tool"
 
 
+@public
 class AgentState(str, Enum):
     """Where an agent stands after a step."""
 
@@ -81,6 +84,7 @@ class Effects(str, Enum):
     EXTERNAL = "external"
 
 
+@public
 class GCStatus(str, Enum):
     """The two-phase-commit state of a global checkpoint."""
 

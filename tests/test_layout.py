@@ -7,12 +7,15 @@ downwards only: the facade (`cairn` itself: the client, CLI, console) → `cairn
 
 One module of the facade's level is below them all: `cairn.errors`, the error tree. It is
 a leaf (it imports nothing of Cairn's), so every layer raises and catches the same classes
-without reaching up into the facade.
+without reaching up into the facade; and the facade loads nothing else until a name of it
+is asked for, so importing an engine module does not import the client.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -81,3 +84,29 @@ def test_the_package_links_to_the_root_folders() -> None:
 def test_the_errors_are_a_leaf() -> None:
     """`cairn/errors.py` imports nothing of Cairn's: any layer may import it."""
     assert [] == [name for _, name in imported(ROOT / "cairn" / "errors.py") if "cairn" in name]
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules of the facade's level a fresh interpreter holds after `statement`."""
+    script = (
+        f"import sys\n{statement}\n"
+        "print(*sorted(m for m in sys.modules if m.split('.')[0] == 'cairn'"
+        " and m.split('.')[1:2] not in (['coordinator'], ['agents'], ['storage'])))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(found.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "module", ["cairn", "cairn.errors", "cairn.storage.keys", "cairn.coordinator.worker"]
+)
+def test_importing_the_engine_leaves_the_facade_unloaded(module: str) -> None:
+    """The facade is lazy: an engine module or the errors load neither the client nor the CLI."""
+    assert {"cairn", "cairn.errors"} == loaded_after(f"import {module}")
+
+
+def test_a_name_of_the_facade_loads_what_defines_it() -> None:
+    """`from cairn import Client` loads the client, on first asking."""
+    assert "cairn.client" in loaded_after("from cairn import Client")

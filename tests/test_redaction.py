@@ -133,7 +133,7 @@ def test_a_key_a_provider_quotes_is_kept_nowhere(
         seen = [
             handle.status().to_json(),
             [c.model_dump() for c in handle.checkpoints()],
-            handle.trace(),
+            [entry.to_json() for entry in handle.trace()],
             dataclasses.asdict(handle.timeline()),
         ]
     assert LEAK not in repr(seen)

@@ -323,7 +323,7 @@ def worker(args: argparse.Namespace, session: Session) -> int:
 
 def coordinator(args: argparse.Namespace, session: Session) -> int:
     """Run a coordinator in the foreground (a standby while another leads)."""
-    return run_coordinator(session.client, args.name, args.lease_ms)
+    return run_coordinator(session.settings, args.name, args.lease_ms)
 
 
 def demo(args: argparse.Namespace, session: Session) -> int:
