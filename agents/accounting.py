@@ -19,13 +19,15 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from cairn.agents.userfiles import load_json, load_yaml, read_bounded
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
+from cairn.storage.public import public
 from cairn.storage.records import Usage
 
 PER = 1_000_000  # prices are per million tokens
 MAX_PRICES_BYTES = 1024 * 1024  # of a price table file: a few lines per model
 
 
+@public
 class Price(BaseModel):
     """One model's prices, US dollars per million tokens."""
 
@@ -36,6 +38,7 @@ class Price(BaseModel):
     cached: float | None = Field(default=None, ge=0)
 
 
+@public
 class Budget(BaseModel):
     """How much a task may spend: tokens (prompt + completion), US dollars, or both."""
 

@@ -16,7 +16,7 @@ import hashlib
 import json
 
 from cairn.agents.tools import call_digest
-from cairn.storage.errors import RecordNotFound
+from cairn.errors import RecordNotFound
 from cairn.storage.records import Record, ToolCall
 from cairn.storage.store import CheckpointStore
 

@@ -17,7 +17,7 @@ from cairn.agents.cache import WORKER, WorkerCache
 from cairn.agents.workspace import Conflict, manifest_blob, merge
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
-    AgentStatus,
+    AgentState,
     GlobalCheckpoint,
     InboxMessage,
     LCRef,
@@ -36,7 +36,7 @@ class StepOutputs(Record):
 
     model_config = ConfigDict(extra="ignore")
 
-    status: AgentStatus
+    status: AgentState
     step: int = 0
     inbox_cursor: int = 0
     changes: dict[str, str | None] = Field(default_factory=dict)
@@ -166,13 +166,13 @@ def runnable(store: CheckpointStore, gc: GlobalCheckpoint, order: list[str]) -> 
     waiting = {m.recipient for m in gc.inbox}
     chosen = []
     for agent in order:
-        status = gc.statuses.get(agent, AgentStatus.ACTIVE)
-        if status is AgentStatus.WAITING_APPROVAL:
+        status = gc.statuses.get(agent, AgentState.ACTIVE)
+        if status is AgentState.WAITING_APPROVAL:
             ref = gc.members[agent]
             state = store.read_state(gc.task, agent, ref.id, ref.checksum)
             calls = pending_calls(state.messages)
             if calls and decision_for(store, gc.task, agent, ref.id, calls[0]) is not None:
                 chosen.append(agent)
-        elif status is AgentStatus.ACTIVE or agent in waiting:
+        elif status is AgentState.ACTIVE or agent in waiting:
             chosen.append(agent)
     return chosen

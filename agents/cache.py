@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from cairn.agents.workspace import Files, Workspace
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.codec import DIGEST_END, Place
 from cairn.storage.records import LCRef, Record
 from cairn.storage.store import CheckpointStore
@@ -51,19 +51,19 @@ class WorkerCache:
     """A worker's warm state: agent states it wrote, manifests, workspace directories."""
 
     def __init__(self, states: int = 64, manifests: int = 256, workspaces: int = 256) -> None:
-        self._states: _LRU[tuple[str, str], tuple[LCRef, AgentState]] = _LRU(states)
+        self._states: _LRU[tuple[str, str], tuple[LCRef, WorkingState]] = _LRU(states)
         self._manifests: _LRU[tuple[str, str], Files] = _LRU(manifests)
         self._workspaces: _LRU[tuple[Path, str], Workspace] = _LRU(workspaces)
         self._records: _LRU[tuple[Place, type, bytes], Record] = _LRU(manifests)
 
-    def state(self, task: str, agent: str, ref: LCRef) -> AgentState | None:
+    def state(self, task: str, agent: str, ref: LCRef) -> WorkingState | None:
         """Return a private copy of the state written as LC `ref`, if this worker wrote it."""
         found = self._states.get((task, agent))
         if found is None or found[0] != ref:
             return None
         return found[1].copy()
 
-    def keep_state(self, state: AgentState, ref: LCRef) -> None:
+    def keep_state(self, state: WorkingState, ref: LCRef) -> None:
         """Remember `state` as written as step LC `ref`; the caller changes it no more.
 
         Kept as it is, not copied: `state` hands out a copy to each step that asks.

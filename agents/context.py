@@ -27,10 +27,10 @@ from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
 from cairn.agents.team import team
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
-from cairn.storage.chain import AgentState
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import (
-    AgentStatus,
+    AgentState,
     Effects,
     GlobalCheckpoint,
     Message,
@@ -66,7 +66,7 @@ class StepContext:
     store: CheckpointStore
     record: TaskRecord
     spec: AgentSpec
-    lc: AgentState  # the agent's state this step changes, cut into its checkpoints
+    lc: WorkingState  # the agent's state this step changes, cut into its checkpoints
     gc: GlobalCheckpoint  # the GC the step follows
     model: Model
     tools: Mapping[str, Tool]  # the agent's tools on this worker, by name
@@ -174,7 +174,7 @@ class StepContext:
         if tool is not None and call.name in self.approved:
             decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
             if decision is None:
-                self.lc.status = AgentStatus.WAITING_APPROVAL
+                self.lc.status = AgentState.WAITING_APPROVAL
                 log.info("waiting for approval", tool=call.name, call=call.id)
                 return False
             self.decided.append(call)

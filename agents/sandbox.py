@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from cairn.storage.errors import MissingTool, ToolError
+from cairn.errors import MissingTool, ToolError
 
 SandboxMode = Literal["bwrap", "off"]
 WORKDIR = "/workspace"  # the workspace as a sandboxed command sees it, on every worker

@@ -33,7 +33,7 @@ from cairn.agents.workspace import (
     WORKSPACE_LIMIT,
     SizeLimits,
 )
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 from cairn.storage.keys import check_name
 from cairn.storage.records import Record
 

@@ -33,11 +33,11 @@ from cairn.agents.models.base import Model
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.toolkit import ToolRegistry, installed_tools
 from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
-from cairn.storage.chain import AgentState
+from cairn.errors import FencedWrite
+from cairn.storage.chain import WorkingState
 from cairn.storage.codec import Place
-from cairn.storage.errors import FencedWrite
 from cairn.storage.keys import SPEC_DOC
-from cairn.storage.records import AgentStatus, GlobalCheckpoint, LCRef, Level
+from cairn.storage.records import AgentState, GlobalCheckpoint, LCRef, Level
 from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:
@@ -58,7 +58,7 @@ class StepResult:
     """What a step left: its LC (voted), the agent's status, what ran."""
 
     lc: LCRef
-    status: AgentStatus
+    status: AgentState
     tools_run: int
     model_called: bool
     resumed: bool
@@ -181,7 +181,7 @@ class _Step:
         self.stored: dict[str, bytes] = {}
         self.ctx: StepContext | None = None
 
-    def _load(self, progress: LCRef | None) -> AgentState:
+    def _load(self, progress: LCRef | None) -> WorkingState:
         """The agent's state this step starts from: its progress, or its LC in the GC."""
         at, gc = self.at, self.gc
         if progress is not None:
@@ -250,7 +250,7 @@ class _Step:
         self.unstored.clear()
         log.debug("tool-level checkpoint", lc=ref.id)
 
-    def _finish(self, status: AgentStatus) -> StepResult:
+    def _finish(self, status: AgentState) -> StepResult:
         state, ctx, task = self.state, self.ctx, self.at.task
         assert ctx is not None
         state.status = status

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import Message, Role, TraceRecord
 
 FILE_TOOLS = ("write_file", "edit_file", "apply_patch")
@@ -10,7 +10,7 @@ MAX_STEPS_SHOWN = 12
 RESULT_CHARS = 160
 
 
-def context_summary(state: AgentState, reason: str, restored_to: int) -> Message:
+def context_summary(state: WorkingState, reason: str, restored_to: int) -> Message:
     """Write the message an agent restored to GC `restored_to` reads when it next runs.
 
     In plain language: why it was restored, the steps it completed with their key results,

@@ -5,10 +5,10 @@ from __future__ import annotations
 from cairn.agents.kinds import kind_of
 from cairn.agents.spec import TaskRecord
 from cairn.agents.workspace import check_path, tree_clashes
-from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec, ToolError
+from cairn.errors import InvalidSpec, ToolError
+from cairn.storage.chain import WorkingState
 from cairn.storage.keys import SPEC_DOC
-from cairn.storage.records import AgentStatus, GlobalCheckpoint, Message, Role, WorkspaceManifest
+from cairn.storage.records import AgentState, GlobalCheckpoint, Message, Role, WorkspaceManifest
 from cairn.storage.store import CheckpointStore
 
 
@@ -31,7 +31,7 @@ def start_task(
     members = {}
     for spec in record.agents:
         store.hot.begin_attempt(task, spec.name, 0, 1)
-        state = AgentState(
+        state = WorkingState(
             task=task,
             agent=spec.name,
             epoch=epoch,
@@ -50,7 +50,7 @@ def start_task(
         superstep=0,
         epoch=epoch,
         members=members,
-        statuses=dict.fromkeys(members, AgentStatus.ACTIVE),
+        statuses=dict.fromkeys(members, AgentState.ACTIVE),
         workspace=workspace,
     )
     store.prepare_gc(gc)

@@ -29,7 +29,8 @@ from pydantic_core import PydanticUndefined, to_json
 from cairn.agents.logs import get_logger
 from cairn.agents.spec import TOOL_NAME
 from cairn.agents.tools import TOOLS, Args, Tool, ToolContext
-from cairn.storage.errors import CairnError, InvalidSpec, ToolError
+from cairn.errors import CairnError, InvalidSpec, ToolError
+from cairn.storage.public import public
 from cairn.storage.records import Effects
 
 ENTRY_POINTS = "cairn.tools"
@@ -68,6 +69,7 @@ def tool(
 ) -> Callable[[Callable[P, R]], FunctionTool[P, R]]: ...
 
 
+@public
 def tool(
     func: Callable[P, R] | None = None,
     /,

@@ -24,8 +24,9 @@ from cairn.agents.patch import apply_file_patch, parse_patch
 from cairn.agents.sandbox import CommandLimits, process_sandbox
 from cairn.agents.spec import StepPolicy
 from cairn.agents.workspace import Workspace, check_path, replace_file
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
 from cairn.storage.ids import new_id
+from cairn.storage.public import public
 from cairn.storage.records import Effects, ImagePart, InboxMessage
 
 MAX_LISTED = 2_000
@@ -36,6 +37,7 @@ MAX_MESSAGE = 100 * 1024  # bytes of a send_message content
 SAFE_ENV = ("PATH", "LANG", "LC_ALL", "TZ")
 
 
+@public
 @dataclass(slots=True)
 class ToolContext:
     """What one tool call may touch: the workspace, the team, the step's outputs, its key.

@@ -20,7 +20,7 @@ from typing import Any
 
 import yaml
 
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 MAX_VALUES = 100_000
 

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 from itertools import chain
 from pathlib import Path, PurePosixPath
 
+from cairn.errors import InvalidWorkspace, ToolError
 from cairn.storage.codec import canonical_bytes
-from cairn.storage.errors import InvalidWorkspace, ToolError
 from cairn.storage.keys import check_name
 from cairn.storage.records import WorkspaceManifest, sha256_hex
 from cairn.storage.store import CheckpointStore

@@ -49,7 +49,7 @@ from cairn.coordinator.spec import CheckpointPolicy, TaskSpec
 from cairn.coordinator.tasks import Tasks
 from cairn.storage import keys
 from cairn.storage.archive import archive_gc, trim_cold, trim_hot
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import GlobalCheckpoint, LCRef, Message, Role, ToolCall
 from cairn.storage.store import MAX_CHAIN, CheckpointStore
 
@@ -152,7 +152,7 @@ class Team:
 
     store: CheckpointStore
     gc: GlobalCheckpoint
-    states: list[AgentState]
+    states: list[WorkingState]
 
     @classmethod
     def start(cls, store: CheckpointStore, task: str, agents: int) -> Team:

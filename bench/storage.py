@@ -42,7 +42,7 @@ from cairn.storage import keys
 from cairn.storage.archive import archive_gc
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.base import LCEntry
-from cairn.storage.chain import AgentState, base_after_write, cut_lc
+from cairn.storage.chain import WorkingState, base_after_write, cut_lc
 from cairn.storage.codec import (
     DEFAULT_COMPRESS_ABOVE,
     FLAG_ZSTD,
@@ -112,14 +112,14 @@ class Text:
         return out[:chars]
 
 
-def new_agent(store: CheckpointStore, task: str, agent: str = AGENT) -> AgentState:
+def new_agent(store: CheckpointStore, task: str, agent: str = AGENT) -> WorkingState:
     """Register `task` (epoch 1) and return an agent state with its system prompt.
 
     A copy of `tests.factories.new_agent` (the benchmark does not import the tests).
     """
     epoch = store.hot.init_task(task)
     store.hot.begin_attempt(task, agent, 1, 1)
-    return AgentState(
+    return WorkingState(
         task=task,
         agent=agent,
         epoch=epoch,
@@ -129,14 +129,14 @@ def new_agent(store: CheckpointStore, task: str, agent: str = AGENT) -> AgentSta
     )
 
 
-def next_superstep(store: CheckpointStore, state: AgentState) -> None:
+def next_superstep(store: CheckpointStore, state: WorkingState) -> None:
     """Move `state` to its next superstep, attempt 1 (as `tests.factories` does)."""
     state.superstep += 1
     state.attempt = 1
     store.hot.begin_attempt(state.task, state.agent, state.superstep, 1)
 
 
-def take_step(state: AgentState, text: Text) -> None:
+def take_step(state: WorkingState, text: Text) -> None:
     """Append one ~500-byte assistant message with a tool call and its trace record."""
     state.step += 1
     i = state.step
@@ -165,18 +165,18 @@ def take_step(state: AgentState, text: Text) -> None:
     )
 
 
-def fill(state: AgentState, messages: int, text: Text) -> None:
+def fill(state: WorkingState, messages: int, text: Text) -> None:
     """Take steps (without writing LCs) until the history holds `messages` messages."""
     while len(state.messages) < messages:
         take_step(state, text)
 
 
-def new_bytes(state: AgentState) -> bytes:
+def new_bytes(state: WorkingState) -> bytes:
     """The canonical JSON of the last step's message and trace record: what a step adds."""
     return canonical_bytes(state.messages[-1]) + canonical_bytes(state.trace[-1])
 
 
-def depth(state: AgentState) -> int:
+def depth(state: WorkingState) -> int:
     """The depth of the LC a state descends from (it must have one)."""
     if state.base is None:
         raise RuntimeError("state has no base LC")
@@ -219,7 +219,7 @@ class WriteRun:
     """One agent's timed LC writes, from a history of `messages` messages on."""
 
     messages: int
-    state: AgentState
+    state: WorkingState
     writes: Samples = field(default_factory=Samples)
     fulls: Samples = field(default_factory=Samples)
     refs: list[LCRef] = field(default_factory=list)

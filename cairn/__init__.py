@@ -12,44 +12,77 @@ Everything promised is named in `__all__`; errors are in `cairn.errors`, the Lan
 checkpointer is `cairn.langgraph.CairnSaver` (the `langgraph` extra), the command line
 is `cairn.cli`, and `tool` (with `ToolContext`) makes a Python function a tool that
 workers load (docs/tools.md).
+
+Each name is imported from where it is defined when first asked for: importing an engine
+module (`cairn.coordinator.worker`, say) or `cairn.errors` does not import the client.
 """
 
-import importlib.metadata as _metadata
+import importlib as _importlib
+import typing as _typing
 
 from cairn import errors
-from cairn.agents.accounting import Budget, Price
-from cairn.agents.toolkit import tool
-from cairn.agents.tools import ToolContext
-from cairn.client import Client, Task
-from cairn.coordinator.diff import Diff
-from cairn.coordinator.runs import TaskState
-from cairn.coordinator.settings import Settings
-from cairn.coordinator.spec import TaskSpec
-from cairn.coordinator.timeline import Timeline
-from cairn.coordinator.views import (
-    AgentStatus,
-    CheckpointInfo,
-    Decision,
-    Export,
-    Lineage,
-    PendingCall,
-    RestoreResult,
-    TaskStatus,
-)
-from cairn.storage.archive import ArchiveReport
-from cairn.storage.records import AgentStatus as AgentState
-from cairn.storage.records import GCStatus
 
-try:
-    __version__ = _metadata.version("cairn-agents")
-except _metadata.PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__` imports each name
+    from cairn.agents.accounting import Budget, Price
+    from cairn.agents.toolkit import tool
+    from cairn.agents.tools import ToolContext
+    from cairn.client import Client, Task
+    from cairn.coordinator.diff import Diff
+    from cairn.coordinator.runs import TaskState
+    from cairn.coordinator.settings import Settings
+    from cairn.coordinator.spec import TaskSpec
+    from cairn.coordinator.timeline import Timeline
+    from cairn.coordinator.views import (
+        AgentStatus,
+        CheckpointDetail,
+        CheckpointInfo,
+        Decision,
+        Export,
+        Lineage,
+        PendingCall,
+        RestoreResult,
+        TaskStatus,
+        TraceEntry,
+    )
+    from cairn.storage.archive import ArchiveReport
+    from cairn.storage.records import AgentState, GCStatus
+
+    __version__: str
+
+# Where each name is defined: the module `__getattr__` imports it from.
+_HOMES = {
+    "AgentState": "cairn.storage.records",
+    "AgentStatus": "cairn.coordinator.views",
+    "ArchiveReport": "cairn.storage.archive",
+    "Budget": "cairn.agents.accounting",
+    "CheckpointDetail": "cairn.coordinator.views",
+    "CheckpointInfo": "cairn.coordinator.views",
+    "Client": "cairn.client",
+    "Decision": "cairn.coordinator.views",
+    "Diff": "cairn.coordinator.diff",
+    "Export": "cairn.coordinator.views",
+    "GCStatus": "cairn.storage.records",
+    "Lineage": "cairn.coordinator.views",
+    "PendingCall": "cairn.coordinator.views",
+    "Price": "cairn.agents.accounting",
+    "RestoreResult": "cairn.coordinator.views",
+    "Settings": "cairn.coordinator.settings",
+    "Task": "cairn.client",
+    "TaskSpec": "cairn.coordinator.spec",
+    "TaskState": "cairn.coordinator.runs",
+    "TaskStatus": "cairn.coordinator.views",
+    "Timeline": "cairn.coordinator.timeline",
+    "ToolContext": "cairn.agents.tools",
+    "TraceEntry": "cairn.coordinator.views",
+    "tool": "cairn.agents.toolkit",
+}
 
 __all__ = [
     "AgentState",
     "AgentStatus",
     "ArchiveReport",
     "Budget",
+    "CheckpointDetail",
     "CheckpointInfo",
     "Client",
     "Decision",
@@ -67,7 +100,36 @@ __all__ = [
     "TaskStatus",
     "Timeline",
     "ToolContext",
+    "TraceEntry",
     "__version__",
     "errors",
     "tool",
 ]
+
+
+def _version() -> str:
+    """The installed distribution's version; `0+unknown` in a source tree never installed."""
+    import importlib.metadata  # noqa: PLC0415 - ~50 ms that only `cairn.__version__` pays
+
+    try:
+        return importlib.metadata.version("cairn-agents")
+    except importlib.metadata.PackageNotFoundError:
+        return "0+unknown"
+
+
+if not _typing.TYPE_CHECKING:  # hidden from mypy, which would accept any attribute name after it
+
+    def __getattr__(name: str) -> object:
+        # Called only for a name not imported yet: import it, and keep it for next time.
+        if name == "__version__":
+            value: object = _version()
+        elif name in _HOMES:
+            value = getattr(_importlib.import_module(_HOMES[name]), name)
+        else:
+            raise AttributeError(f"module 'cairn' has no attribute {name!r}")
+        globals()[name] = value
+        return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

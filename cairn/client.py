@@ -29,17 +29,20 @@ from cairn.coordinator.spec import TaskSpec, load_spec
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.timeline import Timeline, gather
 from cairn.coordinator.views import (
+    CheckpointDetail,
     CheckpointInfo,
     Decision,
     Export,
     PendingCall,
     RestoreResult,
     TaskStatus,
+    TraceEntry,
 )
+from cairn.errors import InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
-from cairn.storage.errors import InvalidSpec, Timeout, Unavailable, one_line
-from cairn.storage.records import AgentStatus as AgentState
+from cairn.storage.public import public
+from cairn.storage.records import AgentState
 
 P = ParamSpec("P")
 R = TypeVar("R")
@@ -63,6 +66,7 @@ def _redis_errors(call: Callable[P, R]) -> Callable[P, R]:
     return checked
 
 
+@public
 class Client:
     """A connection to one Cairn deployment: its Redis and its archive.
 
@@ -93,9 +97,10 @@ class Client:
         url, origin = settings.redis()
         ping(url, origin)
         self.url = url
-        self.redis = client_for(url)
-        self.store = open_store(settings, self.redis)
-        self.control = Tasks(self.redis, self.store)  # the coordinator's user side
+        # The plumbing: what a `Task` of this client reads and changes a task through.
+        self._redis = client_for(url)
+        self._store = open_store(settings, self._redis)
+        self._control = Tasks(self._redis, self._store)  # the coordinator's user side
 
     def __repr__(self) -> str:
         return f"Client({display_url(self.url)!r})"
@@ -113,7 +118,7 @@ class Client:
 
     def close(self) -> None:
         """Close the connections to Redis."""
-        self.redis.close()
+        self._redis.close()
 
     @_redis_errors
     def submit(self, spec: SpecSource, *, base: str | os.PathLike[str] | None = None) -> Task:
@@ -124,9 +129,9 @@ class Client:
         the current one). Raises `InvalidSpec` naming what is wrong.
         """
         parsed, where = _parse(spec, base)
-        return Task(self, self.control.submit(self.priced(parsed), where))
+        return Task(self, self._control.submit(self._priced(parsed), where))
 
-    def priced(self, spec: TaskSpec) -> TaskSpec:
+    def _priced(self, spec: TaskSpec) -> TaskSpec:
         """`spec` with the configured price table (`CAIRN_PRICES`) under its own `prices`."""
         if self.settings.prices is None:
             return spec
@@ -136,13 +141,13 @@ class Client:
     @_redis_errors
     def task(self, task_id: str) -> Task:
         """The handle of a task Cairn knows; `TaskNotFound` for any other id."""
-        self.control.require(task_id)
+        self._control.require(task_id)
         return Task(self, task_id)
 
     @_redis_errors
     def tasks(self) -> list[TaskStatus]:
         """The status of every task Redis knows, the most recently submitted first."""
-        return self.control.list()
+        return self._control.list()
 
     @_redis_errors
     def approvals(self) -> list[PendingCall]:
@@ -156,13 +161,13 @@ class Client:
             for status in self.tasks()
             if not status.ended
             and any(a.status is AgentState.WAITING_APPROVAL for a in status.agents)
-            for call in views.pending_approvals(self.store, status.task_id)
+            for call in views.pending_approvals(self._store, status.task_id)
         ]
 
     @_redis_errors
     def has_coordinator(self) -> bool:
         """True while a coordinator holds the leader lease (tasks submitted now will run)."""
-        return bool(self.redis.exists(keys.LEASE))
+        return bool(self._redis.exists(keys.LEASE))
 
 
 def _parse(spec: SpecSource, base: str | os.PathLike[str] | None) -> tuple[TaskSpec, Path]:
@@ -175,6 +180,7 @@ def _parse(spec: SpecSource, base: str | os.PathLike[str] | None) -> tuple[TaskS
     return load_spec(spec), Path(spec).parent if base is None else where
 
 
+@public
 class Task:
     """One task: its id, and calls that read or change it (see `Client.task`)."""
 
@@ -194,7 +200,7 @@ class Task:
     @_redis_errors
     def status(self) -> TaskStatus:
         """The task's status now."""
-        return self.client.control.status(self.id)
+        return self.client._control.status(self.id)
 
     def wait(
         self,
@@ -248,12 +254,12 @@ class Task:
     @_redis_errors
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every global checkpoint, hot or cold, oldest first."""
-        return views.checkpoints(self.client.store, self.id)
+        return views.checkpoints(self.client._store, self.id)
 
     @_redis_errors
-    def checkpoint(self, number: int) -> dict[str, Any]:
+    def checkpoint(self, number: int) -> CheckpointDetail:
         """One global checkpoint in detail: members, their steps, files, undelivered inbox."""
-        return views.checkpoint(self.client.store, self.id, number)
+        return views.checkpoint(self.client._store, self.id, number)
 
     @_redis_errors
     def restore(self, to: int | None = None, *, on_workers: bool = False) -> RestoreResult:
@@ -268,9 +274,9 @@ class Task:
         checkpoint `to` is `InvalidSpec`; a damaged one is passed over like any target that
         cannot be restored whole.
         """
-        if to is not None and to not in {g.number for g in self.client.store.list_gcs(self.id)}:
+        if to is not None and to not in {g.number for g in self.client._store.list_gcs(self.id)}:
             raise InvalidSpec(f"task {self.id} has no checkpoint {to}")
-        restorer = Restorer(self.client.redis, self.client.store, workers=on_workers)
+        restorer = Restorer(self.client._redis, self.client._store, workers=on_workers)
         done = restorer.restore(self.id, to)
         return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)
 
@@ -283,8 +289,8 @@ class Task:
         (models, prompts, limits) but must name the same agents. Raises `InvalidSpec` for an
         absent checkpoint or another team.
         """
-        parsed = None if spec is None else self.client.priced(_parse(spec, None)[0])
-        return Task(self.client, self.client.control.fork(self.id, at, parsed))
+        parsed = None if spec is None else self.client._priced(_parse(spec, None)[0])
+        return Task(self.client, self.client._control.fork(self.id, at, parsed))
 
     @_redis_errors
     def diff(self, a: int | None, b: int | None, *, other: Task | None = None) -> Diff:
@@ -294,12 +300,12 @@ class Task:
         changed (unified diffs). None means the latest committed checkpoint.
         """
         theirs = self if other is None else other
-        return diff(self.client.store, self.id, a, theirs.id, b)
+        return diff(self.client._store, self.id, a, theirs.id, b)
 
     @_redis_errors
     def workspace(self, checkpoint: int | None = None) -> dict[str, bytes]:
         """The files of a checkpoint (default: the latest committed): path → contents."""
-        return views.workspace_files(self.client.store, self.id, checkpoint)
+        return views.workspace_files(self.client._store, self.id, checkpoint)
 
     @_redis_errors
     def export(
@@ -317,46 +323,46 @@ class Task:
         a tree is `InvalidSpec`.
         """
         return views.export_workspace(
-            self.client.store, self.id, checkpoint, Path(out_dir), include_git=include_git
+            self.client._store, self.id, checkpoint, Path(out_dir), include_git=include_git
         )
 
     @_redis_errors
-    def trace(self, agent: str | None = None) -> list[dict[str, Any]]:
+    def trace(self, agent: str | None = None) -> list[TraceEntry]:
         """What the agents (or one) did, model turn by tool call, in the order it happened."""
-        return views.trace(self.client.store, self.id, agent)
+        return views.trace(self.client._store, self.id, agent)
 
     @_redis_errors
     def timeline(self) -> Timeline:
         """Steps, checkpoints, retries and restores, as the HTML timeline draws them."""
-        return gather(self.client.redis, self.client.store, self.id)
+        return gather(self.client._redis, self.client._store, self.id)
 
     @_redis_errors
     def approvals(self) -> list[PendingCall]:
         """The task's tool calls waiting for a person (agents in team order)."""
-        return views.pending_approvals(self.client.store, self.id)
+        return views.pending_approvals(self.client._store, self.id)
 
     @_redis_errors
     def approve(self, agent: str, call: str | None = None) -> Decision:
         """Let `agent` make its tool call that waits for a person (`call`, or the first)."""
-        return views.record_decision(self.client.store, self.id, agent, call, approved=True)
+        return views.record_decision(self.client._store, self.id, agent, call, approved=True)
 
     @_redis_errors
     def reject(self, agent: str, call: str | None = None, *, reason: str) -> Decision:
         """Refuse `agent`'s waiting tool call; the model reads `reason` as its result."""
         return views.record_decision(
-            self.client.store, self.id, agent, call, approved=False, reason=reason
+            self.client._store, self.id, agent, call, approved=False, reason=reason
         )
 
     @_redis_errors
     def pause(self) -> TaskStatus:
         """Start no more supersteps (the one in flight finishes); return the status."""
-        self.client.control.pause(self.id)
+        self.client._control.pause(self.id)
         return self.status()
 
     @_redis_errors
     def resume(self) -> TaskStatus:
         """Start supersteps again; return the status."""
-        self.client.control.resume(self.id)
+        self.client._control.resume(self.id)
         return self.status()
 
     @_redis_errors
@@ -367,18 +373,18 @@ class Task:
         `resume` goes on (and pauses again at the next barrier unless raised). What was
         spent stays spent through retries and restores.
         """
-        return self.client.control.budget(self.id, tokens, cost_usd)
+        return self.client._control.budget(self.id, tokens, cost_usd)
 
     @_redis_errors
     def cancel(self) -> TaskStatus:
         """End the task now (its running steps are fenced); return the status."""
-        self.client.control.cancel(self.id)
+        self.client._control.cancel(self.id)
         return self.status()
 
     @_redis_errors
     def archive(self) -> list[ArchiveReport]:
         """Archive every committed checkpoint still only in Redis, oldest first."""
-        return self.client.control.archive(self.id)
+        return self.client._control.archive(self.id)
 
     @_redis_errors
     def forget(self) -> int:
@@ -389,4 +395,4 @@ class Task:
         task runs or is being restored; nothing is removed when a checkpoint cannot be
         archived (`ArchiveError`, `CorruptCheckpoint`).
         """
-        return self.client.control.forget(self.id)
+        return self.client._control.forget(self.id)

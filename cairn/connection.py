@@ -13,8 +13,8 @@ from redis.backoff import ExponentialWithJitterBackoff, NoBackoff
 from redis.retry import Retry
 
 from cairn.coordinator.settings import display_url
+from cairn.errors import InvalidSpec, Unavailable, one_line
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import InvalidSpec, Unavailable, one_line
 
 CONNECT_TIMEOUT = 3.0  # seconds: a Redis that does not answer by then is unreachable
 COMMAND_TIMEOUT = 60.0  # seconds: well above any one Cairn command or script

@@ -1,12 +1,19 @@
 """Every error Cairn raises on purpose: one tree, one root (`CairnError`).
 
+Grouped by who catches them: a caller of `cairn.Client` (or of the CLI) meets the first
+group, the engine handles storage faults (it stops a fenced writer, passes a damaged
+record over), and a step's runtime decides from a step's errors whether to retry it.
+
 CairnError
+│   a caller's mistakes, and a deployment that cannot serve the call
 ├── InvalidSpec          bad input: a spec, a setting, a checkpoint or agent that is not there
 ├── InvalidName          a task or agent name that cannot be a key or a path
 ├── TaskNotFound         no task of that id is known to Redis or the archive
 ├── Unavailable          Redis does not answer (worth retrying)
 ├── Timeout              a wait for a task ran out before the task ended
 ├── RestoreFailed        no committed checkpoint could be restored
+├── RedisServerError     a private redis-server cannot be found or started
+│   storage faults
 ├── FencedWrite          a write carried a stale epoch or attempt
 ├── CommitRefused        a global checkpoint named a missing or mismatched record
 ├── NotCommitted         a global checkpoint to archive is not committed
@@ -15,47 +22,23 @@ CairnError
 ├── RecordTooLarge       a record to write is over the size a record may have
 ├── ArchiveError         the disk archive could not be written
 │   └── ArchiveConflict  the archive holds another record under that name
+│   a step's errors
 ├── ModelError           a model call failed (retryable or not)
 ├── ToolError            a tool call cannot be done; the model reads why
 │   ├── PatchError       a patch is malformed or does not apply
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
 ├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
 ├── MissingTool          an agent names a tool its worker does not have
-├── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
-└── RedisServerError     a private redis-server cannot be found or started
+└── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 
 `Unavailable` is also a `ConnectionError`, `Timeout` a `TimeoutError`, `TaskNotFound` and
 `RecordNotFound` `LookupError`s, `InvalidSpec` and `InvalidName` `ValueError`s, and
 `ArchiveError` an `OSError`.
+
+A leaf: it imports nothing of Cairn's, so every layer imports its errors from here.
 """
 
 from __future__ import annotations
-
-from cairn.storage.errors import (
-    ArchiveConflict,
-    ArchiveError,
-    CairnError,
-    CommitRefused,
-    CorruptCheckpoint,
-    FencedWrite,
-    InvalidName,
-    InvalidSpec,
-    InvalidWorkspace,
-    MissingTool,
-    ModelError,
-    NotCommitted,
-    PatchError,
-    RecordNotFound,
-    RecordTooLarge,
-    RedisServerError,
-    RefusedJob,
-    RestoreFailed,
-    TaskNotFound,
-    Timeout,
-    ToolError,
-    ToolUnreachable,
-    Unavailable,
-)
 
 __all__ = [
     "ArchiveConflict",
@@ -82,3 +65,164 @@ __all__ = [
     "ToolUnreachable",
     "Unavailable",
 ]
+
+
+class CairnError(Exception):
+    """Root of every error Cairn raises on purpose; catch it to catch them all."""
+
+
+# A caller's mistakes, and a deployment that cannot serve the call ------------------------
+class InvalidSpec(CairnError, ValueError):
+    """Raised when a task or agent spec is invalid; the message names the field and why.
+
+    Also for other bad input: an invalid setting, a checkpoint or agent the task lacks.
+    """
+
+
+class InvalidName(CairnError, ValueError):
+    """Raised when a task, agent or record name could escape a key or a directory."""
+
+
+class TaskNotFound(CairnError, LookupError):
+    """Raised when no task of the id is known, in Redis or in the archive."""
+
+
+class Unavailable(CairnError, ConnectionError):
+    """Raised when Redis does not answer; the message names it (password masked).
+
+    Nothing was done: the same call may succeed once Redis is back.
+    """
+
+
+class Timeout(CairnError, TimeoutError):
+    """Raised when a wait for a task ran out before the task ended; the task runs on."""
+
+
+class RestoreFailed(CairnError):
+    """Raised when a restore did not complete, nothing committed changed.
+
+    Either no committed checkpoint could be restored (the task is unrecoverable), or
+    staging failed for a reason that says nothing of the checkpoints (a job that failed or
+    never ran): the task then stays `restoring`, and its coordinator restores it again.
+    """
+
+
+class RedisServerError(CairnError):
+    """Raised when a private redis-server cannot be found or started."""
+
+
+# Storage faults ---------------------------------------------------------------------------
+class FencedWrite(CairnError):
+    """Raised when a write carries an epoch or attempt that is no longer current.
+
+    The writer is a zombie (its step was retried elsewhere, or the task was restored):
+    nothing was written, and the caller must stop rather than retry.
+    """
+
+
+class CommitRefused(CairnError):
+    """Raised when a global checkpoint cannot be committed; nothing was written."""
+
+
+class NotCommitted(CairnError):
+    """Raised when asked to archive a global checkpoint that is not committed."""
+
+
+class RecordNotFound(CairnError, LookupError):
+    """Raised when a record is neither hot nor cold."""
+
+
+class CorruptCheckpoint(CairnError):
+    """Raised when stored bytes fail verification; the record is named and never used."""
+
+    def __init__(self, record: str, reason: str) -> None:
+        super().__init__(f"corrupt record {record}: {reason}")
+        self.record = record
+        self.reason = reason
+
+
+class RecordTooLarge(CairnError):
+    """Raised when a record to be written is over the bound on records; nothing was written.
+
+    Reading a record back must hold all of it in memory, and so must every restore: a
+    record past the bound would make its task impossible to resume on a modest worker.
+    """
+
+    def __init__(self, record: str, size: int, limit: int) -> None:
+        super().__init__(f"record {record} is {size} bytes; a record may have at most {limit}")
+        self.record = record
+        self.size = size
+        self.limit = limit
+
+
+class ArchiveError(CairnError, OSError):
+    """Raised when the archive cannot be written (full or read-only disk, bad directory).
+
+    Whatever was archived before stays whole: files appear only by atomic rename.
+    """
+
+
+class ArchiveConflict(ArchiveError):
+    """Raised when the archive holds another record under the name being archived.
+
+    A global checkpoint's number was handed out twice (the Redis in use lacks writes the
+    archive had seen: lost with a restart, or made on a primary since replaced): the
+    archived one stays, nothing is replaced, and the new one stays in Redis.
+    """
+
+
+# A step's errors --------------------------------------------------------------------------
+class ModelError(CairnError):
+    """Raised when a model call fails.
+
+    `retryable` is True for what may pass on a retry (timeout, 429, 5xx, a dropped
+    connection) and False for what will not (bad credentials, a malformed request).
+    """
+
+    def __init__(self, message: str, *, retryable: bool) -> None:
+        super().__init__(message)
+        self.retryable = retryable
+
+
+class ToolError(CairnError):
+    """Raised inside a tool when its call cannot be done; the model reads the message."""
+
+
+class PatchError(ToolError):
+    """Raised when a patch is malformed or does not apply; nothing was changed."""
+
+
+class ToolUnreachable(ToolError):
+    """Raised when a tool's server cannot be reached: the connection failed, not the request.
+
+    A new connection may do better, so a step that meets it before the model is asked is
+    retried (elsewhere, or later) rather than failed.
+    """
+
+
+class InvalidWorkspace(CairnError):
+    """Raised when a step's tree holds what no workspace may: nothing of it is stored.
+
+    A file over the task's `max_file_bytes` (found by its size, never read), or a path
+    that is both a file and a directory. The built-in tools refuse to make either, and a
+    command's oversize files are removed when it ends, so a worker's own tool made it: the
+    step fails, and is not retried (another attempt would do the same).
+    """
+
+
+class MissingTool(CairnError):
+    """Raised when an agent names a tool its worker does not have.
+
+    The step fails fatally, with no retry: another attempt on the same worker would find
+    the tool missing again. The message names the tool and the worker (`host:pid`).
+    """
+
+
+class RefusedJob(CairnError):
+    """Raised when a worker is handed a function that is not one of Cairn's jobs."""
+
+
+def one_line(exc: BaseException) -> str:
+    """What Cairn says of an error: the first line of its message (else its type's name)."""
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]

@@ -17,8 +17,8 @@ from typing import Any
 
 import redis
 
+from cairn.errors import CairnError, CorruptCheckpoint
 from cairn.storage.backends.redis import RedisHotStore
-from cairn.storage.errors import CairnError, CorruptCheckpoint
 from cairn.storage.records import GCStatus, Message, Role
 from cairn.storage.store import CheckpointStore
 

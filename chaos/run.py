@@ -33,9 +33,9 @@ from pydantic import JsonValue
 
 from cairn.coordinator.settings import load_settings, open_store
 from cairn.coordinator.worker import UNAVAILABLE
+from cairn.errors import RedisServerError
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import RedisServerError
 from cairn.testing.coordinator import cure, poison
 from cairn.testing.redis_server import RedisServer
 from cairn.testing.replicas import ReplicaSet

@@ -19,8 +19,8 @@ from cairn.agents.logs import configure_logging
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import load_settings, open_store
+from cairn.errors import InvalidSpec
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import InvalidSpec
 
 
 def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -> int:

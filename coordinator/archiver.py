@@ -19,8 +19,8 @@ import redis
 
 from cairn.agents.logs import get_logger
 from cairn.coordinator.runs import RunState
+from cairn.errors import CairnError, FencedWrite
 from cairn.storage.archive import archive_gc, trim_cold, trim_hot
-from cairn.storage.errors import CairnError, FencedWrite
 from cairn.storage.records import GCStatus
 from cairn.storage.store import CheckpointStore
 

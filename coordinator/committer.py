@@ -24,8 +24,8 @@ from cairn.coordinator.spec import Limits
 from cairn.coordinator.spend import budget_of, parse_spend
 from cairn.coordinator.verifier import GaveUp
 from cairn.coordinator.verify import FIELD as VERIFY_FIELD
+from cairn.errors import CairnError, CommitRefused, CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, CommitRefused, CorruptCheckpoint, RecordNotFound
 from cairn.storage.ids import new_id
 from cairn.storage.records import GlobalCheckpoint, InboxMessage, LCRef, Usage
 

@@ -49,8 +49,8 @@ from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import RESTORING, TERMINAL, Look, RunState, TaskState
 from cairn.coordinator.verifier import Verifier
 from cairn.coordinator.watcher import Watcher
+from cairn.errors import CairnError, FencedWrite
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, FencedWrite
 from cairn.storage.store import CheckpointStore
 
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat

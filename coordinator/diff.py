@@ -20,6 +20,7 @@ from pydantic import Field
 
 from cairn.coordinator.fork import committed_gc
 from cairn.coordinator.views import JSON, View
+from cairn.storage.public import public
 from cairn.storage.records import GlobalCheckpoint, LCRef, LocalCheckpoint, Message, TraceRecord
 from cairn.storage.store import CheckpointStore
 
@@ -48,6 +49,7 @@ class Side(View):
     checkpoint: int
 
 
+@public
 class Diff(View):
     """Two global checkpoints compared (`cairn diff --json`)."""
 

@@ -33,8 +33,8 @@ from cairn.agents.tools import Tool
 from cairn.coordinator import metrics
 from cairn.coordinator.settings import Settings, open_store, process_settings
 from cairn.coordinator.slots import Lanes, slot_number, worker_slot
+from cairn.errors import MissingTool
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import MissingTool
 from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:

@@ -13,8 +13,8 @@ from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.runs import RESTORING, TERMINAL, TaskState, abort_in_flight
+from cairn.errors import CommitRefused, RestoreFailed
 from cairn.storage import keys
-from cairn.storage.errors import CommitRefused, RestoreFailed
 from cairn.storage.records import GlobalCheckpoint
 
 MAX_ROLLBACKS = 3

@@ -25,9 +25,9 @@ from cairn.coordinator.replication import require
 from cairn.coordinator.runs import RunState, TaskState
 from cairn.coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from cairn.coordinator.spend import inherit
+from cairn.errors import InvalidSpec
 from cairn.storage import keys
-from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec
+from cairn.storage.chain import WorkingState
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import (
     GCStatus,
@@ -138,7 +138,7 @@ def fork_task(
     return committed
 
 
-def _move(state: AgentState, task: str, epoch: int, superstep: int, workspace: str) -> None:
+def _move(state: WorkingState, task: str, epoch: int, superstep: int, workspace: str) -> None:
     """Make a state read from the source the first state of `task`: a new, full chain."""
     state.task, state.epoch, state.attempt, state.superstep = task, epoch, 1, superstep
     state.workspace_before = state.workspace_after = workspace

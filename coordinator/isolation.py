@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import redis
 
 from cairn.agents.logs import get_logger
-from cairn.storage.errors import (
+from cairn.errors import (
     ArchiveError,
     CommitRefused,
     FencedWrite,

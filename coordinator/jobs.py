@@ -21,8 +21,8 @@ from cairn.coordinator.environment import environment
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.verify import JOB as VERIFY_JOB
 from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
+from cairn.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.redact import redact
 

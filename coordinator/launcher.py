@@ -18,7 +18,7 @@ from cairn.coordinator.plan import Barrier, Plan, Then
 from cairn.coordinator.runs import StepRun, TaskState
 from cairn.coordinator.spec import Limits
 from cairn.coordinator.spend import BUDGET_REASON, budget_of, budget_reached
-from cairn.storage.records import AgentStatus, GlobalCheckpoint
+from cairn.storage.records import AgentState, GlobalCheckpoint
 
 
 class Launcher:
@@ -66,7 +66,7 @@ class Launcher:
         order = self.ctx.docs.team(task, gc)
         agents = runnable(self.ctx.store, gc, order)
         if not agents:
-            if any(gc.statuses.get(a) is AgentStatus.WAITING_APPROVAL for a in order):
+            if any(gc.statuses.get(a) is AgentState.WAITING_APPROVAL for a in order):
                 return Plan(then=Then.WAIT)
             return Plan(then=Then.VERIFY)
         if gc.superstep >= limits.max_supersteps:

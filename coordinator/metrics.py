@@ -56,7 +56,7 @@ from rq.worker_registration import WORKERS_BY_QUEUE_KEY
 from cairn.agents.logs import get_logger
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import LCEntry
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import LCRef, Level, Usage
 from cairn.storage.store import CheckpointStore
 
@@ -201,7 +201,7 @@ class MeteredStore(CheckpointStore):
 
     def write_lc(
         self,
-        state: AgentState,
+        state: WorkingState,
         level: Level = Level.STEP,
         *,
         vote: bool = False,

@@ -19,8 +19,8 @@ import time
 from cairn.agents.logs import get_logger
 from cairn.coordinator.runs import RunState, TaskState
 from cairn.coordinator.spec import CheckpointPolicy
+from cairn.errors import Unavailable
 from cairn.storage.base import HotStore
-from cairn.storage.errors import Unavailable
 
 log = get_logger(__name__)
 REPLICAS = 1  # replicas that must hold a GC before it is acknowledged

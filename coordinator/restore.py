@@ -40,8 +40,8 @@ from cairn.coordinator.replication import confirm
 from cairn.coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
 from cairn.coordinator.spec import CheckpointPolicy, read_policy
 from cairn.coordinator.staging import PASSING, refusal, stage
+from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import GCStatus, GlobalCheckpoint
 from cairn.storage.store import CheckpointStore

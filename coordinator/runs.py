@@ -23,10 +23,11 @@ from typing import Self, cast
 import redis
 
 from cairn.agents.logs import get_logger
+from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
 from cairn.storage.backends.redis import parse_ref, script, translated, translating
 from cairn.storage.base import HotStore
-from cairn.storage.errors import CairnError, CorruptCheckpoint, RecordNotFound
+from cairn.storage.public import public
 from cairn.storage.records import GlobalCheckpoint, LCRef
 from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore
@@ -34,6 +35,7 @@ from cairn.storage.store import CheckpointStore
 log = get_logger(__name__)
 
 
+@public
 class TaskState(str, Enum):
     """Where a task is: running, paused, waiting for a person, or ended one of four ways."""
 

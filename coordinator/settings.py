@@ -57,13 +57,14 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cairn.coordinator.metrics import MeteredHotStore, MeteredStore
+from cairn.errors import InvalidSpec
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
 from cairn.storage.backends.sentinel import parse as parse_sentinel_url
 from cairn.storage.chain import DEFAULT_FULL_EVERY
 from cairn.storage.codec import Codec
-from cairn.storage.errors import InvalidSpec
+from cairn.storage.public import public
 from cairn.storage.store import CheckpointStore
 
 URL_FILE = "redis.url"  # in the state directory, while `cairn up` runs
@@ -76,6 +77,7 @@ MIN_SIGNING_KEY_BYTES = 32  # SHA-256's output: RFC 2104 calls a shorter HMAC ke
 MAKE_A_KEY = "make one with `openssl rand -hex 32`"
 
 
+@public
 class Settings(BaseSettings):
     """Cairn's settings as every process resolves them (see the module's table)."""
 

@@ -33,7 +33,8 @@ from cairn.agents.workspace import (
     check_path,
     tree_clashes,
 )
-from cairn.storage.errors import InvalidSpec, RecordNotFound, ToolError
+from cairn.errors import InvalidSpec, RecordNotFound, ToolError
+from cairn.storage.public import public
 from cairn.storage.records import Record
 from cairn.storage.store import CheckpointStore
 
@@ -56,6 +57,7 @@ class CheckpointPolicy(Strict):
     model_reply: bool = False
 
 
+@public
 class TaskSpec(Strict):
     """A task: its goal, its team, its workspace, how it is verified, its limits."""
 

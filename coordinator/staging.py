@@ -12,7 +12,7 @@ import redis
 from cairn.agents.barrier import pending_calls
 from cairn.agents.logs import get_logger
 from cairn.agents.summary import context_summary
-from cairn.storage.errors import (
+from cairn.errors import (
     ArchiveError,
     CairnError,
     CorruptCheckpoint,

@@ -29,9 +29,9 @@ from cairn.coordinator.runs import TERMINAL, RunState, TaskState, abort_in_fligh
 from cairn.coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
 from cairn.coordinator.spend import budget_of
 from cairn.coordinator.views import TaskStatus, list_tasks, require_task, task_status
+from cairn.errors import InvalidSpec, TaskNotFound
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport, archive_gc
-from cairn.storage.errors import InvalidSpec, TaskNotFound
 from cairn.storage.ids import new_id
 from cairn.storage.records import GCStatus
 from cairn.storage.store import CheckpointStore

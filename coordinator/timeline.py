@@ -24,7 +24,8 @@ import redis
 
 from cairn.coordinator import views
 from cairn.coordinator.views import JSON
-from cairn.storage.errors import CairnError, TaskNotFound
+from cairn.errors import CairnError, TaskNotFound
+from cairn.storage.public import public
 from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
 from cairn.storage.store import CheckpointStore
 
@@ -105,6 +106,7 @@ class FileVersion:
     text: str | None = None  # None: binary, or past FILE_LIMIT / FILES_LIMIT
 
 
+@public
 @dataclass
 class Timeline:
     """Everything the HTML timeline shows of one task."""

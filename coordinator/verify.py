@@ -26,8 +26,8 @@ from cairn.agents.tools import ToolContext, run_command
 from cairn.agents.workspace import Workspace
 from cairn.coordinator.runs import Entry
 from cairn.coordinator.spec import LIMITS_DOC, Limits
+from cairn.errors import ToolError
 from cairn.storage import keys
-from cairn.storage.errors import ToolError
 from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore
 

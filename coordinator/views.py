@@ -1,11 +1,10 @@
 """What a user sees of a task: its status, its checkpoints, its trace, its files.
 
-The status and a checkpoint's summary are typed (`TaskStatus`, `CheckpointInfo`: pydantic
-models whose JSON is what `cairn status --json` and `cairn checkpoints --json` print); one
-checkpoint in detail and the trace are JSON-ready dicts. Plain functions over Redis and
-the checkpoint store, so the Python API, the CLI, `watch` and the HTML timeline all read
-a task the same way. Every record read here is verified on the way (the store never hands
-out one that is not).
+Every answer is typed: pydantic models (`TaskStatus`, `CheckpointInfo`, `CheckpointDetail`,
+`TraceEntry`, ...) whose JSON is what `cairn status --json` and its siblings print. Plain
+functions over Redis and the checkpoint store, so the Python API, the CLI, `watch` and the
+HTML timeline all read a task the same way. Every record read here is verified on the way
+(the store never hands out one that is not).
 """
 
 from __future__ import annotations
@@ -14,10 +13,10 @@ import os
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, field_serializer
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
 
 from cairn.agents.accounting import Budget
 from cairn.agents.approval import decide
@@ -27,14 +26,25 @@ from cairn.agents.team import team as team_at
 from cairn.agents.workspace import check_path, directories, tree_clashes
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
+from cairn.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from cairn.storage import keys
-from cairn.storage.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
 from cairn.storage.keys import SPEC_DOC, check_name
-from cairn.storage.records import AgentStatus as AgentState
-from cairn.storage.records import GCStatus, GlobalCheckpoint, Record, ToolCall, Usage
+from cairn.storage.public import public
+from cairn.storage.records import (
+    AgentState,
+    Effects,
+    GCStatus,
+    GlobalCheckpoint,
+    InboxMessage,
+    Record,
+    ToolCall,
+    Usage,
+)
 from cairn.storage.store import CheckpointStore
 
 JSON = dict[str, Any]
+# A time as `datetime.isoformat` writes it (`+00:00`), in the JSON of the views that say when.
+IsoTime = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str)]
 
 
 class View(BaseModel):
@@ -72,6 +82,7 @@ class Spending(Tokens):
     replayed: Tokens = Field(default_factory=Tokens)
 
 
+@public
 class AgentStatus(View):
     """One agent of a task: its status at the latest checkpoint, its step count, its spend."""
 
@@ -81,6 +92,7 @@ class AgentStatus(View):
     usage: Spending = Field(default_factory=Spending)
 
 
+@public
 class Lineage(View):
     """Where a forked task started: the source task and its global checkpoint."""
 
@@ -88,6 +100,7 @@ class Lineage(View):
     checkpoint: int
 
 
+@public
 class TaskStatus(View):
     """A task's status: its state, where it is, its agents, and why it ended."""
 
@@ -104,11 +117,7 @@ class TaskStatus(View):
     forked_from: Lineage | None = None
     usage: Spending = Field(default_factory=Spending)  # the agents' together
     budget: Budget | None = None
-    submitted_at: datetime | None = None  # None for a task whose submit is still under way
-
-    @field_serializer("submitted_at")
-    def _iso(self, value: datetime | None) -> str | None:
-        return None if value is None else value.isoformat()
+    submitted_at: IsoTime | None = None  # None for a task whose submit is still under way
 
     @property
     def ended(self) -> bool:
@@ -116,6 +125,7 @@ class TaskStatus(View):
         return self.state.ended
 
 
+@public
 class CheckpointInfo(View):
     """One global checkpoint of a task, as `cairn checkpoints` lists it."""
 
@@ -125,17 +135,14 @@ class CheckpointInfo(View):
     members: dict[str, str]  # agent → its local checkpoint's id
     hot: bool
     cold: bool
-    created_at: datetime | None
+    created_at: IsoTime | None
     size_bytes: int
     epoch: int | None = None
     damaged: bool = False  # its record cannot be read whole: no restore uses it
     error: str | None = None  # why the record could not be read whole, when it could not
 
-    @field_serializer("created_at")
-    def _iso(self, value: datetime | None) -> str | None:
-        return None if value is None else value.isoformat()
 
-
+@public
 class RestoreResult(View):
     """A restore's outcome: the checkpoint restored, the new one recording it, the epoch."""
 
@@ -144,6 +151,7 @@ class RestoreResult(View):
     checkpoint: int
 
 
+@public
 class Decision(View):
     """A person's decision on an agent's tool call that waited for approval."""
 
@@ -156,6 +164,7 @@ class Decision(View):
     reason: str
 
 
+@public
 class PendingCall(View):
     """A tool call an agent waits on a person for (`cairn approvals --json`)."""
 
@@ -166,6 +175,7 @@ class PendingCall(View):
     arguments: dict[str, Any]
 
 
+@public
 class Export(View):
     """Where a checkpoint's files were written, which, and which were left out (git's)."""
 
@@ -174,6 +184,62 @@ class Export(View):
     out: str
     files: list[str]
     left_out: list[str] = Field(default_factory=list)
+
+
+class CheckpointMember(View):
+    """One agent of a global checkpoint: its local checkpoint, its status, its step."""
+
+    name: str
+    lc_id: str
+    checksum: str
+    status: AgentState
+    step: int | None  # None when its local checkpoint is gone (an aborted checkpoint's)
+
+
+@public
+class CheckpointDetail(View):
+    """One global checkpoint in detail, as `cairn checkpoint` shows it.
+
+    Its record, where it lives, each member's step, the workspace's files (path → sha256)
+    and the messages delivered but not yet read.
+    """
+
+    number: int
+    name: str
+    status: GCStatus
+    superstep: int
+    epoch: int
+    created_at: IsoTime
+    committed_at: IsoTime | None
+    hot: bool
+    cold: bool
+    size_bytes: int
+    checksum: str
+    members: dict[str, str]  # agent → its local checkpoint's id
+    agents: list[CheckpointMember]
+    workspace: str  # the workspace manifest's id
+    files: dict[str, str]
+    inbox: list[InboxMessage]
+
+
+@public
+class TraceEntry(View):
+    """One model turn (`tool` is None) or tool call of an agent, as `cairn trace` lists it."""
+
+    agent: str
+    step: int
+    superstep: int
+    tool: str | None
+    arguments: dict[str, JsonValue]
+    result: JsonValue
+    side_effect: bool  # the call's effects are external
+    effects: Effects | None  # a tool call's; None for the model's turn
+    idempotency_key: str | None  # an external call's, the same on every retry and replay
+    error: str | None
+    started_at: datetime
+    finished_at: datetime
+    duration_ms: float
+    usage: Usage | None
 
 
 def require_task(client: redis.Redis, store: CheckpointStore, task: str) -> None:
@@ -358,7 +424,7 @@ def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
     return listed
 
 
-def checkpoint(store: CheckpointStore, task: str, number: int) -> JSON:
+def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDetail:
     """One GC in detail: its record, where it lives, each member's step and the files."""
     info = next((i for i in store.list_gcs(task) if i.number == number), None)
     if info is None:
@@ -369,36 +435,36 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> JSON:
     except CairnError:  # an aborted GC's tentative LCs are gone: the GC is still shown
         steps = {}
     manifest = store.read_manifest(task, gc.workspace)
-    return {
-        "number": gc.number,
-        "name": gc.name,
-        "status": gc.status.value,
-        "superstep": gc.superstep,
-        "epoch": gc.epoch,
-        "created_at": gc.created_at.isoformat(),
-        "committed_at": None if gc.committed_at is None else gc.committed_at.isoformat(),
-        "hot": info.hot,
-        "cold": info.cold,
-        "size_bytes": info.size,
-        "checksum": gc.checksum,
-        "members": {agent: ref.id for agent, ref in gc.members.items()},
-        "agents": [
-            {
-                "name": agent,
-                "lc_id": ref.id,
-                "checksum": ref.checksum,
-                "status": gc.statuses.get(agent, AgentState.ACTIVE).value,
-                "step": steps.get(agent),
-            }
+    return CheckpointDetail(
+        number=gc.number,
+        name=gc.name,
+        status=gc.status,
+        superstep=gc.superstep,
+        epoch=gc.epoch,
+        created_at=gc.created_at,
+        committed_at=gc.committed_at,
+        hot=info.hot,
+        cold=info.cold,
+        size_bytes=info.size,
+        checksum=gc.checksum,
+        members={agent: ref.id for agent, ref in gc.members.items()},
+        agents=[
+            CheckpointMember(
+                name=agent,
+                lc_id=ref.id,
+                checksum=ref.checksum,
+                status=gc.statuses.get(agent, AgentState.ACTIVE),
+                step=steps.get(agent),
+            )
             for agent, ref in gc.members.items()
         ],
-        "workspace": gc.workspace,
-        "files": dict(sorted(manifest.files.items())),
-        "inbox": [m.model_dump(mode="json") for m in gc.inbox],
-    }
+        workspace=gc.workspace,
+        files=dict(sorted(manifest.files.items())),
+        inbox=gc.inbox,
+    )
 
 
-def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[JSON]:
+def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[TraceEntry]:
     """The trace records of the latest GC's agents (or of one), in the order they happened.
 
     Ordered by superstep, then start time (agents of one superstep ran in parallel), then
@@ -415,8 +481,7 @@ def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[J
             continue
         state = store.read_state(task, name, ref.id, ref.checksum)
         for position, record in enumerate(state.trace):
-            row: JSON = {"agent": name}
-            row.update(record.model_dump(mode="json", exclude={"schema_version"}))
+            row = TraceEntry(agent=name, **record.model_dump(exclude={"schema_version"}))
             rows.append(((record.superstep, record.started_at, rank, position), row))
     return [row for _, row in sorted(rows, key=lambda pair: pair[0])]
 

@@ -23,8 +23,8 @@ from cairn.coordinator.jobstate import JobState, backoff, step_failure
 from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.runs import Look, StepRun
 from cairn.coordinator.worker import CairnJob
+from cairn.errors import CairnError
 from cairn.storage import keys
-from cairn.storage.errors import CairnError
 from cairn.storage.records import LCRef
 
 FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps

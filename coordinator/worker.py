@@ -72,8 +72,8 @@ from cairn.agents.logs import configure_logging, get_logger
 from cairn.coordinator.environment import environment
 from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from cairn.coordinator.settings import display_url, load_settings, process_settings, use_settings
+from cairn.errors import InvalidSpec, RefusedJob, one_line
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import InvalidSpec, RefusedJob, one_line
 from cairn.storage.redact import redact
 
 log = get_logger(__name__)

@@ -16,13 +16,13 @@ from pathlib import Path
 import redis
 
 from cairn.coordinator.settings import load_settings
+from cairn.errors import CairnError
 from cairn.storage.archive import archive_gc, trim_hot
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore, connect
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.codec import Codec
-from cairn.storage.errors import CairnError
 from cairn.storage.records import GlobalCheckpoint, Message, Role, WorkspaceManifest
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer
@@ -34,7 +34,7 @@ SUPERSTEPS = 6
 def run(store: CheckpointStore, task: str) -> None:
     """Run the team, committing and archiving a GC at every barrier."""
     epoch = store.hot.init_task(task)
-    states = {a: AgentState(task=task, agent=a, epoch=epoch) for a in TEAM}
+    states = {a: WorkingState(task=task, agent=a, epoch=epoch) for a in TEAM}
     files: dict[str, str] = {}
     print(f"{'GC':>3}  {'superstep':>9}  {'agents':<24} {'files':>5}  {'archived':>9}")
     for s in range(1, SUPERSTEPS + 1):

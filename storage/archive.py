@@ -19,8 +19,9 @@ from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
+from cairn.errors import ArchiveConflict, NotCommitted
 from cairn.storage.codec import Codec
-from cairn.storage.errors import ArchiveConflict, NotCommitted
+from cairn.storage.public import public
 from cairn.storage.records import GCStatus, GlobalCheckpoint
 from cairn.storage.store import CheckpointStore
 
@@ -32,6 +33,7 @@ DEFAULT_SWEEP_GRACE = 3600.0
 ARCHIVE_THREADS = 4
 
 
+@public
 @dataclass(frozen=True, slots=True)
 class ArchiveReport:
     """What one `archive_gc` call wrote (zero everywhere when it was already archived)."""

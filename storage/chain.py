@@ -7,7 +7,7 @@ the step LC that follows it, so tool LCs never become parents.
 
 A state read from verified LCs leaves its trace unbuilt until something reads `trace`:
 building a thousand trace records costs more than verifying and parsing everything else,
-and a step only appends to the trace (`AgentState.add_trace`) and writes its new part.
+and a step only appends to the trace (`WorkingState.add_trace`) and writes its new part.
 """
 
 from __future__ import annotations
@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from pydantic import ConfigDict, Field, GetPydanticSchema, JsonValue
 from pydantic_core import core_schema
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import parse
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
-    AgentStatus,
+    AgentState,
     BaseLocalCheckpoint,
     InboxMessage,
     Level,
@@ -98,8 +98,10 @@ class LCBase:
 
 
 @dataclass(slots=True)
-class AgentState:
-    """An agent's full state, as the step runtime works on it (messages are append-only).
+class WorkingState:
+    """An agent's working state: all of it, as a step works on it (messages are append-only).
+
+    Rebuilt from its chain of LCs (or new), changed by a step, and cut into the next LC.
 
     Read from verified LCs, its `trace` is built when first read; `trace_count`,
     `add_trace`, `trace_since` and `copy` leave it unbuilt.
@@ -111,7 +113,7 @@ class AgentState:
     attempt: int = 1
     step: int = 0
     superstep: int = 0
-    status: AgentStatus = AgentStatus.ACTIVE
+    status: AgentState = AgentState.ACTIVE
     messages: list[Message] = field(default_factory=list)
     trace: list[TraceRecord] = field(default_factory=list)
     workspace_before: str | None = None
@@ -131,7 +133,7 @@ class AgentState:
             # Python calls this only when a slot is unset: `trace`, while it is unbuilt.
             unbuilt = self._unbuilt if name == "trace" else None
             if unbuilt is None:
-                raise AttributeError(f"'AgentState' object has no attribute {name!r}")
+                raise AttributeError(f"'WorkingState' object has no attribute {name!r}")
             self.trace = [*unbuilt.verified.build(), *unbuilt.added]
             self._unbuilt = None
             return self.trace
@@ -159,7 +161,7 @@ class AgentState:
             return self.trace[start:]
         return unbuilt.added[start - unbuilt.verified.count :]
 
-    def copy(self) -> AgentState:
+    def copy(self) -> WorkingState:
         """A copy a step may change without touching this state (messages are immutable)."""
         unbuilt = self._unbuilt_trace()
         copied = replace(
@@ -192,7 +194,7 @@ class AgentState:
         return None  # assigned a list since: that list is the trace
 
 
-# The execution context an AgentState and its LocalCheckpoint share, field for field.
+# The execution context an WorkingState and its LocalCheckpoint share, field for field.
 CONTEXT_FIELDS = (
     "task",
     "agent",
@@ -210,12 +212,12 @@ CONTEXT_FIELDS = (
 )
 
 
-def _context(source: AgentState | BaseLocalCheckpoint[T]) -> dict[str, Any]:
+def _context(source: WorkingState | BaseLocalCheckpoint[T]) -> dict[str, Any]:
     return {name: getattr(source, name) for name in CONTEXT_FIELDS}
 
 
 def cut_lc(
-    state: AgentState, level: Level, full_every: int = DEFAULT_FULL_EVERY, *, full: bool = False
+    state: WorkingState, level: Level, full_every: int = DEFAULT_FULL_EVERY, *, full: bool = False
 ) -> LocalCheckpoint:
     """Return the LC for `state`: a delta from `state.base`, or full at the cadence or if asked.
 
@@ -245,12 +247,12 @@ def cut_lc(
     )
 
 
-def base_after_write(lc: LocalCheckpoint, state: AgentState) -> LCBase:
+def base_after_write(lc: LocalCheckpoint, state: WorkingState) -> LCBase:
     """Return the base a state has once `lc` (a step LC cut from it) is stored."""
     return LCBase(lc.id, lc.checksum, lc.depth, len(state.messages), state.trace_count)
 
 
-def rebuild(chain: list[LocalCheckpoint]) -> AgentState:
+def rebuild(chain: list[LocalCheckpoint]) -> WorkingState:
     """Rebuild the full state from an LC chain given newest first, verifying every link.
 
     The oldest record must be full; each later one must name its parent's id and checksum
@@ -262,7 +264,7 @@ def rebuild(chain: list[LocalCheckpoint]) -> AgentState:
     return state
 
 
-def rebuild_unbuilt(chain: list[tuple[UnbuiltLC, bytes]]) -> AgentState:
+def rebuild_unbuilt(chain: list[tuple[UnbuiltLC, bytes]]) -> WorkingState:
     """`rebuild` from LCs parsed as `UnbuiltLC`, each with its verified canonical JSON.
 
     The trace is left unbuilt, to be built from that JSON when first read.
@@ -274,7 +276,7 @@ def rebuild_unbuilt(chain: list[tuple[UnbuiltLC, bytes]]) -> AgentState:
     return state
 
 
-def _legacy_usage(state: AgentState, newest: BaseLocalCheckpoint[T]) -> None:
+def _legacy_usage(state: WorkingState, newest: BaseLocalCheckpoint[T]) -> None:
     """Add up the usage of a history whose newest LC (schema 1) kept no running total."""
     if newest.usage is None:
         state.usage = Usage()
@@ -283,7 +285,7 @@ def _legacy_usage(state: AgentState, newest: BaseLocalCheckpoint[T]) -> None:
                 state.usage = state.usage.plus(record.usage)
 
 
-def _replay(chain: Sequence[BaseLocalCheckpoint[T]]) -> AgentState:
+def _replay(chain: Sequence[BaseLocalCheckpoint[T]]) -> WorkingState:
     """The state `chain` (newest first) rebuilds, every link checked, but with no trace."""
     if not chain:
         raise ValueError("empty chain")
@@ -315,7 +317,7 @@ def _replay(chain: Sequence[BaseLocalCheckpoint[T]]) -> AgentState:
     else:
         base = None
     usage = Usage() if newest.usage is None else newest.usage
-    return AgentState(messages=messages, base=base, usage=usage, **_context(newest))
+    return WorkingState(messages=messages, base=base, usage=usage, **_context(newest))
 
 
 def check_link(

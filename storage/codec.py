@@ -36,7 +36,7 @@ import orjson
 import zstandard
 from pydantic import BaseModel, ValidationError
 
-from cairn.storage.errors import CorruptCheckpoint, RecordTooLarge
+from cairn.errors import CorruptCheckpoint, RecordTooLarge
 from cairn.storage.records import SCHEMA_VERSION, Record
 from cairn.storage.upcast import needs_json, upcast
 

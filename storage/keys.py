@@ -12,7 +12,7 @@ import hashlib
 import re
 from dataclasses import dataclass
 
-from cairn.storage.errors import InvalidName
+from cairn.errors import InvalidName
 
 PREFIX = "cairn"
 SPEC_DOC = "spec"  # the task document every step reads

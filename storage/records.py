@@ -14,6 +14,8 @@ from typing import Annotated, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from cairn.storage.public import public
+
 SCHEMA_VERSION = 4  # what this code writes; older records are read through storage/upcast.py
 
 
@@ -46,7 +48,8 @@ class Role(str, Enum):
     TOOL = "tool"
 
 
-class AgentStatus(str, Enum):
+@public
+class AgentState(str, Enum):
     """Where an agent stands after a step."""
 
     ACTIVE = "active"
@@ -81,6 +84,7 @@ class Effects(str, Enum):
     EXTERNAL = "external"
 
 
+@public
 class GCStatus(str, Enum):
     """The two-phase-commit state of a global checkpoint."""
 
@@ -236,7 +240,7 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     agent: str
     step: int
     superstep: int
-    status: AgentStatus = AgentStatus.ACTIVE
+    status: AgentState = AgentState.ACTIVE
     epoch: int
     attempt: int
     level: Level = Level.STEP
@@ -298,7 +302,7 @@ class GlobalCheckpoint(Record):
     epoch: int
     members: dict[str, LCRef] = Field(default_factory=dict)
     # agent → its status in its member LC, so a coordinator can pick who runs next
-    statuses: dict[str, AgentStatus] = Field(default_factory=dict)
+    statuses: dict[str, AgentState] = Field(default_factory=dict)
     workspace: str
     inbox: list[InboxMessage] = Field(default_factory=list)
     # agent → seq of the last message ever delivered to it (the next one gets seq + 1)

@@ -14,18 +14,18 @@ from typing import Generic, TypeVar
 
 from pydantic import ConfigDict
 
+from cairn.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage.base import ColdArchive, GCEntry, HotStore, LCEntry, NextSuperstep
 from cairn.storage.chain import (
     DEFAULT_FULL_EVERY,
-    AgentState,
     UnbuiltLC,
+    WorkingState,
     base_after_write,
     check_link,
     cut_lc,
     rebuild_unbuilt,
 )
 from cairn.storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, parse
-from cairn.storage.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage.keys import EPOCH_DOC
 from cairn.storage.records import (
     EpochFloor,
@@ -144,7 +144,7 @@ class CheckpointStore:
     # local checkpoints -------------------------------------------------------------------
     def write_lc(
         self,
-        state: AgentState,
+        state: WorkingState,
         level: Level = Level.STEP,
         *,
         vote: bool = False,
@@ -332,7 +332,7 @@ class CheckpointStore:
 
     def read_state(
         self, task: str, agent: str, lc_id: str, checksum: str | None = None
-    ) -> AgentState:
+    ) -> WorkingState:
         """Rebuild an agent's full state at `lc_id`, verifying every link of its chain.
 
         Every record is verified and parsed, but for its trace records: those are counted,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import (
     GlobalCheckpoint,
     LCRef,
@@ -20,11 +20,11 @@ from cairn.storage.store import CheckpointStore
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def new_agent(store: CheckpointStore, task: str, agent: str, superstep: int = 1) -> AgentState:
+def new_agent(store: CheckpointStore, task: str, agent: str, superstep: int = 1) -> WorkingState:
     """Register `task` (epoch 1) and return an agent state with its system prompt."""
     epoch = store.hot.init_task(task)
     store.hot.begin_attempt(task, agent, superstep, 1)
-    return AgentState(
+    return WorkingState(
         task=task,
         agent=agent,
         epoch=epoch,
@@ -34,7 +34,7 @@ def new_agent(store: CheckpointStore, task: str, agent: str, superstep: int = 1)
     )
 
 
-def take_step(state: AgentState, i: int, size: int = 400) -> None:
+def take_step(state: WorkingState, i: int, size: int = 400) -> None:
     """Append one assistant message with a tool call and its trace record to `state`."""
     state.step += 1
     state.messages.append(
@@ -60,7 +60,7 @@ def take_step(state: AgentState, i: int, size: int = 400) -> None:
     )
 
 
-def next_superstep(store: CheckpointStore, state: AgentState) -> None:
+def next_superstep(store: CheckpointStore, state: WorkingState) -> None:
     """Move `state` to the next superstep and make its attempt 1 the current one."""
     state.superstep += 1
     state.attempt = 1

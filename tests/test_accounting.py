@@ -14,10 +14,10 @@ import yaml
 from cairn.agents.accounting import Budget, Price, cost, load_prices
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.views import TaskStatus, Tokens
+from cairn.errors import InvalidSpec
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.chain import rebuild
 from cairn.storage.codec import Codec
-from cairn.storage.errors import InvalidSpec
 from cairn.storage.records import LocalCheckpoint, Usage
 from cairn.storage.store import CheckpointStore
 from tests.cluster import Cluster

@@ -21,10 +21,10 @@ from cairn.agents.models.base import ModelRequest
 from cairn.agents.models.scripted import FINISHED, ScriptedModel
 from cairn.agents.spec import AgentSpec, TaskRecord, Turn, load_policy, parse_model
 from cairn.agents.summary import context_summary
+from cairn.errors import InvalidSpec, ModelError
 from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.base import HotStore
-from cairn.storage.chain import AgentState
-from cairn.storage.errors import InvalidSpec, ModelError
+from cairn.storage.chain import WorkingState
 from cairn.storage.records import LCRef, Message, Role, ToolCall, TraceRecord
 
 T0 = datetime(2026, 1, 1, tzinfo=UTC)
@@ -144,7 +144,7 @@ def test_context_summary_tells_what_was_done_and_where_to_go_on() -> None:
                     result="replaced the text at line 3 of d.py",
                     started_at=T0, finished_at=T0, duration_ms=1),
     ]  # fmt: skip
-    state = AgentState(task="t", agent="coder", epoch=2, superstep=3, trace=trace,
+    state = WorkingState(task="t", agent="coder", epoch=2, superstep=3, trace=trace,
                        messages=[Message(role=Role.ASSISTANT, content="Tests next.")])  # fmt: skip
     message = context_summary(state, "the reviewer's step failed 3 times", restored_to=4)
     text = message.content or ""
@@ -197,7 +197,7 @@ def test_json_log_lines_hold_any_value() -> None:
 def test_worker_cache_hands_out_private_copies_of_exact_lcs() -> None:
     """A kept state comes back only for the same LC, and changing a copy changes nothing kept."""
     warm = WorkerCache()
-    state = AgentState(
+    state = WorkingState(
         task="t", agent="a", epoch=1, messages=[Message(role=Role.USER, content="hi")]
     )
     ref = LCRef(id="lc-1", checksum="ab" * 32)

@@ -14,7 +14,7 @@ from cairn.agents.models.anthropic import API_VERSION, DEFAULT_MAX_TOKENS, Anthr
 from cairn.agents.models.base import ModelRequest, ToolSchema
 from cairn.agents.models.registry import build_model
 from cairn.agents.spec import AgentSpec
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.records import ImagePart, Message, Role, ToolCall, Usage
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
+import json
 import os
 import pkgutil
 import re
@@ -22,12 +23,13 @@ from pathlib import Path
 
 import pytest
 import redis
+from pydantic import ValidationError
 
 import cairn
 import cairn.errors
-import cairn.storage.errors
 from cairn import (
     AgentState,
+    CheckpointDetail,
     CheckpointInfo,
     Client,
     RestoreResult,
@@ -35,8 +37,10 @@ from cairn import (
     TaskSpec,
     TaskState,
     TaskStatus,
+    TraceEntry,
 )
 from cairn.errors import CairnError, InvalidSpec, TaskNotFound, Timeout, Unavailable
+from cairn.storage.records import TraceRecord
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import spawn, stop
 from tests.cluster import TEAM
@@ -106,16 +110,79 @@ def finished(stack: Stack) -> tuple[Task, TaskStatus]:
 
 # the facade -------------------------------------------------------------------------------
 def test_the_facade_promises_exactly_its_all() -> None:
-    """Every name in `cairn.__all__` exists; every public non-module name is in it."""
+    """Every name in `cairn.__all__` exists and `dir` lists it; no other public name is there."""
+    assert set(cairn.__all__) <= set(dir(cairn))
+    for name in cairn.__all__:
+        assert hasattr(cairn, name), name
     public = {
         name
-        for name, value in vars(cairn).items()
+        for name, value in vars(cairn).items()  # every name of `__all__` imported by now
         if not name.startswith("_") and not isinstance(value, types.ModuleType)
     }
     assert public | {"__version__", "errors"} == set(cairn.__all__)
-    for name in cairn.__all__:
-        assert hasattr(cairn, name), name
     assert isinstance(cairn.__version__, str)
+    with pytest.raises(AttributeError, match="no attribute 'Nope'"):
+        _ = cairn.Nope  # type: ignore[attr-defined]
+
+
+# What a fresh interpreter reports of the facade's names once their defining modules, and
+# nothing else of Cairn's, are imported: each name's module, and a model's schema title.
+NAMES_WHEREVER_FIRST_REACHED = """
+import importlib, json, sys
+homes = json.loads(sys.argv[1])
+found = {}
+for name, home in homes.items():
+    value = getattr(importlib.import_module(home), name)
+    title = value.model_json_schema()["title"] if hasattr(value, "model_json_schema") else None
+    found[name] = [value.__module__, repr(value), title]
+print(json.dumps(found))
+"""
+
+
+def test_every_name_of_the_facade_says_cairn_however_it_is_first_reached() -> None:
+    """`cairn.TaskStatus`, not its engine module, in reprs, even before the facade names it."""
+    homes = dict(cairn._HOMES)
+    done = subprocess.run(
+        [sys.executable, "-c", NAMES_WHEREVER_FIRST_REACHED, json.dumps(homes)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    found = json.loads(done.stdout)
+    assert set(cairn.__all__) - {"__version__", "errors"} == found.keys()
+    for name, (module, shown, title) in found.items():
+        assert "cairn" == module, name
+        said = (f"<class 'cairn.{name}'>", f"<enum '{name}'>", f"<function {name} ")
+        assert shown.startswith(said), f"{name}: {shown}"
+        assert title in (None, name), name
+    assert "cairn.errors" == cairn.errors.InvalidSpec.__module__
+
+
+def test_the_models_the_facade_names_still_validate_and_resolve_their_types() -> None:
+    """A validation error names the model; type hints resolve; a subclass is a model."""
+    with pytest.raises(ValidationError, match=r"validation error for RestoreResult"):
+        RestoreResult.model_validate({"restored_to": "x", "epoch": 1, "checkpoint": 2})
+    assert TaskState == typing.get_type_hints(TaskStatus)["state"]
+    assert typing.get_type_hints(cairn.ToolContext)  # a dataclass's, from its own module
+    assert TaskSpec.model_json_schema()["$defs"]
+
+    class Mine(RestoreResult):
+        note: str = ""
+
+    assert "x" == Mine(restored_to=1, epoch=2, checkpoint=3, note="x").note
+
+
+def test_the_trace_entry_is_the_trace_record_with_its_agent() -> None:
+    """`TraceEntry` has a stored trace record's fields, in order, after the agent's name."""
+    stored = [n for n, f in TraceRecord.model_fields.items() if not f.exclude]
+    assert ["agent", *(n for n in stored if n != "schema_version")] == list(TraceEntry.model_fields)
+
+
+def test_the_clients_plumbing_is_private(client: Client) -> None:
+    """A `Client` promises its settings and URL; its Redis connection and store are its own."""
+    for name in ("redis", "store", "control", "priced"):
+        assert not hasattr(client, name), name
 
 
 def _classes(hint: object) -> Iterator[type]:
@@ -132,7 +199,7 @@ def _classes(hint: object) -> Iterator[type]:
 def test_every_type_the_api_hands_out_is_exported() -> None:
     """The results and arguments of `Client` and `Task` calls are types `cairn` exports."""
     exported = {id(getattr(cairn, name)) for name in cairn.__all__}
-    ours = ("cairn", "coordinator", "agents", "storage")
+    ours = ("cairn",)
     for cls in (Client, Task):
         for name, method in inspect.getmembers(cls, inspect.isfunction):
             if name.startswith("_"):
@@ -144,22 +211,21 @@ def test_every_type_the_api_hands_out_is_exported() -> None:
 
 
 def _all_modules() -> Iterator[types.ModuleType]:
-    for package in ("storage", "agents", "coordinator", "cairn"):
-        root = importlib.import_module(package)
-        yield root
-        for info in pkgutil.walk_packages(root.__path__, f"{package}."):
-            if info.name in {"cairn.langgraph", "cairn.cli.demo.project"}:
-                continue  # an optional extra; the demo's bundled project
-            try:
-                yield importlib.import_module(info.name)
-            except ImportError:  # an optional extra's module
-                continue
+    """`cairn` and every module under it (the engine's layers too) but the optional ones."""
+    yield cairn
+    for info in pkgutil.walk_packages(cairn.__path__, "cairn."):
+        if info.name in {"cairn.langgraph", "cairn.cli.demo.project"}:
+            continue  # an optional extra; the demo's bundled project
+        try:
+            yield importlib.import_module(info.name)
+        except ImportError:  # an optional extra's module
+            continue
 
 
 def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
-    """Every error Cairn defines is a `CairnError` in `cairn.storage.errors`, in `cairn.errors`.
+    """Every error Cairn defines is a `CairnError` in `cairn.errors`, drawn in its tree.
 
-    Each is named in the tree both modules draw; `TaskNotFound` is not bad spec input.
+    `TaskNotFound` is not bad spec input; the errors keep their builtin bases.
     """
     modules = list(_all_modules())
     defined = {
@@ -168,18 +234,20 @@ def test_the_error_tree_has_one_root_one_home_and_is_drawn_whole() -> None:
         for value in vars(module).values()
         if isinstance(value, type)
         and issubclass(value, CairnError)
-        and value.__module__.split(".")[0] in {"storage", "agents", "coordinator", "cairn"}
+        and value.__module__.split(".")[0] == "cairn"
     }
     assert {CairnError, InvalidSpec, TaskNotFound, Unavailable, Timeout} <= defined
     for error in defined:
-        assert "cairn.storage.errors" == error.__module__, error
+        assert "cairn.errors" == error.__module__, error
         assert error is getattr(cairn.errors, error.__name__), error
-        for doc in (cairn.storage.errors.__doc__ or "", cairn.errors.__doc__ or ""):
-            assert re.search(rf"(^|\s){error.__name__}\s", doc, re.MULTILINE), error
+        assert re.search(rf"(^|\s){error.__name__}\s", cairn.errors.__doc__ or "", re.MULTILINE)
     assert set(cairn.errors.__all__) == {error.__name__ for error in defined}
     assert not issubclass(TaskNotFound, InvalidSpec)
     assert issubclass(Unavailable, ConnectionError)
     assert issubclass(Timeout, TimeoutError)
+    assert issubclass(cairn.errors.ArchiveError, OSError)
+    assert issubclass(cairn.errors.RecordNotFound, LookupError)
+    assert issubclass(cairn.errors.InvalidName, ValueError)
 
 
 def test_the_langgraph_saver_is_the_storage_one_signing_with_the_settings_key(
@@ -221,9 +289,15 @@ def test_checkpoints_workspace_export_and_trace(
     export = task.export(tmp_path / "out", checkpoint=2)
     assert (2, ["PLAN.md", "greet.py"]) == (export.checkpoint, export.files)
     assert b"1. say Hello\n" == (tmp_path / "out" / "PLAN.md").read_bytes()
-    calls = [(r["agent"], r["tool"]) for r in task.trace() if r["tool"]]
-    assert ("coder", "write_file") in calls
-    assert all(r["agent"] == "reviewer" for r in task.trace("reviewer"))
+    trace = task.trace()
+    assert all(isinstance(r, TraceEntry) for r in trace)
+    assert ("coder", "write_file") in [(r.agent, r.tool) for r in trace if r.tool]
+    assert all(r.agent == "reviewer" for r in task.trace("reviewer"))
+    detail = task.checkpoint(2)
+    assert isinstance(detail, CheckpointDetail)
+    assert (2, ["PLAN.md", "greet.py"]) == (detail.number, list(detail.files))
+    assert set(AGENTS) == {m.name for m in detail.agents}
+    assert all(isinstance(m.status, AgentState) for m in detail.agents)
     with pytest.raises(InvalidSpec, match="no checkpoint 9"):
         task.workspace(checkpoint=9)
 

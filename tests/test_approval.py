@@ -18,8 +18,8 @@ from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.task import start_task
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.views import record_decision
-from cairn.storage.errors import InvalidSpec, RecordNotFound
-from cairn.storage.records import AgentStatus, Role, ToolCall, Usage
+from cairn.errors import InvalidSpec, RecordNotFound
+from cairn.storage.records import AgentState, Role, ToolCall, Usage
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, superstep
 
@@ -46,7 +46,7 @@ def start_writer(store: CheckpointStore, task: str) -> None:
     start_task(store, TaskRecord(task=task, goal="g", agents=[agent]), {"f": b"x"})
 
 
-def step(store: CheckpointStore, task: str, cache: Path) -> AgentStatus:
+def step(store: CheckpointStore, task: str, cache: Path) -> AgentState:
     """Run one superstep of the writer; return its status after it."""
     gc = superstep(store, task, cache, lambda _: Writer())
     assert gc is not None
@@ -59,18 +59,18 @@ def test_an_approval_does_not_approve_a_later_call_with_the_same_id(
     """Approving `call_0` (notes.md) lets that write run; the next turn's `call_0` waits."""
     cache = tmp_path / "cache"
     start_writer(real_store, "same-id")
-    assert AgentStatus.WAITING_APPROVAL == step(real_store, "same-id", cache)
+    assert AgentState.WAITING_APPROVAL == step(real_store, "same-id", cache)
     decision = record_decision(real_store, "same-id", "a", None, approved=True)
     assert ("call_0", "notes.md") == (decision.call, decision.arguments["path"])
-    assert AgentStatus.ACTIVE == step(real_store, "same-id", cache)  # wrote notes.md
-    assert AgentStatus.WAITING_APPROVAL == step(real_store, "same-id", cache)
+    assert AgentState.ACTIVE == step(real_store, "same-id", cache)  # wrote notes.md
+    assert AgentState.WAITING_APPROVAL == step(real_store, "same-id", cache)
     assert superstep(real_store, "same-id", cache, lambda _: Writer()) is None  # still waits
     gc = real_store.latest_gc("same-id")
     assert gc is not None
     assert {"f", "notes.md"} == set(files_of(real_store, gc))
     decision = record_decision(real_store, "same-id", "a", None, approved=True)
     assert "deploy.sh" == decision.arguments["path"]  # what the person sees is what runs
-    assert AgentStatus.ACTIVE == step(real_store, "same-id", cache)
+    assert AgentState.ACTIVE == step(real_store, "same-id", cache)
     gc = real_store.latest_gc("same-id")
     assert gc is not None
     assert {"f", "notes.md", "deploy.sh"} == set(files_of(real_store, gc))
@@ -118,7 +118,7 @@ def test_a_decision_does_not_outlive_a_restore(
     assert superstep(real_store, "restored", tmp_path / "cache", lambda _: Writer()) is None
     decision = record_decision(real_store, "restored", "a", None, approved=True)
     assert "notes.md" == decision.arguments["path"]
-    assert AgentStatus.ACTIVE == step(real_store, "restored", tmp_path / "cache")
+    assert AgentState.ACTIVE == step(real_store, "restored", tmp_path / "cache")
 
 
 def test_a_person_may_decide_any_pending_call_of_the_turn(
@@ -131,7 +131,7 @@ def test_a_person_may_decide_any_pending_call_of_the_turn(
         record_decision(real_store, "named", "a", "call_9", approved=True)
     decision = record_decision(real_store, "named", "a", "call_0", approved=False, reason="no")
     assert (False, "write_file") == (decision.approved, decision.tool)
-    assert AgentStatus.ACTIVE == step(real_store, "named", tmp_path / "cache")
+    assert AgentState.ACTIVE == step(real_store, "named", tmp_path / "cache")
     gc = real_store.latest_gc("named")
     assert gc is not None
     state = real_store.read_state("named", "a", gc.members["a"].id)

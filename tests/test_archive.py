@@ -14,12 +14,12 @@ from typing import cast
 import pytest
 import redis
 
+from cairn.errors import ArchiveError, CorruptCheckpoint, NotCommitted
 from cairn.storage.archive import archive_gc
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.memory import MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
-from cairn.storage.errors import ArchiveError, CorruptCheckpoint, NotCommitted
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer
 from tests.factories import make_gc, manifest, new_agent, read_gc_whole, run_task, take_step

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cairn.errors import ArchiveError, CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
 from cairn.storage.archive import archive_gc
 from cairn.storage.backends.disk import DiskArchive
@@ -16,7 +17,6 @@ from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import LCEntry
 from cairn.storage.chain import cut_lc
 from cairn.storage.codec import Codec
-from cairn.storage.errors import ArchiveError, CorruptCheckpoint, RecordNotFound
 from cairn.storage.records import GlobalCheckpoint, LCRef, Level, LocalCheckpoint, Record
 from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, read_gc_whole, run_task, take_step

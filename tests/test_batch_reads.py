@@ -9,8 +9,8 @@ import redis
 from pydantic import ConfigDict
 from redis.connection import AbstractConnection
 
+from cairn.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
-from cairn.storage.errors import CorruptCheckpoint, RecordNotFound
 from cairn.storage.records import LCRef, Record
 from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, take_step

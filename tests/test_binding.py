@@ -32,13 +32,13 @@ from cairn.agents.task import start_task
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.spec import LIMITS_DOC, Limits
+from cairn.errors import CorruptCheckpoint
 from cairn.storage import keys
 from cairn.storage.archive import archive_gc
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
-from cairn.storage.chain import AgentState
+from cairn.storage.chain import WorkingState
 from cairn.storage.codec import BINDING_TAG, FLAG_BOUND, Codec, Place, canonical_bytes
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.keys import EPOCH_DOC, SPEC_DOC, ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.storage.langgraph.places import cold_name, cold_task
@@ -153,7 +153,7 @@ def write_lc(store: CheckpointStore, task: str, agent: str, said: str) -> LCRef:
     """Write a first step LC of `agent` saying `said`; return its ref."""
     store.hot.init_task(task)
     store.hot.begin_attempt(task, agent, 1, 1)
-    state = AgentState(task=task, agent=agent, epoch=1, superstep=1, attempt=1)
+    state = WorkingState(task=task, agent=agent, epoch=1, superstep=1, attempt=1)
     state.messages.append(Message(role=Role.ASSISTANT, content=said))
     return store.write_lc(state)
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.base import LCEntry
 from cairn.storage.chain import cut_lc
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.records import Level, LocalCheckpoint
 from cairn.storage.store import CheckpointStore
 from tests.factories import new_agent, next_superstep, take_step

@@ -26,7 +26,7 @@ import redis
 from cairn import Client
 from cairn import __version__ as cairn_version
 from cairn.coordinator.settings import display_url, load_settings
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import (
     Run,

@@ -9,11 +9,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import HEADER_SIZE, Codec, canonical_bytes
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
-    AgentStatus,
+    AgentState,
     GCStatus,
     GlobalCheckpoint,
     InboxMessage,
@@ -85,7 +85,7 @@ local_checkpoints = st.builds(
     agent=names,
     step=st.integers(0, 10**6),
     superstep=st.integers(0, 10**6),
-    status=st.sampled_from(AgentStatus),
+    status=st.sampled_from(AgentState),
     epoch=st.integers(1, 10**6),
     attempt=st.integers(1, 100),
     level=st.sampled_from(Level),

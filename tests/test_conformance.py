@@ -7,12 +7,12 @@ import time
 
 import pytest
 
+from cairn.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
 from cairn.storage.backends.memory import MemoryArchive, MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import ColdArchive, HotStore, LCEntry, NextSuperstep
 from cairn.storage.chain import cut_lc
 from cairn.storage.codec import canonical_bytes
-from cairn.storage.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
 from cairn.storage.records import GCStatus, LCRef, Level, WorkspaceManifest, sha256_hex
 from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step

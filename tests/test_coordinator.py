@@ -29,9 +29,9 @@ from cairn.coordinator.jobs import STEP_JOB, STEPS_QUEUE
 from cairn.coordinator.runs import Look
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.worker import CairnJob, CairnWorker
+from cairn.errors import FencedWrite, InvalidSpec
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import FencedWrite, InvalidSpec
 from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef
 from cairn.testing.redis_server import RedisServer
 from tests.cluster import Cluster, files_and_histories, outcome, run_foreign_job, team_spec

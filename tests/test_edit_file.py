@@ -10,7 +10,7 @@ from cairn.agents.spec import StepPolicy
 from cairn.agents.task import start_task
 from cairn.agents.tools import TOOLS, ToolContext
 from cairn.agents.workspace import Workspace
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted
 

@@ -10,7 +10,7 @@ import yaml
 from cairn.coordinator.diff import diff
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.views import Lineage
-from cairn.storage.errors import CairnError, InvalidSpec
+from cairn.errors import CairnError, InvalidSpec
 from cairn.storage.records import GlobalCheckpoint
 from tests.agent_harness import files_of
 from tests.cluster import TEAM, Cluster, Histories, outcome, team_spec

@@ -29,16 +29,16 @@ from cairn.agents.tools import TOOLS, ToolContext
 from cairn.agents.workspace import Workspace
 from cairn.cli import main
 from cairn.coordinator.spec import TaskSpec, load_spec
-from cairn.storage import keys
-from cairn.storage.backends.disk import DiskArchive
-from cairn.storage.backends.redis import RedisHotStore
-from cairn.storage.errors import (
+from cairn.errors import (
     CorruptCheckpoint,
     InvalidSpec,
     ModelError,
     RecordNotFound,
     ToolError,
 )
+from cairn.storage import keys
+from cairn.storage.backends.disk import DiskArchive
+from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.records import WorkspaceManifest
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer

@@ -21,17 +21,17 @@ import redis
 from langchain_core.runnables import RunnableConfig
 from pydantic_core import to_jsonable_python
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import GCEntry, LCEntry
 from cairn.storage.chain import rebuild
 from cairn.storage.codec import DIGEST_END, HEADER_SIZE, Codec, Sealed
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.storage.records import (
     SCHEMA_VERSION,
-    AgentStatus,
+    AgentState,
     Effects,
     GlobalCheckpoint,
     InboxMessage,
@@ -219,7 +219,7 @@ def test_the_full_lc_decodes_to_typed_values(golden: Golden) -> None:
         assert decoded.started_at.tzinfo is not None
         assert datetime.fromisoformat(stored["started_at"]) == decoded.started_at
     assert [InboxMessage(**m) for m in fields["outbox"]] == lc.outbox
-    assert lc.status is AgentStatus(fields["status"])
+    assert lc.status is AgentState(fields["status"])
 
 
 def test_the_delta_rebuilds_on_its_full_parent(golden: Golden, store: CheckpointStore) -> None:

@@ -18,8 +18,8 @@ from cairn.agents.context import StepContext
 from cairn.agents.kinds.llm import LLM
 from cairn.agents.spec import AgentSpec
 from cairn.agents.task import start_task
-from cairn.storage.chain import AgentState
-from cairn.storage.records import AgentStatus
+from cairn.storage.chain import WorkingState
+from cairn.storage.records import AgentState
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, record, scripted
 
@@ -44,10 +44,10 @@ class Counter:
         assert isinstance(seen, list)
         seen.append(f"step {ctx.lc.step}")
 
-    def status(self, ctx: StepContext) -> AgentStatus:
+    def status(self, ctx: StepContext) -> AgentState:
         """Where it stands."""
         count = ctx.state["count"]
-        return AgentStatus.FINISHED if count == 3 else AgentStatus.ACTIVE
+        return AgentState.FINISHED if count == 3 else AgentState.ACTIVE
 
 
 @pytest.fixture
@@ -67,7 +67,7 @@ def test_a_kind_state_is_carried_from_step_to_step_and_stored(
     gc = drive(real_store, "count", tmp_path / "cache")
     assert 3 == gc.superstep
     state = real_store.read_state("count", "tally", gc.members["tally"].id)
-    assert AgentStatus.FINISHED == state.status
+    assert AgentState.FINISHED == state.status
     assert {"count": 3, "seen": ["tally", "step 1", "step 2", "step 3"]} == state.kind_state
 
 
@@ -106,9 +106,9 @@ class Interrupted:
         ctx.checkpoint()
         raise RuntimeError("the worker died here")
 
-    def status(self, ctx: StepContext) -> AgentStatus:
+    def status(self, ctx: StepContext) -> AgentState:
         """Where it stands."""
-        return AgentStatus.HALTED
+        return AgentState.HALTED
 
 
 def test_a_retry_resumes_from_the_kind_state_of_the_tool_level_checkpoint(
@@ -126,7 +126,7 @@ def test_a_retry_resumes_from_the_kind_state_of_the_tool_level_checkpoint(
     real_store.hot.begin_attempt("mid", "tally", 1, 2)
     result = step.run_step("mid", "tally", 1, epoch, 2, store=real_store, cache=tmp_path / "c")
     assert result.resumed
-    state: AgentState = real_store.read_state("mid", "tally", result.lc.id, result.lc.checksum)
+    state: WorkingState = real_store.read_state("mid", "tally", result.lc.id, result.lc.checksum)
     assert {"count": 1, "resumed_at": 1} == state.kind_state
     copied = state.copy()
     copied.kind_state["count"] = 99

@@ -34,8 +34,8 @@ from langgraph.graph.message import add_messages
 from langgraph.graph.state import CompiledStateGraph
 from langgraph.types import Command, interrupt
 
+from cairn.errors import CorruptCheckpoint, FencedWrite
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import CorruptCheckpoint, FencedWrite
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 from cairn.testing.redis_server import RedisServer

@@ -23,7 +23,7 @@ from langgraph.checkpoint.sqlite import SqliteSaver
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.state import CompiledStateGraph
 
-from cairn.storage.errors import FencedWrite, RecordNotFound
+from cairn.errors import FencedWrite, RecordNotFound
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph import CairnSaver
 

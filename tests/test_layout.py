@@ -5,11 +5,18 @@ Cairn installs the one top-level package `cairn`; the root folders `coordinator/
 downwards only: the facade (`cairn` itself: the client, CLI, console, `cairn.testing`) →
 `cairn.coordinator` → `cairn.agents` → `cairn.storage`. These tests read the imports from
 the code itself.
+
+One module of the facade's level is below them all: `cairn.errors`, the error tree. It is
+a leaf (it imports nothing of Cairn's), so every layer raises and catches the same classes
+without reaching up into the facade; and the facade loads nothing else until a name of it
+is asked for, so importing an engine module does not import the client.
 """
 
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -17,11 +24,12 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 LAYERS = ("coordinator", "agents", "storage")  # top to bottom
-# What each layer may import of Cairn's own: the layers below it, never the facade.
+# What each layer may import of Cairn's own: the layers below it and the leaf `cairn.errors`,
+# nothing else of the facade.
 MAY_IMPORT = {
-    "coordinator": {"cairn.coordinator", "cairn.agents", "cairn.storage"},
-    "agents": {"cairn.agents", "cairn.storage"},
-    "storage": {"cairn.storage"},
+    "coordinator": {"cairn.errors", "cairn.coordinator", "cairn.agents", "cairn.storage"},
+    "agents": {"cairn.errors", "cairn.agents", "cairn.storage"},
+    "storage": {"cairn.errors", "cairn.storage"},
 }
 
 
@@ -45,7 +53,7 @@ def sources(*folders: str) -> list[Path]:
 
 @pytest.mark.parametrize("layer", LAYERS)
 def test_each_layer_imports_only_the_layers_below_it(layer: str) -> None:
-    """`storage` imports neither other layer, `agents` never `coordinator`, none the facade."""
+    """`storage` imports no other layer, `agents` never `coordinator`; the facade only errors."""
     allowed = MAY_IMPORT[layer]
     wrong = [
         f"{path.relative_to(ROOT)}:{line} imports {name}"
@@ -89,3 +97,34 @@ def test_no_layer_imports_the_testing_package() -> None:
         if name == "cairn.testing" or name.startswith("cairn.testing.")
     ]
     assert [] == wrong
+
+
+def test_the_errors_are_a_leaf() -> None:
+    """`cairn/errors.py` imports nothing of Cairn's: any layer may import it."""
+    assert [] == [name for _, name in imported(ROOT / "cairn" / "errors.py") if "cairn" in name]
+
+
+def loaded_after(statement: str) -> set[str]:
+    """The modules of the facade's level a fresh interpreter holds after `statement`."""
+    script = (
+        f"import sys\n{statement}\n"
+        "print(*sorted(m for m in sys.modules if m.split('.')[0] == 'cairn'"
+        " and m.split('.')[1:2] not in (['coordinator'], ['agents'], ['storage'])))"
+    )
+    found = subprocess.run(
+        [sys.executable, "-c", script], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    return set(found.stdout.split())
+
+
+@pytest.mark.parametrize(
+    "module", ["cairn", "cairn.errors", "cairn.storage.keys", "cairn.coordinator.worker"]
+)
+def test_importing_the_engine_leaves_the_facade_unloaded(module: str) -> None:
+    """The facade is lazy: an engine module or the errors load neither the client nor the CLI."""
+    assert {"cairn", "cairn.errors"} == loaded_after(f"import {module}")
+
+
+def test_a_name_of_the_facade_loads_what_defines_it() -> None:
+    """`from cairn import Client` loads the client, on first asking."""
+    assert "cairn.client" in loaded_after("from cairn import Client")

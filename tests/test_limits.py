@@ -19,8 +19,8 @@ from cairn.agents.spec import MAX_PROMPT_CHARS, StepPolicy, parse_model
 from cairn.agents.tools import MAX_MESSAGE, MAX_WRITE, ToolContext
 from cairn.agents.workspace import Workspace
 from cairn.coordinator.spec import TaskSpec
+from cairn.errors import InvalidSpec, ModelError, RecordTooLarge, ToolError
 from cairn.storage.codec import MAX_SEALED_BYTES, Codec, canonical_bytes
-from cairn.storage.errors import InvalidSpec, ModelError, RecordTooLarge, ToolError
 from cairn.storage.ids import new_id
 from cairn.storage.records import LocalCheckpoint, Message, Role
 from tests.test_openai_model import (

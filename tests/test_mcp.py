@@ -39,7 +39,7 @@ from cairn.agents.task import start_task
 from cairn.agents.toolkit import builtin_tools
 from cairn.agents.tools import ToolContext
 from cairn.agents.workspace import Workspace
-from cairn.storage.errors import InvalidSpec, MissingTool, ToolError
+from cairn.errors import InvalidSpec, MissingTool, ToolError
 from cairn.storage.records import Effects, ImagePart, Role
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, record, scripted

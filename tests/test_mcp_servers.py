@@ -50,7 +50,7 @@ from cairn.agents.task import start_task
 from cairn.agents.toolkit import builtin_tools
 from cairn.agents.tools import Args, Tool, ToolContext
 from cairn.agents.workspace import Workspace
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
 from cairn.storage.records import Effects
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive

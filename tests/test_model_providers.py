@@ -25,7 +25,7 @@ from cairn.agents.models.scripted import ScriptedModel
 from cairn.agents.spec import AgentSpec, parse_model
 from cairn.agents.step import build_model as step_build_model
 from cairn.agents.task import start_task
-from cairn.storage.errors import InvalidSpec, ModelError
+from cairn.errors import InvalidSpec, ModelError
 from cairn.storage.records import Usage
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import record, superstep

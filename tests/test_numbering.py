@@ -27,10 +27,10 @@ from cairn.coordinator.numbering import LOST_REASON
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import StepRun
 from cairn.coordinator.spec import Limits, TaskSpec
+from cairn.errors import ArchiveConflict, FencedWrite
 from cairn.storage.archive import archive_gc, trim_hot
 from cairn.storage.base import ColdArchive
 from cairn.storage.codec import Codec
-from cairn.storage.errors import ArchiveConflict, FencedWrite
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted, superstep
 from tests.cluster import Cluster

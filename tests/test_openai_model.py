@@ -24,7 +24,7 @@ from cairn.agents.models.base import ModelRequest, ToolSchema
 from cairn.agents.models.openai import OpenAIModel
 from cairn.agents.models.registry import build_model, default_key_variables
 from cairn.agents.spec import AgentSpec
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.records import ImagePart, Message, Role, ToolCall, Usage
 
 FAKE_KEY = "sk-test-secret-0123456789"

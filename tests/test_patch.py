@@ -10,7 +10,7 @@ from hypothesis import assume, given
 from hypothesis import strategies as st
 
 from cairn.agents.patch import apply_file_patch, parse_patch
-from cairn.storage.errors import PatchError, ToolError
+from cairn.errors import PatchError, ToolError
 
 ORIGINAL = "".join(f"line {n}\n" for n in range(1, 21))
 

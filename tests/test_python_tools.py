@@ -36,9 +36,9 @@ from cairn.agents.toolkit import ToolRegistry, builtin_tools, load_tools
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
 from cairn.coordinator.spec import TaskSpec
+from cairn.errors import InvalidSpec, MissingTool, ToolError
 from cairn.storage import keys
-from cairn.storage.errors import InvalidSpec, MissingTool, ToolError
-from cairn.storage.records import AgentStatus, Effects, Role
+from cairn.storage.records import AgentState, Effects, Role
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of, record, scripted
 from tests.cluster import ROOT, Cluster
@@ -440,7 +440,7 @@ def test_a_worker_runs_an_installed_packages_tools(
     results = [m.content or "" for m in state.messages if m.role is Role.TOOL]
     assert ["HI!", '{"x":2}'] == results[:2]
     assert results[2].startswith("error: invalid arguments for tally: times: Input should be")
-    assert AgentStatus.FINISHED == state.status
+    assert AgentState.FINISHED == state.status
 
 
 def test_a_worker_killed_after_a_packages_external_tool_does_not_call_it_again(

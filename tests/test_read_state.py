@@ -13,11 +13,11 @@ import redis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage import keys
 from cairn.storage.base import LCEntry
-from cairn.storage.chain import AgentState, VerifiedTrace, cut_lc, rebuild
+from cairn.storage.chain import VerifiedTrace, WorkingState, cut_lc, rebuild
 from cairn.storage.codec import DIGEST_END, Codec, Place, canonical_bytes
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     SCHEMA_VERSION,
@@ -83,7 +83,7 @@ codecs = st.sampled_from([Codec(), Codec(signing_key=b"k" * 32), Codec(compress_
 REAL = settings(max_examples=60, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
 
-def validated_read(store: CheckpointStore, task: str, lc_id: str) -> AgentState:
+def validated_read(store: CheckpointStore, task: str, lc_id: str) -> WorkingState:
     """The state as full validation of every verified record of the chain rebuilds it."""
     chain = []
     wanted = lc_id
@@ -98,7 +98,7 @@ def validated_read(store: CheckpointStore, task: str, lc_id: str) -> AgentState:
 
 def write_steps(
     store: CheckpointStore,
-    state: AgentState,
+    state: WorkingState,
     history: list[tuple[list[Message], list[TraceRecord]]],
 ) -> str:
     """Write an LC of `state`, then one per step of `history`, as a step adds to the trace."""

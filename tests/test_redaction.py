@@ -28,9 +28,9 @@ from cairn.agents.models.openai import OpenAIModel
 from cairn.coordinator.jobs import record_outcome
 from cairn.coordinator.runs import RunState, TaskState, read_run
 from cairn.coordinator.spec import TaskSpec
+from cairn.errors import ModelError
 from cairn.storage import keys
 from cairn.storage.backends.redis import RedisHotStore
-from cairn.storage.errors import ModelError
 from cairn.storage.redact import REDACTED
 from tests.cluster import ROOT, Cluster
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
@@ -133,7 +133,7 @@ def test_a_key_a_provider_quotes_is_kept_nowhere(
         seen = [
             handle.status().to_json(),
             [c.model_dump() for c in handle.checkpoints()],
-            handle.trace(),
+            [entry.to_json() for entry in handle.trace()],
             dataclasses.asdict(handle.timeline()),
         ]
     assert LEAK not in repr(seen)

@@ -8,11 +8,11 @@ from pathlib import Path
 import pytest
 import redis
 
+from cairn.errors import CommitRefused, FencedWrite
 from cairn.storage import keys
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import Codec
-from cairn.storage.errors import CommitRefused, FencedWrite
 from cairn.storage.records import Level
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer, free_port

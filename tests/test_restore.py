@@ -19,8 +19,8 @@ from cairn.coordinator.diff import diff
 from cairn.coordinator.jobs import CONTROL_QUEUE
 from cairn.coordinator.restore import Restored, Restorer
 from cairn.coordinator.spec import LIMITS_DOC
+from cairn.errors import CorruptCheckpoint, FencedWrite, RestoreFailed, Unavailable
 from cairn.storage import keys
-from cairn.storage.errors import CorruptCheckpoint, FencedWrite, RestoreFailed, Unavailable
 from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import files_of

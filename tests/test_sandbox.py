@@ -30,8 +30,8 @@ from cairn.agents.spec import StepPolicy
 from cairn.agents.task import start_task
 from cairn.coordinator.settings import load_settings
 from cairn.coordinator.spec import TaskSpec
+from cairn.errors import InvalidSpec, MissingTool
 from cairn.storage import keys
-from cairn.storage.errors import InvalidSpec, MissingTool
 from cairn.storage.records import Role
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import drive, files_of, record, scripted

@@ -42,11 +42,11 @@ from cairn.coordinator.jobs import ALLOWED_JOBS, STEPS_QUEUE
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.worker import CairnJob, CairnWorker, queues
+from cairn.errors import CorruptCheckpoint
 from cairn.storage import keys
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
 from cairn.storage.codec import FLAG_HMAC, FLAG_ZSTD, HEADER_SIZE, MAGIC, Codec, Place
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.records import GCStatus, LocalCheckpoint, Message, Role
 from cairn.storage.redact import _PATTERNS, REDACTED, redact
 from cairn.storage.store import CheckpointStore

@@ -14,7 +14,7 @@ from cairn.coordinator import jobs
 from cairn.coordinator.jobs import ALLOWED_JOBS
 from cairn.coordinator.settings import load_settings, open_store, process_settings, use_settings
 from cairn.coordinator.worker import CairnJob
-from cairn.storage.errors import RefusedJob
+from cairn.errors import RefusedJob
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("cairn", "coordinator", "agents", "storage")

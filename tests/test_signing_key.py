@@ -16,7 +16,7 @@ import pytest
 
 from cairn import Client
 from cairn.coordinator.settings import load_settings
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 from cairn.testing.redis_server import RedisServer
 from tests.cluster import ROOT
 

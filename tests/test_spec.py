@@ -10,7 +10,7 @@ from pydantic import ValidationError
 
 from cairn.agents.spec import AgentSpec, parse_model
 from cairn.coordinator.spec import TaskSpec, load_spec
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 GOOD = """
 name: demo

@@ -19,7 +19,7 @@ from cairn.agents.accounting import load_prices
 from cairn.agents.spec import StepPolicy, load_policy
 from cairn.agents.userfiles import MAX_VALUES
 from cairn.coordinator.spec import MAX_SPEC_BYTES, TaskSpec, load_spec
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 from cairn.testing.redis_server import RedisServer
 
 ROOT = Path(__file__).resolve().parents[1]

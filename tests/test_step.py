@@ -22,8 +22,8 @@ from cairn.agents.step import FIRST_BEAT_MS, run_step
 from cairn.agents.task import start_task
 from cairn.agents.tools import idempotency_key
 from cairn.coordinator.views import record_decision
-from cairn.storage.errors import FencedWrite, InvalidSpec, ModelError
-from cairn.storage.records import AgentStatus, Role
+from cairn.errors import FencedWrite, InvalidSpec, ModelError
+from cairn.storage.records import AgentState, Role
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer
 from tests.agent_harness import drive, files_of, record, scripted, superstep
@@ -78,7 +78,7 @@ def test_twenty_step_coding_task_ends_with_the_expected_files(
         "test_calc.py",
     } == set(files)
     state = real_store.read_state("calc", "coder", gc.members["coder"].id)
-    assert AgentStatus.FINISHED == state.status
+    assert AgentState.FINISHED == state.status
     results = [m.content or "" for m in state.messages if m.role is Role.TOOL]
     assert results[3].startswith("exit code 1")
     assert "AssertionError" in results[3]
@@ -280,7 +280,7 @@ def test_model_failure_is_typed_and_writes_nothing(
     assert {} == real_store.hot.get_votes("fail", 1, 1)
     real_store.hot.begin_attempt("fail", "coder", 1, 2)
     assert (
-        AgentStatus.HALTED
+        AgentState.HALTED
         == run_step("fail", "coder", 1, 1, 2, store=real_store, cache=tmp_path).status
     )
 
@@ -301,7 +301,7 @@ def test_approval_pauses_then_resumes(real_store: CheckpointStore, tmp_path: Pat
     cache = tmp_path / "cache"
     gc = superstep(real_store, "ok", cache, models)
     assert gc is not None
-    assert AgentStatus.WAITING_APPROVAL == gc.statuses["coder"]
+    assert AgentState.WAITING_APPROVAL == gc.statuses["coder"]
     assert "out.txt" not in files_of(real_store, gc)
     assert superstep(real_store, "ok", cache, models) is None  # nobody decided: nothing runs
     record_decision(real_store, "ok", "coder", "call_0_0", approved=True)

@@ -203,7 +203,7 @@ def steps_in_store(ran: Ran) -> tuple[set[tuple[str, int, int, str]], set[tuple[
                 for r in trace
                 if r.tool is None
             }
-    latest = {(str(row["agent"]), int(row["superstep"])) for row in views.trace(store, task)}
+    latest = {(row.agent, row.superstep) for row in views.trace(store, task)}
     return steps, latest
 
 
@@ -475,11 +475,12 @@ def test_a_step_shows_its_messages_tool_calls_and_usage(
     [turn] = [
         row
         for row in views.trace(ran.cluster.store, ran.task, "coder")
-        if (row["superstep"], row["tool"]) == (2, None)
+        if (row.superstep, row.tool) == (2, None)
     ]
     usage = re.search(r'data-usage="prompt_tokens"><th>[^<]*</th><td>(\d+)<', panel)
     assert usage is not None
-    assert turn["usage"]["prompt_tokens"] == int(usage.group(1))
+    assert turn.usage is not None
+    assert turn.usage.prompt_tokens == int(usage.group(1))
     assert ["selected"] == [
         c for c in Elements(dom).one("selected")["class"].split() if c == "selected"
     ]

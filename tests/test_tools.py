@@ -11,7 +11,7 @@ from cairn.agents.sandbox import WORKDIR
 from cairn.agents.spec import TOOL_NAMES, StepPolicy
 from cairn.agents.tools import TOOLS, ToolContext
 from cairn.agents.workspace import Workspace
-from cairn.storage.errors import ToolError
+from cairn.errors import ToolError
 from cairn.storage.records import Effects
 
 

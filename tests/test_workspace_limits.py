@@ -35,7 +35,7 @@ from cairn.agents.workspace import (
 )
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.views import export_workspace
-from cairn.storage.errors import InvalidSpec, InvalidWorkspace, ToolError
+from cairn.errors import InvalidSpec, InvalidWorkspace, ToolError
 from cairn.storage.records import GlobalCheckpoint, Role, WorkspaceManifest
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Protocol
 from pydantic import JsonValue
 
 from cairn.agents.spec import AgentSpec
-from cairn.storage.records import AgentStatus
+from cairn.storage.records import AgentState
 
 if TYPE_CHECKING:
     from cairn.agents.context import StepContext
@@ -35,6 +35,6 @@ class AgentKind(Protocol):
         """Take one step of the agent."""
         ...
 
-    def status(self, ctx: StepContext) -> AgentStatus:
+    def status(self, ctx: StepContext) -> AgentState:
         """Where the agent stands after its step: active, halted, finished or waiting."""
         ...

@@ -13,7 +13,7 @@ from pydantic import JsonValue
 from cairn.agents.barrier import pending_calls
 from cairn.agents.context import StepContext
 from cairn.agents.spec import AgentSpec
-from cairn.storage.records import AgentStatus, Message, Role
+from cairn.storage.records import AgentState, Message, Role
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,7 +41,7 @@ class LlmKind:
             if not ctx.call(call, places[call.id]):
                 break  # waiting for a person's approval
 
-    def status(self, ctx: StepContext) -> AgentStatus:
+    def status(self, ctx: StepContext) -> AgentState:
         """Where the agent stands, read from its history alone.
 
         Waiting while a call of its last turn awaits approval; finished once that turn
@@ -49,13 +49,13 @@ class LlmKind:
         superstep); else halted until a message wakes it.
         """
         if pending_calls(ctx.history):
-            return AgentStatus.WAITING_APPROVAL
+            return AgentState.WAITING_APPROVAL
         last = next((m for m in reversed(ctx.history) if m.role is Role.ASSISTANT), None)
         if last is None or not last.tool_calls:
-            return AgentStatus.HALTED
+            return AgentState.HALTED
         if any(call.name == "finish" for call in last.tool_calls):
-            return AgentStatus.FINISHED
-        return AgentStatus.ACTIVE
+            return AgentState.FINISHED
+        return AgentState.ACTIVE
 
 
 def _places(messages: list[Message]) -> dict[str, int]:

@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from cairn.agents.mcp.names import MAX_SERVER_NAME, is_server_name
 from cairn.agents.userfiles import read_at_most
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 DEFAULT_TIMEOUT = 60.0  # seconds, for one listing or one call
 MAX_CONFIG_BYTES = 1024 * 1024

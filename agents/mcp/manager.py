@@ -62,7 +62,7 @@ from cairn.agents.logs import get_logger
 from cairn.agents.mcp.config import McpServer
 from cairn.agents.mcp.names import tool_name
 from cairn.agents.mcp.results import ToolOutput, render_result
-from cairn.storage.errors import ToolError, ToolUnreachable
+from cairn.errors import ToolError, ToolUnreachable
 from cairn.storage.records import Effects
 
 META_KEY = "cairn/idempotency_key"  # in a tools/call request's `_meta`

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 from cairn.agents.mcp.names import PREFIX, parse_ref, tool_name
 from cairn.agents.toolkit import ToolRegistry
 from cairn.agents.tools import Args, Tool, ToolContext
-from cairn.storage.errors import MissingTool, ToolError, ToolUnreachable
+from cairn.errors import MissingTool, ToolError, ToolUnreachable
 
 if TYPE_CHECKING:  # the SDK is imported by whoever builds a manager, not by this module
     from cairn.agents.mcp.manager import McpManager, McpToolInfo

@@ -30,7 +30,7 @@ from cairn.agents.models.base import (
     unshown_images,
 )
 from cairn.agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.ids import new_id
 from cairn.storage.records import Message, Role, ToolCall, Usage
 

@@ -1,6 +1,6 @@
 """The `Model` protocol: messages and tool schemas in; text, tool calls and usage out.
 
-A model either answers with a `ModelReply` or raises `cairn.storage.errors.ModelError`, whose
+A model either answers with a `ModelReply` or raises `cairn.errors.ModelError`, whose
 `retryable` flag tells the coordinator whether a retry of the step may help. A provider
 (`ModelProvider`) builds a model from a `ModelConfig`: the part of `model:` after the
 colon and the agent's options. docs/models.md is the guide for writing one.
@@ -16,7 +16,7 @@ from typing import Protocol
 import orjson
 from pydantic import JsonValue
 
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.records import ImagePart, Message, ToolCall, Usage
 
 MAX_REPLY_CHARS = 1_000_000  # characters of a reply's text

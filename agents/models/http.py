@@ -28,7 +28,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.redact import redact
 
 # 408 timeout, 409 conflict (OpenAI's "try again"), 429 rate limit; every 5xx as well.

@@ -18,7 +18,7 @@ from cairn.agents.models.base import Model, ModelConfig, ModelProvider
 from cairn.agents.models.openai import build_openai
 from cairn.agents.models.scripted import ScriptedModel
 from cairn.agents.spec import AgentSpec
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 
 ENTRY_POINT_GROUP = "cairn.models"
 BUILT_IN: dict[str, ModelProvider] = {"openai": build_openai, "anthropic": build_anthropic}

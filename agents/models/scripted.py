@@ -15,7 +15,7 @@ from collections.abc import Callable
 from cairn.agents import faults
 from cairn.agents.models.base import ModelReply, ModelRequest
 from cairn.agents.spec import Turn
-from cairn.storage.errors import ModelError
+from cairn.errors import ModelError
 from cairn.storage.records import Role, ToolCall, Usage
 
 FINISHED = "(nothing left in my script)"

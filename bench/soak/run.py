@@ -41,10 +41,10 @@ from cairn.coordinator.runs import TaskState
 from cairn.coordinator.settings import open_store
 from cairn.coordinator.spec import CheckpointPolicy, TaskSpec
 from cairn.coordinator.tasks import Tasks
+from cairn.errors import InvalidSpec
 from cairn.storage import keys
 from cairn.storage.archive import DEFAULT_SKEW_MARGIN
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import InvalidSpec
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer
 from chaos.faults import Fault, Plan

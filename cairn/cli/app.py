@@ -21,7 +21,7 @@ from cairn.cli.exits import Exit
 from cairn.cli.parse import GLOBAL_OPTIONS, UsageError, build_parser
 from cairn.cli.render import say
 from cairn.coordinator.settings import Settings, load_settings
-from cairn.storage.errors import (
+from cairn.errors import (
     CairnError,
     InvalidName,
     InvalidSpec,

@@ -29,7 +29,7 @@ from cairn.coordinator.runs import TaskState
 from cairn.coordinator.settings import Settings
 from cairn.coordinator.spec import load_spec
 from cairn.coordinator.views import TaskStatus
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
 
@@ -323,7 +323,7 @@ def worker(args: argparse.Namespace, session: Session) -> int:
 
 def coordinator(args: argparse.Namespace, session: Session) -> int:
     """Run a coordinator in the foreground (a standby while another leads)."""
-    return run_coordinator(session.client, args.name, args.lease_ms)
+    return run_coordinator(session.settings, args.name, args.lease_ms)
 
 
 def demo(args: argparse.Namespace, session: Session) -> int:

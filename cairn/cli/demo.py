@@ -31,9 +31,9 @@ from cairn.coordinator.settings import Settings, load_settings, open_store
 from cairn.coordinator.spec import TaskSpec, load_spec
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.views import TaskStatus
+from cairn.errors import CairnError
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
-from cairn.storage.errors import CairnError
 from cairn.storage.records import GCStatus, GlobalCheckpoint
 from cairn.storage.store import CheckpointStore
 from cairn.testing.redis_server import RedisServer

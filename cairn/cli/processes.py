@@ -27,11 +27,11 @@ from rich.console import Console
 
 from cairn.agents.logs import get_logger
 from cairn.client import Client
-from cairn.connection import ping
+from cairn.connection import client_for, ping
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
-from cairn.coordinator.settings import Settings, display_url
-from cairn.storage.errors import InvalidSpec, Unavailable
+from cairn.coordinator.settings import Settings, display_url, open_store
+from cairn.errors import InvalidSpec, Unavailable
 from cairn.testing.redis_server import RedisServer
 
 log = get_logger("cairn.cli")
@@ -186,18 +186,20 @@ def run_workers(
     return 0
 
 
-def run_coordinator(client: Client, name: str, lease_ms: int) -> int:
+def run_coordinator(settings: Settings, name: str, lease_ms: int) -> int:
     """`cairn coordinator`: lead (or stand by, while another leads) until stopped."""
+    url, origin = settings.redis()
+    ping(url, origin)
+    connection = client_for(url)
     stop = stop_on_signals()
-    settings = client.settings
-    metrics.serve_coordinator(client.redis, settings.metrics_port)
+    metrics.serve_coordinator(connection, settings.metrics_port)
     coordinator = Coordinator(
-        client.redis,
-        client.store,
+        connection,
+        open_store(settings, connection),
         name=name,
         lease_ttl_ms=lease_ms,
     )
-    log.info("coordinator running", name=name, redis=display_url(client.url))
+    log.info("coordinator running", name=name, redis=display_url(url))
     coordinator.run(stop)
     return 0
 

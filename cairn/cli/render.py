@@ -177,6 +177,7 @@ def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
 
 def show_checkpoint(console: Console, gc: JSON) -> None:
     """One global checkpoint: its members and its files."""
+    gc = plain(gc)
     tiers = " + ".join(t for t in ("hot", "cold") if gc[t]) or "nowhere"
     console.print(
         f"[bold]{gc['name']}[/]  {styled(gc['status'])}  superstep {gc['superstep']}  "
@@ -199,7 +200,7 @@ def show_checkpoint(console: Console, gc: JSON) -> None:
 def show_trace(console: Console, rows: Sequence[JSON]) -> None:
     """One line per model turn or tool call, in order."""
     table = Table("superstep", "agent", "step", "call", "ms", "result")
-    for row in rows:
+    for row in plain(rows):
         call = row["tool"] or "model"
         outcome = f"[red]{_short(row['error'])}[/]" if row["error"] else _short(row["result"])
         table.add_row(

@@ -25,7 +25,7 @@ from cairn.agents.spec import parse_model
 from cairn.cli.render import plain
 from cairn.client import Client, Task
 from cairn.coordinator.runs import TaskState
-from cairn.storage.errors import (
+from cairn.errors import (
     CairnError,
     InvalidName,
     InvalidSpec,

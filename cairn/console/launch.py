@@ -12,7 +12,7 @@ from collections.abc import Callable
 
 from cairn.client import Client
 from cairn.coordinator.settings import Settings
-from cairn.storage.errors import InvalidSpec
+from cairn.errors import InvalidSpec
 
 EXTRA = "pip install 'cairn-agents[console]'"
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "[::1]")

@@ -20,7 +20,7 @@ from cairn.cli.timeline_page import render as render_timeline
 from cairn.client import Client
 from cairn.console.security import CSP, timeline_policy
 from cairn.coordinator.runs import TaskState
-from cairn.storage.errors import CairnError, TaskNotFound, one_line
+from cairn.errors import CairnError, TaskNotFound, one_line
 
 FRAMED_CSP = CSP.replace("frame-ancestors 'none'", "frame-ancestors 'self'")
 

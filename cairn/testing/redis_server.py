@@ -22,7 +22,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
-from cairn.storage.errors import RedisServerError
+from cairn.errors import RedisServerError
 
 START_TIMEOUT = 10.0
 

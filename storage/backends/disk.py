@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from cairn.storage.errors import ArchiveConflict, ArchiveError
+from cairn.errors import ArchiveConflict, ArchiveError
 from cairn.storage.keys import check_name
 
 SUFFIX = ".rec"

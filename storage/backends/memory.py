@@ -11,8 +11,8 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from cairn.errors import ArchiveConflict, CommitRefused, FencedWrite
 from cairn.storage.base import GCEntry, GCInfo, LCEntry, LCLink, NextSuperstep, StepStart
-from cairn.storage.errors import ArchiveConflict, CommitRefused, FencedWrite
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.records import GCStatus, GlobalCheckpoint, LCRef, Level, Usage
 

@@ -15,8 +15,8 @@ from typing import Any
 
 import ormsgpack
 
+from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import Codec, Place
-from cairn.storage.errors import CorruptCheckpoint
 from cairn.storage.keys import ThreadKeys, langgraph_slot
 
 NSS_DOC = "namespaces"  # the archive's list of a thread's archived namespaces

@@ -22,10 +22,10 @@ from langgraph.checkpoint.base import (
 )
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from cairn.errors import CairnError
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import script, translating
 from cairn.storage.codec import Codec, Place
-from cairn.storage.errors import CairnError
 from cairn.storage.keys import ThreadKeys
 from cairn.storage.langgraph.cold import ColdTier
 from cairn.storage.langgraph.pieces import (

@@ -12,9 +12,9 @@ from typing import Any, cast
 
 import redis
 
+from cairn.errors import RecordNotFound
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.codec import Codec, Place
-from cairn.storage.errors import RecordNotFound
 from cairn.storage.keys import LANGGRAPH_PREFIX, ThreadKeys
 from cairn.storage.langgraph.pieces import holds_value
 from cairn.storage.langgraph.places import (

@@ -32,7 +32,7 @@ from cairn.storage.langgraph import CairnSaver
 from cairn.storage.langgraph.pieces import ref_of
 from cairn.storage.records import (
     SCHEMA_VERSION,
-    AgentStatus,
+    AgentState,
     Effects,
     GCStatus,
     GlobalCheckpoint,
@@ -126,7 +126,7 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
         agent=AGENT,
         step=1,
         superstep=0,
-        status=AgentStatus.ACTIVE,
+        status=AgentState.ACTIVE,
         epoch=EPOCH,
         attempt=1,
         messages=[
@@ -222,7 +222,7 @@ def build_delta_lc(
         agent=AGENT,
         step=2,
         superstep=1,
-        status=AgentStatus.FINISHED,
+        status=AgentState.FINISHED,
         epoch=EPOCH,
         attempt=2,
         message_base=len(parent.messages),
@@ -267,7 +267,7 @@ def build_gc(head: LCRef, outbox: list[InboxMessage], manifest_id: str) -> Globa
         status=GCStatus.COMMITTED,
         epoch=EPOCH,
         members={AGENT: head},
-        statuses={AGENT: AgentStatus.FINISHED},
+        statuses={AGENT: AgentState.FINISHED},
         workspace=manifest_id,
         inbox=[m.model_copy(update={"seq": 2}) for m in outbox],
         delivered={TEAMMATE: 2},
@@ -285,7 +285,7 @@ def build_signed_lc(manifest_id: str) -> LocalCheckpoint:
         agent=SIGNED_AGENT,
         step=1,
         superstep=1,
-        status=AgentStatus.WAITING_APPROVAL,
+        status=AgentState.WAITING_APPROVAL,
         epoch=EPOCH,
         attempt=1,
         messages=[

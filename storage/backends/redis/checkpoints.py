@@ -15,6 +15,7 @@ from typing import cast
 import redis
 from redis.connection import Connection
 
+from cairn.errors import CommitRefused
 from cairn.storage import keys
 from cairn.storage.backends.redis.base import RedisRecords
 from cairn.storage.backends.redis.scripts import (
@@ -25,7 +26,6 @@ from cairn.storage.backends.redis.scripts import (
     translating,
 )
 from cairn.storage.base import GCEntry, GCInfo, NextSuperstep
-from cairn.storage.errors import CommitRefused
 from cairn.storage.records import GCStatus, LCRef
 
 

@@ -18,7 +18,7 @@ from redis.commands.core import Script
 from redis.connection import Connection
 from redis.exceptions import NoScriptError
 
-from cairn.storage.errors import CommitRefused, FencedWrite
+from cairn.errors import CommitRefused, FencedWrite
 
 
 def script(r: redis.Redis, name: str) -> Script:
