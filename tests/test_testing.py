@@ -23,12 +23,13 @@ def test_local_cairn_runs_redis_a_coordinator_and_its_workers_and_stops_them(
         started = {
             "coordinator": children(os.getpid(), "cairn.coordinator --name local"),
             "workers": children(os.getpid(), "cairn.testing.worker"),
-            "redis": children(os.getpid(), "redis-server"),
+            # Its own: the session's shared redis-server is a child of this process too.
+            "redis": children(os.getpid(), f"redis-server 127.0.0.1:{cairn.server.port}"),
         }
         assert [1, 2, 1] == [len(pids) for pids in started.values()]
         # No child learns the Redis password from its command line, which `ps` shows.
         assert all(cairn.server.password not in cmdline(p) for p in started["workers"])
         wait_until(cairn.client.has_coordinator)
     assert not children(os.getpid(), "cairn.coordinator")
-    assert not children(os.getpid(), "redis-server")
+    assert not children(os.getpid(), f"redis-server 127.0.0.1:{cairn.server.port}")
     assert {"redis", "logs"} <= {p.name for p in tmp_path.iterdir()}
