@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES = ("agents", "coordinator", "storage")
+PACKAGES = ("cairn.agents", "cairn.coordinator", "cairn.storage")
 # Caches, the virtualenv and state are not source: the scratch copy is small and clean.
 NOT_COPIED = shutil.ignore_patterns(
     ".git", ".venv", "__pycache__", ".mypy_cache", ".ruff_cache", ".pytest_cache",
@@ -57,7 +57,7 @@ MUTANTS: tuple[Mutant, ...] = (
     # Tool-level checkpoints inside a step.
     Mutant(
         "tool-lc-only-after-an-external-call",
-        "agents/step.py",
+        "agents/context.py",
         STEP_RULE,
         'level == "side_effects" and (self.dirty)',
         TOOL_LC_TESTS,
@@ -65,7 +65,7 @@ MUTANTS: tuple[Mutant, ...] = (
     ),
     Mutant(
         "tool-lc-not-after-an-external-call",
-        "agents/step.py",
+        "agents/context.py",
         STEP_RULE,
         'level == "side_effects" and (external)',
         TOOL_LC_TESTS,
@@ -74,7 +74,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "step-starts-for-any-attempt",
         "agents/step.py",
-        'if start.current != f"{epoch}:{superstep}:{attempt}":',
+        'if start.current != f"{at.epoch}:{at.superstep}:{at.attempt}":',
         "if False:",
         ("tests/test_step.py::test_zombie_attempt_is_fenced_before_it_calls_the_model",),
         "a stale attempt is fenced before it pays for a model call",
@@ -242,9 +242,9 @@ MUTANTS: tuple[Mutant, ...] = (
     # Failure detection.
     Mutant(
         "no-heartbeat-detection",
-        "coordinator/coordinator.py",
-        "if running > grace and (beat is None or not beat.endswith(mine)):",
-        "if False and running > grace and (beat is None or not beat.endswith(mine)):",
+        "coordinator/jobstate.py",
+        "if running > grace and not beating:",
+        "if False and running > grace and not beating:",
         (
             "tests/test_coordinator.py::"
             "test_the_retry_of_a_killed_workers_step_starts_within_seconds_of_the_kill",
@@ -266,7 +266,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         "inline-restore-skips-a-failed-agent",
         "coordinator/restore.py",
-        '                    return f"{agent}: {exc}"',
+        '                    return f"{agent}: {refusal(exc, task, agent)}"',
         "                    continue",
         (
             RESTORE
