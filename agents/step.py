@@ -12,6 +12,7 @@ again for a turn it already took, and tools already done are not run again.
 from __future__ import annotations
 
 import contextlib
+import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -33,7 +34,7 @@ from cairn.agents.models.base import Model
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.toolkit import ToolRegistry, installed_tools
 from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
-from cairn.errors import FencedWrite
+from cairn.errors import FencedWrite, InvalidState
 from cairn.storage.chain import WorkingState
 from cairn.storage.codec import Place
 from cairn.storage.keys import SPEC_DOC
@@ -122,6 +123,27 @@ def run_step(
         with beats:
             step = _Step(store, warm, cache, at, record, gc, progress)
             return step.run(models, installed_tools() if tools is None else tools, mcp)
+
+
+def not_json(value: object, where: str = "") -> str | None:
+    """Where in `value` (a path like `plan[2].when`) the first non-JSON value is, or None.
+
+    JSON: dicts of string keys, lists, strings, finite numbers, booleans and None.
+    """
+    inside: list[tuple[object, str]] = []
+    if isinstance(value, list):
+        inside = [(item, f"{where}[{i}]") for i, item in enumerate(value)]
+    elif isinstance(value, dict):
+        bad = next((key for key in value if not isinstance(key, str)), None)
+        if bad is not None:
+            return f"{where}[{bad!r}] (a key that is not a string)"
+        inside = [(item, f"{where}.{key}" if where else key) for key, item in value.items()]
+    elif value is None or isinstance(value, str | bool | int):
+        return None
+    elif not isinstance(value, float) or not math.isfinite(value):
+        return where or "the top"
+    found = (not_json(item, spot) for item, spot in inside)
+    return next((spot for spot in found if spot is not None), None)
 
 
 def _fence(
@@ -241,6 +263,7 @@ class _Step:
         self.state.changes = net_changes(self.base_files, self.workspace.files())
 
     def _checkpoint_tools(self) -> None:
+        self._check_state()
         self._settle()
         self._capture()
         if self.ctx is not None:
@@ -250,10 +273,18 @@ class _Step:
         self.unstored.clear()
         log.debug("tool-level checkpoint", lc=ref.id)
 
+    def _check_state(self) -> None:
+        """Raise `InvalidState` unless the kind's state is JSON, naming where it is not."""
+        where = not_json(self.state.kind_state)
+        if where is not None:
+            raise InvalidState(f"agent {self.at.agent}'s state holds a value that is not "
+                               f"JSON at {where}")  # fmt: skip
+
     def _finish(self, status: AgentState) -> StepResult:
         state, ctx, task = self.state, self.ctx, self.at.task
         assert ctx is not None
         state.status = status
+        self._check_state()
         self._capture()
         files = apply_changes(self.base_files, state.changes)
         state.workspace_after, manifest = manifest_blob(files)

@@ -29,6 +29,7 @@ CairnError
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
 ├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
 ├── MissingTool          an agent names a tool its worker does not have
+├── InvalidState         an agent kind's state holds a value that is not JSON
 └── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 
 `Unavailable` is also a `ConnectionError`, `Timeout` a `TimeoutError`, `TaskNotFound` and
@@ -49,6 +50,7 @@ __all__ = [
     "FencedWrite",
     "InvalidName",
     "InvalidSpec",
+    "InvalidState",
     "InvalidWorkspace",
     "MissingTool",
     "ModelError",
@@ -215,6 +217,14 @@ class MissingTool(CairnError):
 
     The step fails fatally, with no retry: another attempt on the same worker would find
     the tool missing again. The message names the tool and the worker (`host:pid`).
+    """
+
+
+class InvalidState(CairnError):
+    """Raised when an agent kind leaves a value in its state that is not JSON.
+
+    Checked before every checkpoint the step writes; the step fails fatally (the same
+    code would do the same again), the message naming where the value is (`plan[2].when`).
     """
 
 

@@ -8,6 +8,7 @@ to step, stored and read back, and restored with a retry from a tool-level check
 from __future__ import annotations
 
 from dataclasses import dataclass
+from datetime import date
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,7 @@ from cairn.agents.context import StepContext
 from cairn.agents.kinds.llm import LLM
 from cairn.agents.spec import AgentSpec
 from cairn.agents.task import start_task
+from cairn.errors import InvalidState
 from cairn.storage.chain import WorkingState
 from cairn.storage.records import AgentState
 from cairn.storage.store import CheckpointStore
@@ -131,3 +133,39 @@ def test_a_retry_resumes_from_the_kind_state_of_the_tool_level_checkpoint(
     copied = state.copy()
     copied.kind_state["count"] = 99
     assert 1 == state.kind_state["count"]  # a copy shares no JSON with its original
+
+
+@dataclass(frozen=True, slots=True)
+class Careless:
+    """Keeps a date in its state, which no checkpoint can hold as JSON."""
+
+    name: str = "careless"
+
+    def initial_state(self, spec: AgentSpec) -> dict[str, JsonValue]:
+        """Its state at the start."""
+        return {}
+
+    def step(self, ctx: StepContext) -> None:
+        """One step."""
+        ctx.state["plan"] = [{"when": date(2026, 12, 6)}]  # type: ignore[dict-item]
+
+    def status(self, ctx: StepContext) -> AgentState:
+        """Where it stands."""
+        return AgentState.ACTIVE
+
+
+def test_a_state_that_is_not_json_fails_the_step_naming_where(
+    monkeypatch: pytest.MonkeyPatch, real_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """`InvalidState` (fatal) names the path of the value; no LC, no vote is written."""
+    kind = Careless()
+    monkeypatch.setattr(step, "kind_of", lambda spec: kind)
+    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: kind)
+    start_task(real_store, record("careless", scripted("tally", [])), {})
+    epoch = real_store.hot.get_epoch("careless")
+    real_store.hot.begin_attempt("careless", "tally", 1, 1)
+    with pytest.raises(
+        InvalidState, match=r"state holds a value that is not JSON at plan\[0\].when"
+    ):
+        step.run_step("careless", "tally", 1, epoch, 1, store=real_store, cache=tmp_path / "c")
+    assert {} == real_store.hot.get_votes("careless", epoch, 1)
