@@ -113,16 +113,22 @@ class Interrupted:
         return AgentState.HALTED
 
 
+def first_attempt(
+    monkeypatch: pytest.MonkeyPatch, store: CheckpointStore, kind: object, task: str
+) -> int:
+    """Start `task` of one agent, `tally`, of `kind`; fence attempt 1 of its step 1; the epoch."""
+    monkeypatch.setattr(step, "kind_of", lambda spec: kind)
+    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: kind)
+    start_task(store, record(task, scripted("tally", [])), {})
+    store.hot.begin_attempt(task, "tally", 1, 1)
+    return store.hot.get_epoch(task)
+
+
 def test_a_retry_resumes_from_the_kind_state_of_the_tool_level_checkpoint(
     monkeypatch: pytest.MonkeyPatch, real_store: CheckpointStore, tmp_path: Path
 ) -> None:
     """Attempt 1 raises the count and checkpoints, then dies; attempt 2 starts from there."""
-    kind = Interrupted()
-    monkeypatch.setattr(step, "kind_of", lambda spec: kind)
-    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: kind)
-    start_task(real_store, record("mid", scripted("tally", [])), {})
-    epoch = real_store.hot.get_epoch("mid")
-    real_store.hot.begin_attempt("mid", "tally", 1, 1)
+    epoch = first_attempt(monkeypatch, real_store, Interrupted(), "mid")
     with pytest.raises(RuntimeError, match="died"):
         step.run_step("mid", "tally", 1, epoch, 1, store=real_store, cache=tmp_path / "c")
     real_store.hot.begin_attempt("mid", "tally", 1, 2)
@@ -158,12 +164,7 @@ def test_a_state_that_is_not_json_fails_the_step_naming_where(
     monkeypatch: pytest.MonkeyPatch, real_store: CheckpointStore, tmp_path: Path
 ) -> None:
     """`InvalidState` (fatal) names the path of the value; no LC, no vote is written."""
-    kind = Careless()
-    monkeypatch.setattr(step, "kind_of", lambda spec: kind)
-    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: kind)
-    start_task(real_store, record("careless", scripted("tally", [])), {})
-    epoch = real_store.hot.get_epoch("careless")
-    real_store.hot.begin_attempt("careless", "tally", 1, 1)
+    epoch = first_attempt(monkeypatch, real_store, Careless(), "careless")
     with pytest.raises(
         InvalidState, match=r"state holds a value that is not JSON at plan\[0\].when"
     ):
