@@ -54,6 +54,7 @@ from cairn.storage.records import GlobalCheckpoint, LCRef, Message, Role
 from cairn.storage.store import CheckpointStore
 
 AGENT = "coder"
+HOT_PACKAGE = "cairn.storage.backends.redis"  # the hot store's package, whose parts are timed
 SYSTEM = "You are a careful Python programmer."
 GOAL = "Make the project pass its tests."
 FILES = 20  # the workspace: this many small files, one rewritten per turn
@@ -129,9 +130,12 @@ class Phases:
             (store_module, "cut_lc", "cut_lc: build the LC record"),
             (Codec, "encode", "encode LC: canonical JSON + sha256 + zstd"),
         ]
+        # The store's own methods, whichever of its parts (steps, checkpoints) defines each.
+        own = {name for part in RedisHotStore.__mro__ if part.__module__.startswith(HOT_PACKAGE)
+               for name in vars(part)}  # fmt: skip
         targets += [
             (RedisHotStore, name, f"hot.{name}")
-            for name in vars(RedisHotStore)
+            for name in sorted(own)
             if not name.startswith("_") and callable(getattr(RedisHotStore, name))
         ]
         with contextlib.ExitStack() as stack:
