@@ -128,3 +128,10 @@ def test_importing_the_engine_leaves_the_facade_unloaded(module: str) -> None:
 def test_a_name_of_the_facade_loads_what_defines_it() -> None:
     """`from cairn import Client` loads the client, on first asking."""
     assert "cairn.client" in loaded_after("from cairn import Client")
+
+
+def test_the_testing_worker_leaves_the_client_unloaded() -> None:
+    """`python -m cairn.testing.worker` (every test's worker) does not pay for the client."""
+    loaded = loaded_after("import cairn.testing.worker")
+    assert "cairn.testing.worker" in loaded
+    assert not {"cairn.client", "cairn.cli", "cairn.testing.local"} & loaded

@@ -35,12 +35,35 @@ What is here (docs/testing-your-agents.md has more):
   no tool call, and the agent rests.
 """
 
+from typing import TYPE_CHECKING
+
 from cairn.agents.models.scripted import FINISHED, ScriptedModel
 from cairn.agents.spec import AgentSpec, CrashSpec, FailSpec, ToolRequest, Turn
 from cairn.testing.faults import install_fault_hook
-from cairn.testing.local import LocalCairn
 from cairn.testing.redis_server import RedisServer, TLSFiles, free_port
 from cairn.testing.replicas import ReplicaSet
+
+if TYPE_CHECKING:
+    from cairn.testing.local import LocalCairn
+
+
+def __getattr__(name: str) -> object:
+    """`LocalCairn`, imported when first asked for.
+
+    It brings the client and the CLI's process helpers, which a worker started as
+    `python -m cairn.testing.worker` (it imports this package first) never needs.
+    """
+    if name == "LocalCairn":
+        from cairn.testing.local import LocalCairn  # noqa: PLC0415 - on first use only
+
+        return LocalCairn
+    raise AttributeError(f"module 'cairn.testing' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """What the module holds, `LocalCairn` included before it is first asked for."""
+    return sorted({*globals(), *__all__})
+
 
 __all__ = [
     "FINISHED",
