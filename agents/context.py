@@ -24,7 +24,6 @@ from cairn.agents.approval import decision_for
 from cairn.agents.logs import get_logger
 from cairn.agents.models.base import Model, ModelReply, ModelRequest
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
-from cairn.agents.team import team
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
 from cairn.errors import ToolError
@@ -74,6 +73,7 @@ class StepContext:
     workspace: Workspace
     checkpoint: Callable[[], None]  # write a tool-level LC now
     resumed: bool  # the step resumes from a tool-level LC an earlier attempt wrote
+    team: list[str]  # the members at the GC the step follows, in order (`cairn.agents.team`)
     waiting_at: str  # the LC id a waiting call's decision is filed under (`approval`)
     decided: list[ToolCall] = field(default_factory=list)  # calls whose decision it used
     tally: Tally = field(default_factory=Tally)
@@ -95,11 +95,6 @@ class StepContext:
     def goal(self) -> str:
         """The task's goal, as submitted."""
         return self.record.goal
-
-    @property
-    def team(self) -> list[str]:
-        """The team's agents at the GC this step follows, in order (`cairn.agents.team`)."""
-        return team(self.gc, self.record)
 
     @property
     def policy(self) -> StepPolicy:

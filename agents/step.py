@@ -32,6 +32,7 @@ from cairn.agents.mcp.tools import agent_tools
 from cairn.agents.models import registry
 from cairn.agents.models.base import Model
 from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.team import team
 from cairn.agents.toolkit import ToolRegistry, installed_tools
 from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
 from cairn.errors import FencedWrite, InvalidState
@@ -234,6 +235,7 @@ class _Step:
             model=models(spec), tools=offered, approved=approved, workspace=self.workspace,
             checkpoint=self._checkpoint_tools, resumed=self.resumed,
             waiting_at=member.id if member is not None else "",
+            team=team(self.gc, self.record),  # once a step, not once a tool call
         )  # fmt: skip
         faults.arm(None)  # a crash is armed by this step's own model turn, if any
         kind = kind_of(spec)
