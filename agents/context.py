@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from functools import partial
 
@@ -26,7 +26,7 @@ from cairn.agents.models.base import Model, ModelReply, ModelRequest
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
-from cairn.errors import ToolError
+from cairn.errors import ModelError, ToolError
 from cairn.storage.chain import WorkingState
 from cairn.storage.records import (
     AgentState,
@@ -77,7 +77,8 @@ class StepContext:
     waiting_at: str  # the LC id a waiting call's decision is filed under (`approval`)
     decided: list[ToolCall] = field(default_factory=list)  # calls whose decision it used
     tally: Tally = field(default_factory=Tally)
-    spent: Callable[[], bool] | None = None  # the model call's spend, on its way
+    spent: Callable[[], bool] | None = None  # the last model call's spend, on its way
+    calls: int = 0  # model calls this attempt made: each one's spend is counted once
     dirty: bool = False  # an external call ran since the last tool-level checkpoint
     touched: bool = False  # a tool ran since the tree was last synced or captured
 
@@ -129,28 +130,53 @@ class StepContext:
     def ask(self) -> ModelReply:
         """Take one model turn on the history with the agent's tools on offer.
 
-        The turn's spend is counted as soon as it is paid for, whatever becomes of the
-        step; the turn goes into the history (tool calls as the model made them: a retry
-        runs them from there) and the trace.
+        Each call's spend is counted as soon as it is paid for, whatever becomes of the
+        step, and each call is traced. A reply the output limit cut never passes for an
+        answer: it is asked again once with twice the limit, and if that is cut too, or
+        the request set no limit to raise, the step fails with the reason (`ModelError`,
+        refused: the same request would be cut again). A refusal is the turn's text, in
+        the history (so the next request is one the API takes) and in the trace, as the
+        call's error. The turn goes into the history (tool calls as the model made them:
+        a retry runs them from there).
         """
         schemas = [tool.schema for tool in self.tools.values()]
-        started, clock = datetime.now(UTC), time.perf_counter()
         request = ModelRequest(self.lc.messages, schemas, agent=self.agent,
                                attempt=self.lc.attempt)  # fmt: skip
-        reply = self.model.complete(request)
-        price = self.record.prices.get(self.spec.model)
-        usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
-        at = (self.lc.epoch, self.lc.superstep, self.lc.attempt)
-        self.spent = self.store.hot.send_spend(self.task, self.agent, *at, usage)
-        self.lc.usage = self.lc.usage.plus(usage)
-        content = redact_optional(reply.content)
+        reply = self._complete(request)
+        if reply.cut and reply.max_tokens is not None:
+            reply = self._complete(replace(request, max_tokens=2 * reply.max_tokens))
+        if reply.cut:
+            raise ModelError(_cut_reason(reply.max_tokens), retryable=False, refused=True)
+        content = redact_optional(reply.content or reply.refusal)
         self.lc.messages.append(
             Message(role=Role.ASSISTANT, content=content, tool_calls=reply.tool_calls)
         )
-        self._trace(None, {}, content, None, None, started, clock, usage)
-        self.tally.model_called, self.tally.tokens = True, usage.tokens
         # At debug: "step done" carries the turn's tokens, so a step logs one line at info.
-        log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=usage.tokens)
+        log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=self.tally.tokens)
+        return reply
+
+    def _complete(self, request: ModelRequest) -> ModelReply:
+        """One model call: asked, its spend sent to be counted, traced."""
+        started, clock = datetime.now(UTC), time.perf_counter()
+        reply = self.model.complete(request)
+        price = self.record.prices.get(self.spec.model)
+        usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
+        if self.spent is not None:  # an earlier call's count, on its way: settled first
+            spent, self.spent = self.spent, None
+            spent()
+        at = (self.lc.epoch, self.lc.superstep, self.lc.attempt)
+        self.spent = self.store.hot.send_spend(self.task, self.agent, *at, usage, self.calls)
+        self.calls += 1
+        self.lc.usage = self.lc.usage.plus(usage)
+        error = None
+        if reply.cut:
+            error = f"reply cut by the output limit ({_limit(reply.max_tokens)})"
+        elif reply.refusal is not None:
+            error = f"refused: {reply.refusal}"
+        said = redact_optional(reply.content or reply.refusal)
+        self._trace(None, {}, said, None, error, started, clock, usage)
+        self.tally.model_called = True
+        self.tally.tokens = (self.tally.tokens or 0) + usage.tokens
         return reply
 
     def call(self, call: ToolCall, place: int) -> bool:
@@ -233,7 +259,7 @@ class StepContext:
         content = redacted if error is None else redact(f"error: {error}")
         images = own.images if own is not None and error is None else []
         message = Message(role=Role.TOOL, tool_call_id=call.id, name=call.name,
-                          content=content, images=images)  # fmt: skip
+                          content=content, images=images, error=error is not None)  # fmt: skip
         self.lc.messages.append(message)
         effects = tool.effects if tool is not None else None
         self._trace(call.name, call.args, redacted, effects, error, started, clock, None, key)
@@ -272,3 +298,17 @@ class StepContext:
                 }
             )
         )
+
+
+def _limit(max_tokens: int | None) -> str:
+    """The output limit a request set, as a reason names it."""
+    return "the model's own: the request set none" if max_tokens is None else f"{max_tokens} tokens"
+
+
+def _cut_reason(max_tokens: int | None) -> str:
+    """Why a step fails on a reply the output limit cut (`StepContext.ask`)."""
+    if max_tokens is None:
+        return ("the model's reply was cut by its own output limit or its context window; "
+                "set max_tokens in the agent's params, or shorten what it is sent")  # fmt: skip
+    return (f"the model's reply was cut by the output limit twice, the second time at "
+            f"{max_tokens} tokens; raise max_tokens in the agent's params")  # fmt: skip

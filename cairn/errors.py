@@ -179,11 +179,14 @@ class ModelError(CairnError):
 
     `retryable` is True for what may pass on a retry (timeout, 429, 5xx, a dropped
     connection) and False for what will not (bad credentials, a malformed request).
+    `refused` says the provider judged the request itself invalid (HTTP 400, 404, 413,
+    422): the same request sent again fails the same way, so no rollback sends it again.
     """
 
-    def __init__(self, message: str, *, retryable: bool) -> None:
+    def __init__(self, message: str, *, retryable: bool, refused: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+        self.refused = refused and not retryable
 
 
 class ToolError(CairnError):

@@ -26,20 +26,25 @@ class Finisher:
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
 
-    def give_up(self, task: str, run: dict[str, str], reason: str) -> None:
+    def give_up(
+        self, task: str, run: dict[str, str], reason: str, *, rollback: bool = True
+    ) -> None:
         """Abort the superstep and roll the task back to its latest committed GC.
 
         After `MAX_ROLLBACKS` rollbacks the task fails instead: a step that fails the same
-        way from the same state would fail again.
+        way from the same state would fail again. Without `rollback` it fails at once: a
+        model call whose request was refused would, from that GC, send it again unchanged.
         """
         ctx = self.ctx
         ctx.phase = "rollback"
         rollbacks = int(run.get("rollbacks", "0"))
         metrics.GC_ABORTS.inc()
-        if rollbacks >= MAX_ROLLBACKS:
+        if rollbacks >= MAX_ROLLBACKS or not rollback:
             ctx.store.raise_epoch(task, int(run["epoch"]) + 1, ctx.lease.token)
             abort_in_flight(ctx.runs, ctx.store, task)
-            self.finish(task, TaskState.FAILED, f"{reason}; {rollbacks} rollbacks did not help")
+            why = (f"{rollbacks} rollbacks did not help" if rollback
+                   else "not rolled back: the same request would be sent again")  # fmt: skip
+            self.finish(task, TaskState.FAILED, f"{reason}; {why}")
             return
         ctx.runs.write(task, {"rollbacks": rollbacks + 1})
         log.info("superstep aborted; rolling back", task=task, reason=reason)

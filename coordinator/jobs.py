@@ -45,7 +45,10 @@ def record_outcome(
     kind: str,
     message: str,
 ) -> None:
-    """Say why an attempt ended without a vote: `retryable`, `fatal` or `fenced`.
+    """Say why an attempt ended without a vote: `retryable`, `fatal`, `refused` or `fenced`.
+
+    `refused`: the model call's request is at fault (`ModelError.refused`), and the same
+    request sent again would fail the same way.
 
     The message is kept redacted: it becomes the task's reason, its timeline, its log.
     """
@@ -83,7 +86,8 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
         log.info("attempt fenced", task=task, agent=agent, reason=str(exc))
         return "fenced"
     except ModelError as exc:
-        record_outcome(*where, "retryable" if exc.retryable else "fatal", str(exc))
+        kind = "refused" if exc.refused else "retryable" if exc.retryable else "fatal"
+        record_outcome(*where, kind, str(exc))
         raise
     except ToolUnreachable as exc:  # an MCP server down for now: another attempt may reach it
         record_outcome(*where, "retryable", str(exc))

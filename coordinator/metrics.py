@@ -180,10 +180,17 @@ class MeteredHotStore(RedisHotStore):
         LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
 
     def send_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> Callable[[], bool]:
         """Count as Redis does; a call counted for the first time is counted here too."""
-        answer = super().send_spend(task, agent, epoch, superstep, attempt, usage)
+        answer = super().send_spend(task, agent, epoch, superstep, attempt, usage, call)
 
         def counted() -> bool:
             first = answer()

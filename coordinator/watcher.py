@@ -139,8 +139,12 @@ class Watcher:
         """Retry a failed step after a backoff; False when the superstep was given up."""
         ctx = self.ctx
         kind, message = failure
+        why = f"step of {agent} in superstep {superstep}: {message}"
+        if kind == "refused":  # a rollback would send the same request, unchanged
+            ctx.finisher.give_up(task, run, why, rollback=False)
+            return False
         if kind == "fatal" or step.attempt > ctx.docs.record(task).agent(agent).max_retries:
-            ctx.finisher.give_up(task, run, f"step of {agent} in superstep {superstep}: {message}")
+            ctx.finisher.give_up(task, run, why)
             return False
         # Fence the failed attempt first: whatever it does from now on is refused.
         ctx.store.hot.begin_attempt(

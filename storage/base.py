@@ -179,17 +179,32 @@ class HotStore(Protocol):
         """Return the token of the live heartbeat of `agent`'s step, None once it lapsed."""
 
     def record_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> bool:
-        """Count what that step attempt's model call spent; False if it was counted already.
+        """Count what model call `call` (from 0) of that step attempt spent; False if counted.
 
         Counters per agent that only rise (`cairn.storage.keys.spend`), apart from the restorable
         state, and the attempt's own entry (`cairn.storage.keys.attempt_spend`), which is what
-        makes the count idempotent: a step takes at most one model turn an attempt.
+        makes the count idempotent and holds the attempt's calls summed: a step may make
+        more than one model call an attempt (a cut reply asked again with room).
         """
 
     def send_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> Callable[[], bool]:
         """`record_spend` sent now and answered later: the returned call waits for the answer.
 

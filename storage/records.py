@@ -133,6 +133,9 @@ class Message(BaseModel):
     # A tool result's images. Left out of the stored form when empty, so a message without
     # any is stored as it was before messages carried images.
     images: list[ImagePart] = Field(default_factory=list, exclude_if=lambda images: not images)
+    # A tool result that says the call failed (its content is the error). Left out of the
+    # stored form when False, as `images` is when empty.
+    error: bool = Field(default=False, exclude_if=lambda error: not error)
 
 
 class Usage(BaseModel):

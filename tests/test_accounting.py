@@ -13,6 +13,7 @@ import yaml
 
 from cairn.agents.accounting import Budget, Price, cost, load_prices
 from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.spend import in_flight
 from cairn.coordinator.views import TaskStatus, Tokens
 from cairn.errors import InvalidSpec
 from cairn.storage.backends.redis import RedisHotStore
@@ -200,6 +201,27 @@ def test_a_model_call_is_counted_once_however_often_it_is_sent(own_store: Checkp
     assert b"300" == raw[b"a:prompt_tokens"]
     assert b"3" == raw[b"a:calls"]
     assert 1.5 == float(raw[b"a:cost_usd"])
+
+
+def test_an_attempts_calls_are_each_counted_once_and_summed(own_store: CheckpointStore) -> None:
+    """Two model calls of one attempt (a cut reply asked again): both counted, each once.
+
+    The attempt's entry holds them summed: what the coordinator reads of a step in flight.
+    """
+    hot = own_store.hot
+    assert isinstance(hot, RedisHotStore)
+    first = Usage(prompt_tokens=100, completion_tokens=10, cached_tokens=40, cost_usd=0.25)
+    second = Usage(prompt_tokens=7, completion_tokens=3, cached_tokens=0, cost_usd=0.5)
+    assert hot.record_spend("t", "a", 1, 1, 1, first, 0)
+    assert hot.record_spend("t", "a", 1, 1, 1, second, 1)
+    assert not hot.record_spend("t", "a", 1, 1, 1, second, 1)  # sent again
+    raw = hot.redis.hgetall("cairn:{t}:spend")
+    assert (b"107", b"13", b"2") == (raw[b"a:prompt_tokens"], raw[b"a:completion_tokens"],
+                                     raw[b"a:calls"])  # fmt: skip
+    flying = in_flight(hot.redis, "t", {"superstep": "1", "epoch": "1"},
+                       {"a": '{"attempt": 1}'})  # fmt: skip
+    assert Usage(prompt_tokens=107, completion_tokens=13, cached_tokens=40,
+                 cost_usd=0.75) == flying["a"]  # fmt: skip
 
 
 def test_prices_cost_and_tables() -> None:

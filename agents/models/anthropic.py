@@ -3,18 +3,19 @@
 Cairn's history is chat-completions shaped; this module maps it to the Messages API and
 back: leading system messages become `system`; an assistant turn's tool calls become
 `tool_use` blocks and the tool results after it one user turn of `tool_result` blocks
-(several calls in one turn go out and come back together), a result's images as `image`
-blocks in its content; turns of one role in a row are merged, since the API wants user
-and assistant to alternate. The transport is `cairn.agents.models.http.Endpoint`, not the
-`anthropic` SDK, for the reasons in openai.py and one more: the SDK refuses a
-non-streaming request whose `max_tokens` could take over ten minutes unless the caller
-sets its own timeout (docs/models.md weighs it in full).
+(several calls in one turn go out and come back together; a failed call's with
+`is_error`), a result's images as `image` blocks in its content; turns of one role in a
+row are merged, since the API wants user and assistant to alternate. The transport is
+`cairn.agents.models.http.Endpoint`, not the `anthropic` SDK, for the reasons in openai.py
+and one more: the SDK refuses a non-streaming request whose `max_tokens` could take over
+ten minutes unless the caller sets its own timeout (docs/models.md weighs it in full).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -37,6 +38,8 @@ from cairn.storage.records import Message, Role, ToolCall, Usage
 DEFAULT_BASE_URL = "https://api.anthropic.com"
 API_VERSION = "2023-06-01"
 DEFAULT_MAX_TOKENS = 8192  # the API requires max_tokens; `params` may set another
+# The output limit or the context window stopped the reply before its end.
+CUT_STOPS = frozenset({"max_tokens", "model_context_window_exceeded"})
 
 
 class AnthropicModel:
@@ -88,11 +91,15 @@ class AnthropicModel:
             "model": self.model,
             "messages": messages,
         }
+        if request.max_tokens is not None:
+            body["max_tokens"] = request.max_tokens
         if system:
             body["system"] = system
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
-        return _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        limit = body["max_tokens"]
+        return replace(reply, max_tokens=limit if isinstance(limit, int) else None)
 
 
 def build_anthropic(config: ModelConfig) -> AnthropicModel:
@@ -147,6 +154,8 @@ def _wire_blocks(message: Message) -> tuple[str, list[JsonValue]]:
             result["content"] = _result_blocks(message)
         elif text:
             result["content"] = text
+        if message.error:
+            result["is_error"] = True
         return "user", [result]
     blocks: list[JsonValue] = [{"type": "text", "text": text}] if text.strip() else []
     if message.role is Role.ASSISTANT:
@@ -200,13 +209,19 @@ def _parse_reply(body: bytes, blot: Callable[[str], str] = redact_error) -> Mode
             elif block["type"] == "tool_use":
                 calls.append(_parse_tool_use(block))
         tokens = _parse_usage(data.get("usage") or {})
+        stop = data.get("stop_reason")
     except (ValueError, LookupError, TypeError, AttributeError) as error:
         # orjson.JSONDecodeError and pydantic's ValidationError are ValueErrors.
         raise malformed_reply(error, body, blot) from error
     if not all(isinstance(text, str) for text in texts):
         raise ModelError("malformed response: a text block holds no string", retryable=True)
     content = "".join(texts) if texts else None
-    return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
+    refusal = None
+    if stop == "refusal":  # the text so far, if any, is all there is of the reason
+        refusal = content or "the model declined to answer (stop_reason: refusal)"
+    reply = ModelReply(content=content, tool_calls=calls, usage=tokens, refusal=refusal,
+                       cut=stop in CUT_STOPS)  # fmt: skip
+    return check_reply(reply)
 
 
 def _parse_tool_use(block: Mapping[str, Any]) -> ToolCall:

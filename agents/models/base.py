@@ -44,15 +44,28 @@ class ModelRequest:
     tools: list[ToolSchema]
     agent: str = ""
     attempt: int = 1
+    # An output limit to use instead of the agent's: set when a cut reply is asked again
+    # with room (`cairn.agents.context`). A provider with no such limit may ignore it.
+    max_tokens: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class ModelReply:
-    """A model's answer: text, tool calls, tokens used."""
+    """A model's answer: text, tool calls, tokens used, and how the answer ended.
+
+    `refusal` is the model's stated reason when it declined to answer (OpenAI's `refusal`,
+    Anthropic's `stop_reason: refusal`). `cut` says the output limit stopped the reply
+    (`finish_reason: length`, `stop_reason: max_tokens`): its text or its last tool call
+    is not whole, and it must never pass for an answer. `max_tokens` is the output limit
+    the request set, None when it set none (the model's own limit cut it).
+    """
 
     content: str | None = None
     tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage = field(default_factory=Usage)
+    refusal: str | None = None
+    cut: bool = False
+    max_tokens: int | None = None
 
 
 class Model(Protocol):
@@ -64,6 +77,9 @@ class Model(Protocol):
     too large or malformed), `retryable=False` for what it will not (bad credentials, a
     refused request). Its message is one line with no secret in it: it is stored and shown.
     `ModelReply.usage` carries the call's tokens; `check_reply` bounds a reply's size.
+    A refusal or a cut reply is returned, not raised: it was paid for, and the step
+    decides what becomes of it. An error for a request the provider judged invalid (no
+    retry of it, however late, will pass) sets `refused=True`.
     """
 
     def complete(self, request: ModelRequest) -> ModelReply:

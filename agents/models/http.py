@@ -7,7 +7,7 @@ the last byte of the answer, retries and their waits included, runs under one de
 that trickles bytes cannot hold a worker past it, and a step's model call has a bound the
 task's `step_timeout` can be set above. Timeouts, dropped connections, 408, 409, 429 and
 5xx are retried with exponential backoff and full jitter, honouring `Retry-After`; any
-other status is fatal.
+other status is fatal, and 400, 404, 413 and 422 say the request itself was refused.
 Every error is one line, bounded, with the API key and secrets of known shapes blotted out;
 bodies are read up to a cap. Proxies come from the `environ` given (`https_proxy`,
 `http_proxy`, `no_proxy`).
@@ -33,6 +33,9 @@ from cairn.storage.redact import redact
 
 # 408 timeout, 409 conflict (OpenAI's "try again"), 429 rate limit; every 5xx as well.
 RETRYABLE_STATUSES = frozenset({408, 409, 429})
+# The request itself is wrong (malformed, no such model, too large, unprocessable): the
+# same bytes sent again are refused again, however late (`ModelError.refused`).
+REFUSED_STATUSES = frozenset({400, 404, 413, 422})
 FIRST_SERVER_ERROR = 500
 MAX_ERROR_CHARS = 300
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # of a 2xx body; a reply within check_reply's is far less
@@ -137,7 +140,7 @@ class Endpoint:
             message = f"HTTP {status}: {self.redact(server_message(error_body, response.reason))}"
             if status in RETRYABLE_STATUSES or status >= FIRST_SERVER_ERROR:
                 raise _TransientError(message, parse_retry_after(response.headers))
-            raise ModelError(message, retryable=False)
+            raise ModelError(message, retryable=False, refused=status in REFUSED_STATUSES)
         except TimeoutError as error:
             raise _TransientError(f"timed out after {self.timeout:g} s") from error
         except ssl.SSLCertVerificationError as error:  # another attempt meets the same cert

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import orjson
@@ -30,7 +31,7 @@ from cairn.agents.models.base import (
 from cairn.agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
 from cairn.errors import ModelError
 from cairn.storage.ids import new_id
-from cairn.storage.records import Message, ToolCall, Usage
+from cairn.storage.records import Message, Role, ToolCall, Usage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
 
@@ -87,9 +88,14 @@ class OpenAIModel:
             "model": self.model,
             "messages": [_wire_message(message) for message in request.messages],
         }
+        limit = _output_limit(body)
+        if limit is not None and request.max_tokens is not None:
+            body[limit[0]] = request.max_tokens
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
-        return _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        set_limit = body[limit[0]] if limit is not None else None
+        return replace(reply, max_tokens=set_limit if isinstance(set_limit, int) else None)
 
 
 def build_openai(config: ModelConfig) -> OpenAIModel:
@@ -105,13 +111,30 @@ def build_openai(config: ModelConfig) -> OpenAIModel:
     )
 
 
+def _output_limit(body: Mapping[str, JsonValue]) -> tuple[str, JsonValue] | None:
+    """The output limit `body` sets, as (key, value); None when it sets none.
+
+    `max_completion_tokens` is the current name (reasoning models take no other),
+    `max_tokens` the older one that compatible servers still read.
+    """
+    for key in ("max_completion_tokens", "max_tokens"):
+        if key in body:
+            return key, body[key]
+    return None
+
+
 def _wire_message(message: Message) -> dict[str, JsonValue]:
     """`message` in the chat-completions shape.
 
-    A tool message takes text only: a result's images are its notes, saying so.
+    A tool message takes text only: a result's images are its notes, saying so; and no
+    `name`, which only the other roles have. An assistant message with neither text nor
+    tool calls has empty text: the API refuses `content: null` without `tool_calls`.
     """
-    wire: dict[str, JsonValue] = {"role": message.role.value, "content": unshown_images(message)}
-    if message.name is not None:
+    content = unshown_images(message)
+    if content is None and message.role is Role.ASSISTANT and not message.tool_calls:
+        content = ""
+    wire: dict[str, JsonValue] = {"role": message.role.value, "content": content}
+    if message.name is not None and message.role is not Role.TOOL:
         wire["name"] = message.name
     if message.tool_calls:
         wire["tool_calls"] = [
@@ -144,8 +167,12 @@ def _parse_reply(body: bytes, blot: Callable[[str], str] = redact_error) -> Mode
     """
     try:
         data = orjson.loads(body)
-        message = data["choices"][0]["message"]
+        choice = data["choices"][0]
+        message = choice["message"]
         content = message.get("content")
+        refusal = message.get("refusal")
+        if choice.get("finish_reason") == "content_filter" and not refusal:
+            refusal = "the provider's content filter stopped the reply"
         calls = [_parse_tool_call(call) for call in message.get("tool_calls") or []]
         usage = data.get("usage") or {}
         details = usage.get("prompt_tokens_details") or {}
@@ -157,9 +184,13 @@ def _parse_reply(body: bytes, blot: Callable[[str], str] = redact_error) -> Mode
     except (ValueError, LookupError, TypeError, AttributeError) as error:
         # orjson.JSONDecodeError and pydantic's ValidationError are ValueErrors.
         raise malformed_reply(error, body, blot) from error
-    if not isinstance(content, str | None):
-        raise ModelError(f"malformed response: content is {type(content).__name__}", retryable=True)
-    return check_reply(ModelReply(content=content, tool_calls=calls, usage=tokens))
+    for name, value in (("content", content), ("refusal", refusal)):
+        if not isinstance(value, str | None):
+            why = f"malformed response: {name} is {type(value).__name__}"
+            raise ModelError(why, retryable=True)
+    cut = choice.get("finish_reason") == "length"
+    reply = ModelReply(content=content, tool_calls=calls, usage=tokens, refusal=refusal, cut=cut)
+    return check_reply(reply)
 
 
 def _parse_tool_call(call: Mapping[str, Any]) -> ToolCall:

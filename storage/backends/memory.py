@@ -50,7 +50,7 @@ class MemoryHotStore:
         self._beats: dict[tuple[str, str], tuple[str, float]] = {}
         self._docs: dict[tuple[str, str], bytes] = {}
         self._owners: dict[str, int] = {}
-        self._spent: dict[tuple[str, int, int], dict[tuple[str, int], Usage]] = {}
+        self._spent: dict[tuple[str, int, int], dict[tuple[str, int, int], Usage]] = {}
 
     def init_task(self, task: str) -> int:
         check_name("task", task)  # as cairn.storage.keys does for Redis
@@ -214,19 +214,33 @@ class MemoryHotStore:
             return token if until > time.monotonic() else None
 
     def record_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> bool:
         with self._lock:
             counted = self._spent.setdefault((task, epoch, superstep), {})
-            if (agent, attempt) in counted:
+            if (agent, attempt, call) in counted:
                 return False
-            counted[(agent, attempt)] = usage
+            counted[(agent, attempt, call)] = usage
             return True
 
     def send_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> Callable[[], bool]:
-        counted = self.record_spend(task, agent, epoch, superstep, attempt, usage)
+        counted = self.record_spend(task, agent, epoch, superstep, attempt, usage, call)
         return lambda: counted
 
     def put_doc(self, task: str, name: str, data: bytes) -> None:

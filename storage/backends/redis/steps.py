@@ -179,12 +179,26 @@ class StepRecords(RedisRecords):
         return None if value is None else value.decode()
 
     def record_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> bool:
-        return self.send_spend(task, agent, epoch, superstep, attempt, usage)()
+        return self.send_spend(task, agent, epoch, superstep, attempt, usage, call)()
 
     def send_spend(
-        self, task: str, agent: str, epoch: int, superstep: int, attempt: int, usage: Usage
+        self,
+        task: str,
+        agent: str,
+        epoch: int,
+        superstep: int,
+        attempt: int,
+        usage: Usage,
+        call: int = 0,
     ) -> Callable[[], bool]:
         pending = self._spend.send(
             keys=[keys.spend(task), keys.attempt_spend(task, epoch, superstep)],
@@ -196,6 +210,7 @@ class StepRecords(RedisRecords):
                 usage.cached_tokens,
                 repr(usage.cost_usd),
                 ATTEMPT_SPEND_TTL_S,
+                call,
             ],
         )
         self._threads.pending = pending  # read before this thread's next script
