@@ -21,8 +21,19 @@ from pydantic import JsonValue
 from cairn.agents import faults
 from cairn.agents.accounting import cost
 from cairn.agents.approval import decision_for
+from cairn.agents.compaction import (
+    Fold,
+    budget,
+    folded_view,
+    marker,
+    plan,
+    sent,
+    size,
+    summary_request,
+    summary_text,
+)
 from cairn.agents.logs import get_logger
-from cairn.agents.models.base import Model, ModelReply, ModelRequest
+from cairn.agents.models.base import Model, ModelReply, ModelRequest, ToolSchema
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
 from cairn.agents.tools import Tool, ToolContext, idempotency_key
 from cairn.agents.workspace import Workspace
@@ -30,6 +41,7 @@ from cairn.errors import ModelError, ToolError
 from cairn.storage.chain import WorkingState
 from cairn.storage.records import (
     AgentState,
+    ContextView,
     Effects,
     GlobalCheckpoint,
     Message,
@@ -79,6 +91,7 @@ class StepContext:
     tally: Tally = field(default_factory=Tally)
     spent: Callable[[], bool] | None = None  # the last model call's spend, on its way
     calls: int = 0  # model calls this attempt made: each one's spend is counted once
+    models: Callable[[AgentSpec], Model] | None = None  # builds a summary model the spec names
     dirty: bool = False  # an external call ran since the last tool-level checkpoint
     touched: bool = False  # a tool ran since the tree was last synced or captured
 
@@ -120,33 +133,46 @@ class StepContext:
             key=lambda m: m.seq,
         )
         delivered = []
-        for sent in mine:
-            text = redact(f"Message from {sent.sender}: {sent.content}")
-            delivered.append(Message(role=Role.USER, name=sent.sender, content=text))
-            self.lc.inbox_cursor = sent.seq
+        for note in mine:
+            text = redact(f"Message from {note.sender}: {note.content}")
+            delivered.append(Message(role=Role.USER, name=note.sender, content=text))
+            self.lc.inbox_cursor = note.seq
         self.lc.messages.extend(delivered)
         return delivered
 
     def ask(self) -> ModelReply:
         """Take one model turn on the history with the agent's tools on offer.
 
-        Each call's spend is counted as soon as it is paid for, whatever becomes of the
-        step, and each call is traced. A reply the output limit cut never passes for an
-        answer: it is asked again once with twice the limit, and if that is cut too, or
-        the request set no limit to raise, the step fails with the reason (`ModelError`,
-        refused: the same request would be cut again). A refusal is the turn's text, in
-        the history (so the next request is one the API takes) and in the trace, as the
-        call's error. The turn goes into the history (tool calls as the model made them:
-        a retry runs them from there).
+        The model is sent the history's view (`cairn.agents.compaction`): a call whose
+        prompt would pass the agent's budget is preceded by a compaction, and one the
+        provider finds too long is asked once more after one. Each call's spend is counted
+        as soon as it is paid for, whatever becomes of the step, and each call is traced.
+        A reply the output limit cut never passes for an answer: it is asked again once
+        with twice the limit, and if that is cut too, or the request set no limit to
+        raise, the step fails with the reason (`ModelError`, refused: the same request
+        would be cut again). A refusal is the turn's text, in the history (so the next
+        request is one the API takes) and in the trace, as the call's error. The turn goes
+        into the history (tool calls as the model made them: a retry runs them from there).
         """
         schemas = [tool.schema for tool in self.tools.values()]
-        request = ModelRequest(self.lc.messages, schemas, agent=self.agent,
-                               attempt=self.lc.attempt)  # fmt: skip
-        reply = self._complete(request)
+        limit = budget(self.spec)
+        if limit is not None and size(self.lc.messages, self.lc.context, schemas) > limit:
+            self._compact()
+        request = self._request(schemas)
+        try:
+            reply = self._complete(request)
+        except ModelError as exc:
+            if not exc.overflow or self.spec.context.strategy == "off":
+                raise
+            request = self._after_overflow(exc, schemas)
+            reply = self._complete(request)  # one more time; what it raises is the step's
         if reply.cut and reply.max_tokens is not None:
             reply = self._complete(replace(request, max_tokens=2 * reply.max_tokens))
         if reply.cut:
             raise ModelError(_cut_reason(reply.max_tokens), retryable=False, refused=True)
+        if limit is not None and reply.usage.prompt_tokens:  # the next estimate starts here
+            counted = {"counted": reply.usage.prompt_tokens, "counted_at": len(self.lc.messages)}
+            self.lc.context = (self.lc.context or ContextView()).model_copy(update=counted)
         content = redact_optional(reply.content or reply.refusal)
         self.lc.messages.append(
             Message(role=Role.ASSISTANT, content=content, tool_calls=reply.tool_calls)
@@ -155,11 +181,86 @@ class StepContext:
         log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=self.tally.tokens)
         return reply
 
-    def _complete(self, request: ModelRequest) -> ModelReply:
-        """One model call: asked, its spend sent to be counted, traced."""
+    def _request(self, schemas: list[ToolSchema]) -> ModelRequest:
+        """The agent's turn, as its model is sent it."""
+        turns = sum(1 for message in self.lc.messages if message.role is Role.ASSISTANT)
+        return ModelRequest(sent(self.lc.messages, self.lc.context), schemas, agent=self.agent,
+                            attempt=self.lc.attempt, turn=turns)  # fmt: skip
+
+    def _after_overflow(self, exc: ModelError, schemas: list[ToolSchema]) -> ModelRequest:
+        """The request to send once more after the provider found the prompt too long.
+
+        Compacts first; raises the step's error (refused) when nothing is left to compact.
+        """
+        about = size(self.lc.messages, self.lc.context, schemas)
+        if not self._compact():
+            keep = self.spec.context.keep_last
+            raise ModelError(f"{exc} (about {about} tokens sent; nothing older than the last "
+                             f"{keep} turns is left to compact)", retryable=False,
+                             refused=True) from exc  # fmt: skip
+        log.info("prompt too long for the model; compacted", tokens=about)
+        return self._request(schemas)
+
+    def _compact(self) -> bool:
+        """Fold the turns before the last `keep_last` into one message; False if none are.
+
+        A summary is a model call of this step (the summary model's, if the spec names
+        one), counted and traced; a summary the model refuses, cuts or cannot make is a
+        marker, as `truncate` makes. The new view is checkpointed at once, so a retry of
+        the step does not pay for it again.
+        """
+        policy, view = self.spec.context, self.lc.context
+        fold = plan(self.lc.messages, view, policy.keep_last)
+        if fold is None:
+            return False
+        folded = (0 if view is None else view.folded) + len(fold.folded)
+        text = marker(folded)
+        if policy.strategy == "summarize":
+            made = self._summarize(view, fold)
+            text = text if not made else summary_text(made, folded)
+        else:
+            self._trace(None, {}, text, None, None, None, None, None, compacted=len(fold.folded))
+        self.lc.context = folded_view(view, fold, text)
+        self.checkpoint()
+        faults.compacted()
+        log.info("context compacted", folded=len(fold.folded), strategy=policy.strategy)
+        return True
+
+    def _summarize(self, view: ContextView | None, fold: Fold) -> str | None:
+        """A model's summary of `fold`; None when it gave none (refused, cut, too long)."""
+        model, name = self.model, self.spec.model
+        chosen = self.spec.context.summary_model
+        if chosen is not None and self.models is not None:
+            name = f"{self.spec.model.split(':', 1)[0]}:{chosen}"
+            model = self.models(self.spec.model_copy(update={"model": name}))
+        messages = summary_request(self.agent, view, fold)
+        request = ModelRequest(messages, [], agent=self.agent, attempt=self.lc.attempt,
+                               purpose="summary")  # fmt: skip
+        try:
+            reply = self._complete(request, model, name, compacted=len(fold.folded))
+        except ModelError as exc:
+            if not exc.overflow:
+                raise
+            log.info("the summary's own request is too long; the turns are left out")
+            return None
+        if reply.cut or reply.refusal is not None or not (reply.content or "").strip():
+            return None
+        return reply.content
+
+    def _complete(
+        self,
+        request: ModelRequest,
+        model: Model | None = None,
+        name: str | None = None,
+        compacted: int | None = None,
+    ) -> ModelReply:
+        """One model call: asked, its spend sent to be counted, traced.
+
+        The agent's model, or `model` called `name`; `compacted` marks a compaction's summary.
+        """
         started, clock = datetime.now(UTC), time.perf_counter()
-        reply = self.model.complete(request)
-        price = self.record.prices.get(self.spec.model)
+        reply = (model or self.model).complete(request)
+        price = self.record.prices.get(name or self.spec.model)
         usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
         if self.spent is not None:  # an earlier call's count, on its way: settled first
             spent, self.spent = self.spent, None
@@ -174,7 +275,7 @@ class StepContext:
         elif reply.refusal is not None:
             error = f"refused: {reply.refusal}"
         said = redact_optional(reply.content or reply.refusal)
-        self._trace(None, {}, said, None, error, started, clock, usage)
+        self._trace(None, {}, said, None, error, started, clock, usage, compacted=compacted)
         self.tally.model_called = True
         self.tally.tokens = (self.tally.tokens or 0) + usage.tokens
         return reply
@@ -277,6 +378,8 @@ class StepContext:
         clock: float | None,
         usage: Usage | None,
         key: str | None = None,
+        *,
+        compacted: int | None = None,
     ) -> None:
         now = datetime.now(UTC)
         self.lc.add_trace(
@@ -295,6 +398,7 @@ class StepContext:
                     "finished_at": now,
                     "duration_ms": 0.0 if clock is None else (time.perf_counter() - clock) * 1000,
                     "usage": usage,
+                    "compacted": compacted,
                 }
             )
         )

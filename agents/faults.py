@@ -35,6 +35,7 @@ class Crash:
     after_tools: int
 
 
+COMPACTED = -1  # `Crash.after_tools` of the compaction's point (`compacted`)
 Hook = Callable[[Crash], None]
 
 _armed: ContextVar[Crash | None] = ContextVar("cairn_armed_crash", default=None)
@@ -64,6 +65,16 @@ def past_tools() -> None:
     crash = _armed.get()
     if crash is not None:
         _fire(crash)
+
+
+def compacted() -> None:
+    """The point right after a compaction's checkpoint (a retry must not pay for it again).
+
+    No scripted turn arms it: the hook is told of it with `Crash(COMPACTED)` and decides
+    (the chaos suite's testing worker kills itself here when told to, by its harness).
+    """
+    if _hook is not None:
+        _hook(Crash(COMPACTED))
 
 
 def _fire(crash: Crash) -> None:

@@ -99,6 +99,24 @@ class CrashSpec(Strict):
     after_tools: int = Field(default=1, ge=0)
 
 
+class ContextPolicy(Strict):
+    """How much of its history an agent's model is sent (`cairn.agents.compaction`).
+
+    Before a model call whose prompt would pass `max_tokens` (estimated), the oldest turns
+    are compacted: replaced by a summary (`summarize`, made by the agent's model or by
+    `summary_model`, a model of the same provider) or dropped with a marker (`truncate`);
+    the system prompt, the goal and the last `keep_last` turns are always sent whole.
+    Unset, `max_tokens` is three quarters of the model's context window where Cairn knows
+    it (`compaction.WINDOWS`), else compaction waits for the provider to say the prompt
+    is too long. `off` sends the whole history, always.
+    """
+
+    max_tokens: int | None = Field(default=None, ge=1_000, le=100_000_000)
+    keep_last: int = Field(default=4, ge=1, le=10_000)
+    strategy: Literal["summarize", "truncate", "off"] = "summarize"
+    summary_model: str | None = Field(default=None, pattern=r"^\S{1,256}$")
+
+
 class ToolRequest(Strict):
     """A tool call a scripted turn makes."""
 
@@ -140,6 +158,7 @@ class AgentSpec(Strict):
     tools: list[str] = Field(default_factory=lambda: list(TOOL_NAMES))
     approve: list[str] = Field(default_factory=list)
     max_retries: int = Field(default=3, ge=0, le=100)
+    context: ContextPolicy = Field(default_factory=ContextPolicy)
 
     @field_validator("name")
     @classmethod

@@ -236,6 +236,7 @@ class _Step:
             checkpoint=self._checkpoint_tools, resumed=self.resumed,
             waiting_at=member.id if member is not None else "",
             team=team(self.gc, self.record),  # once a step, not once a tool call
+            models=models,
         )  # fmt: skip
         faults.arm(None)  # a crash is armed by this step's own model turn, if any
         kind = kind_of(spec)

@@ -181,12 +181,17 @@ class ModelError(CairnError):
     connection) and False for what will not (bad credentials, a malformed request).
     `refused` says the provider judged the request itself invalid (HTTP 400, 404, 413,
     422): the same request sent again fails the same way, so no rollback sends it again.
+    `overflow` says why: the prompt is longer than the model's context window (a step
+    compacts the history and asks once more).
     """
 
-    def __init__(self, message: str, *, retryable: bool, refused: bool = False) -> None:
+    def __init__(
+        self, message: str, *, retryable: bool, refused: bool = False, overflow: bool = False
+    ) -> None:
         super().__init__(message)
         self.retryable = retryable
         self.refused = refused and not retryable
+        self.overflow = overflow and self.refused
 
 
 class ToolError(CairnError):

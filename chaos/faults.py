@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 # kind → what it does (the table's rows, in this order)
 KINDS = {
     "kill_worker": "SIGKILL a worker running a step",
+    "kill_after_compaction": "SIGKILL the next worker to compact an agent's context, past its LC",
     "pause_worker": "SIGSTOP a worker mid-step; SIGCONT once its step is retried (a zombie)",
     "kill_coordinator": "SIGKILL the leading coordinator; a standby takes over",
     "kill_coordinator_mid_commit": "SIGKILL the leader once every vote of a superstep is in",

@@ -37,6 +37,7 @@ from cairn.errors import RedisServerError
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
 from cairn.testing.coordinator import cure, poison
+from cairn.testing.faults import KILL_AFTER_COMPACTION
 from cairn.testing.redis_server import RedisServer
 from cairn.testing.replicas import ReplicaSet
 from chaos.checker import Violation, check
@@ -200,6 +201,8 @@ class ChaosRun:
             "CAIRN_LOG_FORMAT": "json",
             "CAIRN_LOG_LEVEL": "info",
             "CAIRN_AUDIT": "1",  # fences and accepted writes, in Redis's order, for the checker
+            # Made by `kill_after_compaction`: the first worker past a compaction dies there.
+            KILL_AFTER_COMPACTION: str(self.dir / "kill-after-compaction"),
         }
 
     def _spawn(
@@ -246,10 +249,10 @@ class ChaosRun:
         concurrency = ["--concurrency", str(self.plan.concurrency)]
         if self.proxy is None:
             url = self._env(name)["CAIRN_REDIS_URL"]
-            return self._spawn(["cairn.coordinator.worker", url, *concurrency], name)
+            return self._spawn(["cairn.testing.worker", url, *concurrency], name)
         link = DelayProxy(self.proxy.port).start()
         url = self._env(name, link.port)["CAIRN_REDIS_URL"]
-        worker = self._spawn(["cairn.coordinator.worker", url, *concurrency], name, link.port)
+        worker = self._spawn(["cairn.testing.worker", url, *concurrency], name, link.port)
         self.links[worker.pid] = link
         return worker
 
@@ -431,6 +434,16 @@ class ChaosRun:
             return None
         found[0].kill()
         return {"pid": found[0].pid, "agent": found[1]}
+
+    def _kill_after_compaction(self, fault: Fault) -> dict[str, object] | None:
+        """Arm the compaction's fault point: the next worker past one SIGKILLs itself there.
+
+        Past the compaction's checkpoint, so the step's retry must go on from it without
+        paying for the summary again; `_supervise` starts a worker in its place.
+        """
+        flag = Path(self._env("harness")[KILL_AFTER_COMPACTION])
+        flag.touch()
+        return {"armed": flag.name}
 
     def _pause_worker(self, fault: Fault) -> dict[str, object] | None:
         """SIGSTOP a busy worker; SIGCONT it once its step was retried elsewhere.

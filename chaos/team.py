@@ -3,9 +3,10 @@
 Every agent works for `TURNS` supersteps, each turn writing a file of its own, recording
 an effect in the ledger outside the workspace (through `run_command`, with the call's
 idempotency key), and passing a note to the next agent; two agents write one shared file
-in the same superstep (a conflict the barrier resolves by team order). The scripts are
-fixed, so the final workspace, every agent's history and the ledger of a run with faults
-must equal those of a run without.
+in the same superstep (a conflict the barrier resolves by team order); every few turns what
+its model is sent is compacted (`CONTEXT`). The scripts are fixed, so the final workspace,
+every agent's history and the ledger of a run with faults must equal those of a run
+without.
 """
 
 from __future__ import annotations
@@ -19,6 +20,10 @@ AGENTS = ("planner", "coder", "tester", "reviewer")
 TURNS = 8
 LATENCY = 0.4  # seconds a model turn takes: long enough for faults to land mid-step
 LEDGER_SCRIPT = Path(__file__).with_name("ledger.py")
+# What each agent's model is sent is compacted every few turns (so faults land on and
+# around compactions, and restores cross them): a small budget, and notes in every turn.
+CONTEXT: dict[str, JsonValue] = {"max_tokens": 1_000, "keep_last": 2}
+NOTES = "I keep notes of what I did and why. " * 12
 
 
 def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
@@ -38,7 +43,8 @@ def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
         tools.append(
             {"name": "write_file", "args": {"path": "STATUS.md", "content": f"{agent} was here\n"}}
         )
-    return {"say": f"{agent}, turn {turn}.", "latency": LATENCY, "tools": tools}
+    say = f"{agent}, turn {turn}. " + NOTES  # long enough that the context compacts
+    return {"say": say, "latency": LATENCY, "tools": tools}
 
 
 def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
@@ -56,6 +62,7 @@ def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
                 "model": "scripted",
                 "system": f"You are the {agent}.",
                 "script": script,
+                "context": CONTEXT,
             }
         )
     parts = " ".join(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS))

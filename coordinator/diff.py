@@ -1,7 +1,7 @@
 """Diff: what changed from one global checkpoint to another, of one task or across a fork.
 
-Per agent, the messages and tool calls the second checkpoint's history has past the
-longest prefix it shares with the first's; for the workspace, the files added, removed and
+Per agent, the messages, tool calls and compactions the second checkpoint's history has
+past the longest prefix it shares with the first's; for the workspace, the files added, removed and
 changed, each change as a unified diff (a binary file is named, not dumped).
 
 Histories are read from their ends: both agents' LC chains are walked back, one delta at a
@@ -32,6 +32,9 @@ class AgentDiff(View):
 
     messages_added: list[JSON] = Field(default_factory=list)
     tool_calls_added: list[JSON] = Field(default_factory=list)
+    # Compactions of what the agent's model is sent: how many messages each left out, and
+    # the summary (or marker) sent in their place.
+    compactions_added: list[JSON] = Field(default_factory=list)
 
 
 class FilesDiff(View):
@@ -144,6 +147,11 @@ def _added(
     return AgentDiff(
         messages_added=[m.model_dump(mode="json", exclude_defaults=True) for m in new_messages],
         tool_calls_added=[_call(r) for r in new_trace if r.tool is not None],
+        compactions_added=[
+            r.model_dump(mode="json", include={"step", "superstep", "compacted", "result"})
+            for r in new_trace
+            if r.compacted is not None
+        ],
     )
 
 

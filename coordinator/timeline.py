@@ -26,7 +26,7 @@ from cairn.coordinator import views
 from cairn.coordinator.views import JSON
 from cairn.errors import CairnError, TaskNotFound
 from cairn.storage.public import public
-from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord
+from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord, Usage
 from cairn.storage.store import CheckpointStore
 
 RANKED = 5  # rows in each analytics table
@@ -53,7 +53,8 @@ class StepCell:
     tools: list[str] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
     lc: str = ""  # the id of the LC the step wrote, which names the step on the page
-    usage: JSON | None = None  # the model turn's tokens, and its `cost_usd` when recorded
+    usage: JSON | None = None  # the model calls' tokens, and their `cost_usd` when recorded
+    compacted: int = 0  # messages the step's compactions left out of what the model is sent
     undone: bool = False  # a restore undid it: the latest checkpoint's history lacks it
 
     @property
@@ -221,7 +222,11 @@ def step_cell(agent: str, lc: LocalCheckpoint, trace: list[TraceRecord]) -> Step
     """The step an LC wrote, from the trace records it added."""
     started = min(record.started_at for record in trace)
     finished = max(record.finished_at for record in trace)
-    turn = next((record for record in trace if record.tool is None), None)
+    calls = [record for record in trace if record.tool is None and record.usage is not None]
+    spent = Usage()
+    for record in calls:
+        assert record.usage is not None
+        spent = spent.plus(record.usage)
     return StepCell(
         agent=agent,
         superstep=lc.superstep,
@@ -235,16 +240,9 @@ def step_cell(agent: str, lc: LocalCheckpoint, trace: list[TraceRecord]) -> Step
         tools=[record.tool for record in trace if record.tool is not None],
         errors=[record.error for record in trace if record.error],
         lc=lc.id,
-        usage=None if turn is None else usage_of(turn.model_dump(mode="json")),
+        usage=spent.model_dump(mode="json") if calls else None,
+        compacted=sum(record.compacted or 0 for record in trace),
     )
-
-
-def usage_of(record: JSON) -> JSON | None:
-    """A model turn's usage, with the record's `cost_usd` beside the tokens when it has one."""
-    usage: JSON = dict(record.get("usage") or {})
-    if record.get("cost_usd") is not None:
-        usage["cost_usd"] = record["cost_usd"]
-    return usage or None
 
 
 def marks(checkpoints: list[views.CheckpointInfo]) -> list[CheckpointMark]:

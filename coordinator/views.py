@@ -240,6 +240,7 @@ class TraceEntry(View):
     finished_at: datetime
     duration_ms: float
     usage: Usage | None
+    compacted: int | None = None  # a compaction's: the messages it left out of what is sent
 
 
 def require_task(client: redis.Redis, store: CheckpointStore, task: str) -> None:

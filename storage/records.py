@@ -177,6 +177,27 @@ class Usage(BaseModel):
         )
 
 
+class ContextView(BaseModel):
+    """What an agent's model is sent of its history, once some of it was compacted.
+
+    The history itself stays whole and append-only; the model is sent its first `head`
+    messages (the system prompt and the goal), then `summary` as one message, then every
+    message from `start` on. `folded` counts the messages left out, all compactions
+    together. `counted` is the prompt the provider counted for the agent's last model call,
+    which was sent the history up to message `counted_at`: the next call's size is that
+    plus an estimate of what came since (0 when nothing was counted since the view changed).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    head: int = 0
+    start: int = 0
+    summary: str | None = None
+    folded: int = 0
+    counted: int = 0
+    counted_at: int = 0
+
+
 class TraceRecord(Record):
     """What happened in one step (tool is None) or one tool call within it."""
 
@@ -194,6 +215,8 @@ class TraceRecord(Record):
     finished_at: datetime
     duration_ms: float
     usage: Usage | None = None
+    # A compaction's record: how many messages it left out of what the model is sent.
+    compacted: int | None = Field(default=None, exclude_if=lambda count: count is None)
 
 
 class LCRef(BaseModel):
@@ -268,6 +291,9 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     kind_state: dict[str, JsonValue] = Field(
         default_factory=dict, exclude_if=lambda state: not state
     )
+    # What the agent's model is sent of its history (`ContextView`); None: all of it, and
+    # nothing counted yet. Left out of the stored form when None.
+    context: ContextView | None = Field(default=None, exclude_if=lambda view: view is None)
 
     @property
     def added_messages(self) -> list[Message]:

@@ -136,7 +136,8 @@ def test_a_diff_of_two_checkpoints_shows_messages_tool_calls_and_files(
     assert "-print('hi')\n+print('Hello')\n" in change
     nothing = diff(cluster.store, source, 2, source, 2).to_json()
     assert all(
-        a == {"messages_added": [], "tool_calls_added": []} for a in nothing["agents"].values()
+        a == {"messages_added": [], "tool_calls_added": [], "compactions_added": []}
+        for a in nothing["agents"].values()
     )
     assert {"added": [], "removed": [], "changed": {}} == nothing["files"]
 

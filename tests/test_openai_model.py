@@ -121,14 +121,19 @@ def server(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
     yield from serve_scripted(monkeypatch)
 
 
-def serve_scripted(monkeypatch: pytest.MonkeyPatch) -> Iterator[ScriptedServer]:
-    """Run a `ScriptedServer` until resumed (a fixture's body: tests of other files share it)."""
+def serve_scripted(
+    monkeypatch: pytest.MonkeyPatch, scripted: ScriptedServer | None = None
+) -> Iterator[ScriptedServer]:
+    """Run `scripted` (a new `ScriptedServer` by default) until resumed.
+
+    A fixture's body: tests of other files share it.
+    """
     for variable in (*default_key_variables("openai"), *default_key_variables("anthropic")):
         monkeypatch.delenv(variable, raising=False)
     # A proxy configured in the environment must not see the requests to 127.0.0.1.
     monkeypatch.setenv("no_proxy", "*")
     monkeypatch.setenv("NO_PROXY", "*")
-    scripted = ScriptedServer()
+    scripted = ScriptedServer() if scripted is None else scripted
     thread = threading.Thread(target=scripted.serve_forever, kwargs={"poll_interval": 0.05})
     thread.start()
     yield scripted

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Protocol
+from typing import Literal, Protocol
 
 import orjson
 from pydantic import JsonValue
@@ -47,6 +47,12 @@ class ModelRequest:
     # An output limit to use instead of the agent's: set when a cut reply is asked again
     # with room (`cairn.agents.context`). A provider with no such limit may ignore it.
     max_tokens: int | None = None
+    # The assistant turns the agent took before this one: `messages` may hold fewer once
+    # its history was compacted. None: count them in `messages`.
+    turn: int | None = None
+    # "turn" for the agent's own turn; "summary" for a compaction's summary of its earlier
+    # turns (no tools offered; a scripted model answers it without playing a turn).
+    purpose: Literal["turn", "summary"] = "turn"
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import base64
 import http.client
 import random
+import re
 import socket
 import ssl
 import time
@@ -37,6 +38,12 @@ RETRYABLE_STATUSES = frozenset({408, 409, 429})
 # same bytes sent again are refused again, however late (`ModelError.refused`).
 REFUSED_STATUSES = frozenset({400, 404, 413, 422})
 FIRST_SERVER_ERROR = 500
+# How an error body says the prompt is over the context window (`says_overflow`).
+OVERFLOW_WORDS = re.compile(
+    r"context[ _-]?(length|window)|prompt is too long|maximum context|too many (input )?tokens"
+    r"|input token count|exceeds the (model's )?(max|context)",
+    re.IGNORECASE,
+)
 MAX_ERROR_CHARS = 300
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # of a 2xx body; a reply within check_reply's is far less
 MAX_ERROR_BODY_BYTES = 64 * 1024  # of an error body, of which MAX_ERROR_CHARS are shown
@@ -140,7 +147,9 @@ class Endpoint:
             message = f"HTTP {status}: {self.redact(server_message(error_body, response.reason))}"
             if status in RETRYABLE_STATUSES or status >= FIRST_SERVER_ERROR:
                 raise _TransientError(message, parse_retry_after(response.headers))
-            raise ModelError(message, retryable=False, refused=status in REFUSED_STATUSES)
+            refused = status in REFUSED_STATUSES
+            overflow = refused and says_overflow(error_body)
+            raise ModelError(message, retryable=False, refused=refused, overflow=overflow)
         except TimeoutError as error:
             raise _TransientError(f"timed out after {self.timeout:g} s") from error
         except ssl.SSLCertVerificationError as error:  # another attempt meets the same cert
@@ -245,6 +254,21 @@ def server_message(body: bytes, reason: str) -> str:
         return str(detail["message"] if isinstance(detail, dict) else detail)
     except (ValueError, LookupError, TypeError):
         return body.decode(errors="replace") or reason
+
+
+def says_overflow(body: bytes) -> bool:
+    """Whether an error body says the prompt is longer than the model's context window.
+
+    OpenAI's code `context_length_exceeded`, Anthropic's "prompt is too long", and the
+    wordings of the servers that speak their dialects (vLLM, llama.cpp, LiteLLM).
+    """
+    try:
+        detail = orjson.loads(body)["error"]
+        if isinstance(detail, dict) and detail.get("code") == "context_length_exceeded":
+            return True
+    except (ValueError, LookupError, TypeError):
+        pass
+    return OVERFLOW_WORDS.search(body[:MAX_ERROR_BODY_BYTES].decode(errors="replace")) is not None
 
 
 def parse_retry_after(headers: http.client.HTTPMessage) -> float | None:

@@ -36,11 +36,21 @@ class ScriptedModel:
         self._on_call = on_call
 
     def complete(self, request: ModelRequest) -> ModelReply:
-        """Play the turn after the assistant turns already in the history."""
-        index = sum(1 for m in request.messages if m.role is Role.ASSISTANT)
+        """Play the turn after the assistant turns already in the history.
+
+        A compaction's summary request is answered with a line naming what it summarizes,
+        no turn played.
+        """
+        prompt_tokens = sum(len(m.content or "") for m in request.messages) // 4
+        if request.purpose == "summary":
+            said = request.messages[-1].content or ""
+            summary = f"(a scripted summary of {said.count(chr(10) + '[') + 1} messages)"
+            return ModelReply(content=summary, usage=Usage(prompt_tokens=prompt_tokens))
+        index = request.turn
+        if index is None:
+            index = sum(1 for m in request.messages if m.role is Role.ASSISTANT)
         if self._on_call is not None:
             self._on_call(index)
-        prompt_tokens = sum(len(m.content or "") for m in request.messages) // 4
         if index >= len(self.script):
             return ModelReply(content=FINISHED, usage=Usage(prompt_tokens=prompt_tokens))
         turn = self.script[index]

@@ -211,6 +211,8 @@ def _step_title(cell: StepCell) -> str:
         title += " · undone by a restore"
     if cell.tools:
         title += f"\ntools: {', '.join(cell.tools)}"
+    if cell.compacted:
+        title += f"\ncontext compacted: {cell.compacted} messages left out of what is sent"
     return title + "".join(f"\nerror: {error}" for error in cell.errors)
 
 
@@ -311,6 +313,8 @@ def _cell(cell: StepCell | None) -> str:
         parts.append(f'<div class="err">attempt {cell.attempt}</div>')
     if cell.tools:
         parts.append(f'<div class="tools">{_e(", ".join(cell.tools))}</div>')
+    if cell.compacted:
+        parts.append(f'<div class="tools">compacted {cell.compacted} messages</div>')
     parts.extend(f'<div class="err">{_e(error)}</div>' for error in cell.errors)
     return (
         f'<td class="cell {_e(cell.status)}" data-step="{_e(cell.lc)}" '
