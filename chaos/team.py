@@ -62,7 +62,7 @@ def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
                 "model": "scripted",
                 "system": f"You are the {agent}.",
                 "script": script,
-                "context": CONTEXT,
+                "context": dict(CONTEXT),  # a copy each: the spec is YAML, with no aliases
             }
         )
     parts = " ".join(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS))
