@@ -42,7 +42,7 @@ from tests.sdk_wire import (
     thinking,
     tool_use,
 )
-from tests.test_openai_model import ScriptedServer, serve_scripted
+from tests.test_openai_model import Scripted, ScriptedServer, serve_scripted
 
 Checker = Callable[[Any], list[str]]
 
@@ -333,3 +333,75 @@ def test_a_transient_failure_is_not_refused(server: ScriptedServer) -> None:
     assert not caught.value.refused
     assert 2 == len(server.received)
     valid(server, anthropic_request_errors)
+
+
+# --- replies and errors in each provider's own shapes ------------------------------------------
+
+
+def test_parallel_tool_calls_with_null_content_are_parsed(server: ScriptedServer) -> None:
+    """OpenAI: two calls and `content: null` in one reply; Anthropic: thinking, text, two uses."""
+    server.script = [
+        openai_reply(None, [("c1", "read_file", '{"path": "a"}'), ("c2", "read_file", "{}")],
+                     finish_reason="tool_calls"),
+        anthropic_reply(thinking("first a, then b"), text("Reading."),
+                        tool_use("t1", "read_file", {"path": "a"}),
+                        tool_use("t2", "read_file", {"path": "b"}), stop_reason="tool_use",
+                        usage=(20, 7, 300)),
+    ]  # fmt: skip
+    first = OpenAIModel("m-test", base_url=server.base_url).complete(ModelRequest(history(), TOOLS))
+    assert (first.content, [c.args for c in first.tool_calls]) == (None, [{"path": "a"}, {}])
+    second = AnthropicModel("m-test", base_url=server.root_url).complete(
+        ModelRequest(history(), TOOLS)
+    )
+    assert second.content == "Reading."
+    assert ["t1", "t2"] == [c.id for c in second.tool_calls]
+    assert (320, 7, 300) == (
+        second.usage.prompt_tokens,
+        second.usage.completion_tokens,
+        second.usage.cached_tokens,
+    )
+
+
+@pytest.mark.parametrize(
+    ("provider", "answer"),
+    [
+        ("openai", openai_error(400, "This model's maximum context length is 128000 tokens. "
+                                "However, your messages resulted in 130512 tokens.",
+                                code="context_length_exceeded")),
+        ("anthropic", anthropic_error(400, "invalid_request_error",
+                                      "prompt is too long: 210344 tokens > 200000 maximum")),
+    ],
+)  # fmt: skip
+def test_a_context_length_error_is_refused_and_says_overflow(
+    provider: str, answer: Scripted, server: ScriptedServer
+) -> None:
+    """Each provider's real "too long" 400: refused, overflow, sent once."""
+    server.script = [answer]
+    with pytest.raises(ModelError) as caught:
+        build_model(agent(server, provider)).complete(ModelRequest(history(), TOOLS))
+    assert (caught.value.refused, caught.value.overflow, caught.value.retryable) == (
+        True,
+        True,
+        False,
+    )
+    assert 1 == len(server.received)
+
+
+def test_another_400_is_refused_but_no_overflow(server: ScriptedServer) -> None:
+    """A 400 about something else is refused, and not taken for a prompt too long."""
+    server.script = [openai_error(400, "Invalid 'tools[0].function.name'", code="invalid_value")]
+    with pytest.raises(ModelError) as caught:
+        build_model(agent(server, "openai")).complete(ModelRequest(history(), TOOLS))
+    assert (caught.value.refused, caught.value.overflow) == (True, False)
+
+
+def test_a_429_with_retry_after_is_waited_for(server: ScriptedServer) -> None:
+    """OpenAI's 429 in its own shape, with Retry-After: waited out, then answered."""
+    limited = openai_error(429, "Rate limit reached for requests", code="rate_limit_exceeded")
+    limited.headers["Retry-After"] = "2"
+    server.script = [limited, openai_reply("fine")]
+    sleeps: list[float] = []
+    model = OpenAIModel("m-test", base_url=server.base_url, sleep=sleeps.append)
+    assert "fine" == model.complete(ModelRequest(history(), TOOLS)).content
+    assert sleeps == [2.0]
+    valid(server, openai_request_errors)
