@@ -28,8 +28,10 @@ from cairn.coordinator.timeline import gather
 from cairn.errors import ModelError
 from cairn.storage.records import ContextView, Message, Role, ToolCall
 from cairn.storage.store import CheckpointStore
+from cairn.testing import RedisServer
 from cairn.testing.faults import KILL_AFTER_COMPACTION
 from tests.agent_harness import record, superstep
+from tests.cli_harness import cli_runner
 from tests.cluster import Cluster
 from tests.sdk_wire import anthropic_error, anthropic_reply, anthropic_request_errors, text
 from tests.sdk_wire import tool_use as use
@@ -268,7 +270,12 @@ def test_a_retry_after_a_compaction_does_not_pay_for_it_again(
 
 
 def test_a_diff_and_the_trace_show_a_compaction(
-    server: CoderServer, real_store: CheckpointStore, tmp_path: Path
+    server: CoderServer,
+    real_store: CheckpointStore,
+    redis_server: RedisServer,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
     """`cairn diff` across a compaction names it: how many messages, and the summary."""
     start_task(real_store, record("seen", coder(server, max_tokens=2_000, keep_last=2)), {})
@@ -278,6 +285,11 @@ def test_a_diff_and_the_trace_show_a_compaction(
     found = diff(real_store, "seen", 0, "seen", gc.number).agents["a"].compactions_added
     assert found
     assert all(c["compacted"] > 0 and SUMMARY in str(c["result"]) for c in found)
+    flags = ["--redis-url", redis_server.url, "--archive-dir", str(tmp_path / "archive")]
+    with cli_runner({"COLUMNS": "200"}, monkeypatch, capsys) as cli:
+        code, out, _ = cli(*flags, "trace", "seen")
+    assert 0 == code
+    assert out.count("compaction (") == len(found)
 
 
 # --- end to end: a worker killed after a compaction, a restore across one, a fork ------------

@@ -202,6 +202,8 @@ def show_trace(console: Console, rows: Sequence[JSON]) -> None:
     table = Table("superstep", "agent", "step", "call", "ms", "result")
     for row in plain(rows):
         call = row["tool"] or "model"
+        if row.get("compacted") is not None:  # a compaction's summary (or its marker)
+            call = f"compaction ({row['compacted']} messages)"
         outcome = f"[red]{_short(row['error'])}[/]" if row["error"] else _short(row["result"])
         table.add_row(
             str(row["superstep"]),
