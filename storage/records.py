@@ -222,6 +222,15 @@ class InboxMessage(BaseModel):
     content: str
 
 
+class AgentResult(BaseModel):
+    """The result an agent gave when it last finished: a value that fit the task's schema."""
+
+    model_config = STRICT
+
+    value: JsonValue
+    superstep: int  # the superstep whose `finish` gave it: the latest is the task's
+
+
 TraceT = TypeVar("TraceT")
 
 
@@ -268,6 +277,9 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     kind_state: dict[str, JsonValue] = Field(
         default_factory=dict, exclude_if=lambda state: not state
     )
+    # The result the agent gave its task's `finish` (agents/results.py), whole in every LC
+    # after. Left out of the stored form when unset, so an LC without one is as it was.
+    result: AgentResult | None = Field(default=None, exclude_if=lambda result: result is None)
 
     @property
     def added_messages(self) -> list[Message]:
