@@ -280,13 +280,18 @@ class StepPolicy(Strict):
 
 
 class TaskRecord(Record):
-    """A task as its steps see it: the goal, the team and the policy."""
+    """A task as its steps see it: the goal, the team, the policy and its result's schema."""
 
     task: str
     goal: str
     agents: list[AgentSpec] = Field(min_length=1)
     policy: StepPolicy = Field(default_factory=StepPolicy)
     prices: dict[str, Price] = Field(default_factory=dict)  # model → its prices
+    # The JSON Schema of the task's result (agents/results.py), checked when the spec was.
+    # Left out of the stored form when unset, so a record without one is as it was.
+    result: dict[str, JsonValue] | None = Field(
+        default=None, exclude_if=lambda schema: schema is None
+    )
 
     @field_validator("task")
     @classmethod

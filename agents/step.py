@@ -31,6 +31,7 @@ from cairn.agents.logs import get_logger
 from cairn.agents.mcp.tools import agent_tools
 from cairn.agents.models import registry
 from cairn.agents.models.base import Model
+from cairn.agents.results import finish_tool
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.team import team
 from cairn.agents.toolkit import ToolRegistry, installed_tools
@@ -227,6 +228,8 @@ class _Step:
         # would find the same tools), an MCP server it cannot reach is worth a retry.
         where = f"agent {self.at.agent}"
         offered = agent_tools(spec.tools, tools, mcp, where)
+        if self.record.result is not None and "finish" in offered:  # it takes the result
+            offered["finish"] = finish_tool(self.record.result)
         approved = frozenset(agent_tools(spec.approve, tools, mcp, where))
         # A decision holds for a call waiting in the LC this step starts from (`approval`).
         member = self.gc.members.get(self.at.agent)

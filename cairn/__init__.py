@@ -41,6 +41,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
         Lineage,
         PendingCall,
         RestoreResult,
+        TaskResult,
         TaskStatus,
         TraceEntry,
     )
@@ -68,6 +69,7 @@ _HOMES = {
     "RestoreResult": "cairn.coordinator.views",
     "Settings": "cairn.coordinator.settings",
     "Task": "cairn.client",
+    "TaskResult": "cairn.coordinator.views",
     "TaskSpec": "cairn.coordinator.spec",
     "TaskState": "cairn.coordinator.runs",
     "TaskStatus": "cairn.coordinator.views",
@@ -95,6 +97,7 @@ __all__ = [
     "RestoreResult",
     "Settings",
     "Task",
+    "TaskResult",
     "TaskSpec",
     "TaskState",
     "TaskStatus",

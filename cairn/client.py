@@ -14,9 +14,10 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, TypeVar, overload
 
 import redis
+from pydantic import BaseModel, JsonValue
 
 from cairn.agents.accounting import Budget, load_prices
 from cairn.agents.spec import parse_model
@@ -46,6 +47,7 @@ from cairn.storage.records import AgentState
 
 P = ParamSpec("P")
 R = TypeVar("R")
+M = TypeVar("M", bound=BaseModel)
 WAIT_POLL = 0.2  # seconds between looks at a task `Task.wait` follows
 # Seconds in a row `Task.wait` waits out a Redis that stopped answering: a failover or a
 # restart takes seconds, and the task goes on meanwhile; an outage longer is said.
@@ -325,6 +327,25 @@ class Task:
         return views.export_workspace(
             self.client._store, self.id, checkpoint, Path(out_dir), include_git=include_git
         )
+
+    @overload
+    def result(self, model: None = None, *, checkpoint: int | None = None) -> JsonValue: ...
+
+    @overload
+    def result(self, model: type[M], *, checkpoint: int | None = None) -> M: ...
+
+    @_redis_errors
+    def result(self, model: type[M] | None = None, *, checkpoint: int | None = None) -> object:
+        """The task's result at a checkpoint (default: the latest committed), as JSON.
+
+        With `model`, a pydantic model class, the value validated into it (pydantic's
+        `ValidationError` when it does not fit). The result is the value the agent that
+        finished last gave `finish` (docs/task-spec.md); while the task runs, a later one
+        may replace it. Raises `NoResult` when the task declares no `result`, or no agent
+        has finished with one by that checkpoint.
+        """
+        value = views.task_result(self.client._store, self.id, checkpoint).value
+        return value if model is None else model.model_validate(value)
 
     @_redis_errors
     def trace(self, agent: str | None = None) -> list[TraceEntry]:

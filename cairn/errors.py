@@ -13,6 +13,7 @@ CairnError
 ├── Timeout              a wait for a task ran out before the task ended
 ├── RestoreFailed        no committed checkpoint could be restored
 ├── RedisServerError     a private redis-server cannot be found or started
+├── NoResult             a task declares no result, or no agent has given one yet
 │   storage faults
 ├── FencedWrite          a write carried a stale epoch or attempt
 ├── CommitRefused        a global checkpoint named a missing or mismatched record
@@ -54,6 +55,7 @@ __all__ = [
     "InvalidWorkspace",
     "MissingTool",
     "ModelError",
+    "NoResult",
     "NotCommitted",
     "PatchError",
     "RecordNotFound",
@@ -111,6 +113,14 @@ class RestoreFailed(CairnError):
 
 class RedisServerError(CairnError):
     """Raised when a private redis-server cannot be found or started."""
+
+
+class NoResult(CairnError):
+    """Raised when a task's result is asked for and there is none to give.
+
+    The task declares no `result`, or no agent has finished with one by the checkpoint
+    read (a task still running may give one later; a restore may take one away).
+    """
 
 
 # Storage faults ---------------------------------------------------------------------------

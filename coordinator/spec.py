@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, TypeAlias
 
 import yaml
-from pydantic import Field, model_validator
+from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
 
 from cairn.agents.accounting import Budget, Price
+from cairn.agents.results import check_schema, schema_of
 from cairn.agents.spec import (
     MAX_PROMPT_CHARS,
     AgentSpec,
@@ -40,6 +41,11 @@ from cairn.storage.store import CheckpointStore
 
 MAX_WORKSPACE_BYTES = 256 * 1024 * 1024
 MAX_SPEC_BYTES = 16 * 1024 * 1024  # of a spec file; a larger workspace goes in `workspace`
+
+if TYPE_CHECKING:  # in Python, a pydantic model class too: `_result_schema` makes it its schema
+    ResultSchema: TypeAlias = dict[str, JsonValue] | type[BaseModel]
+else:  # what pydantic validates, once a class was made its schema (and what the spec holds)
+    ResultSchema = dict[str, JsonValue]
 
 
 class CheckpointPolicy(Strict):
@@ -78,6 +84,19 @@ class TaskSpec(Strict):
     network: bool = False  # agents' commands and `verify` reach the network (else none)
     max_file_bytes: int = Field(default=FILE_LIMIT, ge=1, le=MAX_FILE_LIMIT)
     max_workspace_bytes: int = Field(default=WORKSPACE_LIMIT, ge=1, le=MAX_WORKSPACE_LIMIT)
+    # The JSON Schema of the task's result, which the agent that finishes gives `finish`
+    # (agents/results.py); None: the task's outcome is its files and summaries alone.
+    result: ResultSchema | None = None
+
+    @field_validator("result", mode="before")
+    @classmethod
+    def _result_schema(cls, value: object) -> object:
+        return schema_of(value)
+
+    @field_validator("result")
+    @classmethod
+    def _checkable_result(cls, value: dict[str, JsonValue] | None) -> dict[str, JsonValue] | None:
+        return None if value is None else check_schema(value)
 
     @model_validator(mode="after")
     def _one_workspace(self) -> TaskSpec:
@@ -95,6 +114,8 @@ class TaskSpec(Strict):
                     f"step_timeout ({self.step_timeout:g} s): a step still running at "
                     "step_timeout is retried, and its model call paid again"
                 )
+        if self.result is not None and not any("finish" in a.tools for a in self.agents):
+            raise ValueError("result: no agent has the `finish` tool, which gives it")
         total = sum(len(c.encode(errors="surrogatepass")) for c in self.files.values())
         if total > self._initial_limit():  # as a `workspace` directory is, in workspace_files
             raise ValueError(f"files: {total} bytes in all; at most {self._initial_limit()}")
@@ -116,9 +137,10 @@ class TaskSpec(Strict):
 
     def record(self, task: str) -> TaskRecord:
         """The record of task `task` that every step reads."""
-        return TaskRecord(
-            task=task, goal=self.goal, agents=self.agents, policy=self.policy(), prices=self.prices
-        )
+        schema = self.result
+        assert not isinstance(schema, type)  # `_result_schema` made a model class its schema
+        return TaskRecord(task=task, goal=self.goal, agents=self.agents, policy=self.policy(),
+                          prices=self.prices, result=schema)  # fmt: skip
 
     def limits(self) -> Limits:
         """The limits the coordinator enforces."""

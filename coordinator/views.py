@@ -21,16 +21,18 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
 from cairn.agents.accounting import Budget
 from cairn.agents.approval import decide
 from cairn.agents.barrier import StepOutputs, pending_calls
+from cairn.agents.results import latest_result
 from cairn.agents.spec import TaskRecord
 from cairn.agents.team import team as team_at
 from cairn.agents.workspace import check_path, directories, tree_clashes
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
-from cairn.errors import CairnError, InvalidSpec, TaskNotFound, ToolError
+from cairn.errors import CairnError, InvalidSpec, NoResult, TaskNotFound, ToolError
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.public import public
 from cairn.storage.records import (
+    AgentResult,
     AgentState,
     Effects,
     GCStatus,
@@ -101,6 +103,16 @@ class Lineage(View):
 
 
 @public
+class TaskResult(View):
+    """A task's result: the value, the agent whose `finish` gave it, when, and where it is read."""
+
+    value: JsonValue
+    agent: str
+    superstep: int  # the superstep whose `finish` gave it
+    checkpoint: int  # the global checkpoint it is read at
+
+
+@public
 class TaskStatus(View):
     """A task's status: its state, where it is, its agents, and why it ended."""
 
@@ -118,6 +130,8 @@ class TaskStatus(View):
     usage: Spending = Field(default_factory=Spending)  # the agents' together
     budget: Budget | None = None
     submitted_at: IsoTime | None = None  # None for a task whose submit is still under way
+    # The result at the latest checkpoint, once an agent gave one (left out until then).
+    result: TaskResult | None = Field(default=None, exclude_if=lambda result: result is None)
 
     @property
     def ended(self) -> bool:
@@ -268,10 +282,13 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
     except CairnError as exc:
         error = str(exc)
     agents: list[AgentStatus] = []
+    result: TaskResult | None = None
     if gc is not None:
         members: dict[str, _Member] = {}
         try:
             members = store.read_lcs_fields(task, gc.members, _Member)
+            if any(member.result is not None for member in members.values()):
+                result = _result_of(store, gc, members)
         except CairnError as exc:
             error = str(exc)
         usage = _spending(client, store, task, run, gc, members)
@@ -306,6 +323,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         usage=_together([a.usage for a in agents]),
         budget=Budget.model_validate_json(run["budget"]) if "budget" in run else None,
         submitted_at=_instant(run.get("submitted_at")),
+        result=result,
     )
 
 
@@ -321,6 +339,42 @@ class _Member(Record):
 
     step: int = 0
     usage: Usage | None = None  # None in a record of schema 1 (see storage/upcast.py)
+    result: AgentResult | None = None
+
+
+def task_result(store: CheckpointStore, task: str, number: int | None = None) -> TaskResult:
+    """The task's result at GC `number` (default: the latest committed).
+
+    Raises `NoResult` when the task declares none or no agent has given one by then, and
+    `InvalidSpec` for a checkpoint the task has not committed.
+    """
+    if store.read_doc(task, SPEC_DOC, TaskRecord).result is None:
+        raise NoResult(f"task {task} declares no result")
+    gc = checkpoint_at(store, task, number)
+    if gc.status is not GCStatus.COMMITTED:
+        raise InvalidSpec(f"task {task} has no committed checkpoint {number}")
+    found = _result_of(store, gc, store.read_lcs_fields(task, gc.members, _Member))
+    if found is None:
+        at = "" if number is None else f" at checkpoint {number}"
+        raise NoResult(f"task {task} has no result yet: no agent has finished with one{at}")
+    return found
+
+
+def _result_of(
+    store: CheckpointStore, gc: GlobalCheckpoint, members: dict[str, _Member]
+) -> TaskResult | None:
+    """The task's result at `gc`, whose members' LCs are `members` (`latest_result`).
+
+    None when no member gave one, or the task (a fork given another spec) declares none.
+    """
+    record = store.read_doc(gc.task, SPEC_DOC, TaskRecord)
+    given = {agent: member.result for agent, member in members.items()}
+    found = latest_result(given, team_at(gc, record)) if record.result is not None else None
+    if found is None:
+        return None
+    agent, result = found
+    return TaskResult(value=result.value, agent=agent, superstep=result.superstep,
+                      checkpoint=gc.number)  # fmt: skip
 
 
 def _spending(

@@ -24,6 +24,7 @@ from cairn.errors import CorruptCheckpoint
 from cairn.storage.codec import parse
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
+    AgentResult,
     AgentState,
     BaseLocalCheckpoint,
     ContextView,
@@ -126,6 +127,7 @@ class WorkingState:
     usage: Usage = field(default_factory=Usage)  # of the whole history's model calls
     kind_state: dict[str, JsonValue] = field(default_factory=dict)  # the agent kind's own
     context: ContextView | None = None  # what the model is sent of `messages`, once counted
+    result: AgentResult | None = None  # what the agent's last good `finish` gave
     # Set while the `trace` slot is unset: what reading `trace` builds it from.
     _unbuilt: _UnbuiltTrace | None = field(default=None, init=False, repr=False, compare=False)
 
@@ -212,6 +214,7 @@ CONTEXT_FIELDS = (
     "outbox",
     "kind_state",
     "context",
+    "result",
 )
 
 

@@ -245,6 +245,15 @@ class InboxMessage(BaseModel):
     content: str
 
 
+class AgentResult(BaseModel):
+    """The result an agent gave when it last finished: a value that fit the task's schema."""
+
+    model_config = STRICT
+
+    value: JsonValue
+    superstep: int  # the superstep whose `finish` gave it: the latest is the task's
+
+
 TraceT = TypeVar("TraceT")
 
 
@@ -294,6 +303,9 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     # What the agent's model is sent of its history (`ContextView`); None: all of it, and
     # nothing counted yet. Left out of the stored form when None.
     context: ContextView | None = Field(default=None, exclude_if=lambda view: view is None)
+    # The result the agent gave its task's `finish` (agents/results.py), whole in every LC
+    # after. Left out of the stored form when unset, so an LC without one is as it was.
+    result: AgentResult | None = Field(default=None, exclude_if=lambda result: result is None)
 
     @property
     def added_messages(self) -> list[Message]:

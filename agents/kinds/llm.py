@@ -12,6 +12,7 @@ from pydantic import JsonValue
 
 from cairn.agents.barrier import pending_calls
 from cairn.agents.context import StepContext
+from cairn.agents.results import keep_result
 from cairn.agents.spec import AgentSpec
 from cairn.storage.records import AgentState, Message, Role
 
@@ -40,22 +41,35 @@ class LlmKind:
         for call in pending:
             if not ctx.call(call, places[call.id]):
                 break  # waiting for a person's approval
+            if call.name == "finish" and ctx.record.result is not None:
+                keep_result(ctx.lc, call)
 
     def status(self, ctx: StepContext) -> AgentState:
         """Where the agent stands, read from its history alone.
 
         Waiting while a call of its last turn awaits approval; finished once that turn
-        called `finish`; active while the turn asked for tools (it goes on next
+        called `finish` and the call worked (a result that does not fit, say, is an error
+        the agent goes on from); active while the turn asked for tools (it goes on next
         superstep); else halted until a message wakes it.
         """
         if pending_calls(ctx.history):
             return AgentState.WAITING_APPROVAL
-        last = next((m for m in reversed(ctx.history) if m.role is Role.ASSISTANT), None)
-        if last is None or not last.tool_calls:
+        at = _last_turn(ctx.history)
+        if at is None or not ctx.history[at].tool_calls:
             return AgentState.HALTED
-        if any(call.name == "finish" for call in last.tool_calls):
+        worked = {m.tool_call_id for m in ctx.history[at + 1 :] if m.role is Role.TOOL
+                  and not m.error}  # fmt: skip
+        if any(c.name == "finish" and c.id in worked for c in ctx.history[at].tool_calls):
             return AgentState.FINISHED
         return AgentState.ACTIVE
+
+
+def _last_turn(messages: list[Message]) -> int | None:
+    """Where the last assistant turn is in `messages`; None before the first."""
+    return next(
+        (at for at in range(len(messages) - 1, -1, -1) if messages[at].role is Role.ASSISTANT),
+        None,
+    )
 
 
 def _places(messages: list[Message]) -> dict[str, int]:

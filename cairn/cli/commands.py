@@ -121,6 +121,16 @@ def status(args: argparse.Namespace, session: Session) -> int:
     return _show(args, session.console, session.task(args.task).status(), render.show_status)
 
 
+def result(args: argparse.Namespace, session: Session) -> int:
+    """The task's result: its value as JSON (`--json`: that alone, for scripts)."""
+    found = session.task(args.task).result(checkpoint=args.checkpoint)
+    if args.json:
+        render.emit_json(found)
+    else:
+        render.show_result(session.console, found)
+    return Exit.OK
+
+
 def checkpoints(args: argparse.Namespace, session: Session) -> int:
     """Every global checkpoint of the task."""
     rows = session.task(args.task).checkpoints()

@@ -123,6 +123,9 @@ def build_parser() -> Parser:
         ("forget", commands.forget, "remove an ended task from Redis (its archive stays)"),
     ):
         command(name, handler, doc).add_argument("task")
+    cmd = command("result", commands.result, "a task's result, as its finishing agent gave it")
+    cmd.add_argument("task")
+    cmd.add_argument("--checkpoint", type=int, help="the checkpoint (default: the latest)")
     cmd = command("checkpoint", commands.checkpoint, "one global checkpoint in detail")
     cmd.add_argument("task")
     cmd.add_argument("number", type=int)

@@ -122,6 +122,15 @@ def show_status(console: Console, status: JSON) -> None:
         console.print(f"forked from {source['task_id']} at checkpoint {source['checkpoint']}")
     if status.get("error"):
         console.print(f"[red]steps unknown: {status['error']}[/]")
+    if status.get("result"):
+        given = status["result"]
+        console.print(f"result: given by {given['agent']} in superstep {given['superstep']} "
+                      f"(`cairn result {status['task_id']}`)", markup=False)  # fmt: skip
+
+
+def show_result(console: Console, value: object) -> None:
+    """A task's result, as indented JSON."""
+    console.print(json.dumps(value, indent=2, ensure_ascii=False), markup=False, highlight=False)
 
 
 def _spent(usage: JSON) -> str:
