@@ -141,7 +141,7 @@ class StepContext:
         """
         schemas = [tool.schema for tool in self.tools.values()]
         request = ModelRequest(self.lc.messages, schemas, agent=self.agent,
-                               attempt=self.lc.attempt)  # fmt: skip
+                               attempt=self.lc.attempt, task=self.task)  # fmt: skip
         reply = self._complete(request)
         if reply.cut and reply.max_tokens is not None:
             reply = self._complete(replace(request, max_tokens=2 * reply.max_tokens))
