@@ -21,7 +21,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
-from bench.cache_server import MAX_BREAKPOINTS, BadRequest, Bill, ModelServer, PromptCache, Reply
+from bench.cache_server import (
+    MAX_BREAKPOINTS,
+    BadRequest,
+    Bill,
+    ModelServer,
+    Play,
+    PromptCache,
+    Reply,
+)
 from cairn.agents.cache import WorkerCache
 from cairn.agents.models.anthropic import AnthropicModel
 from cairn.agents.models.base import ModelRequest, ToolSchema
@@ -226,7 +234,7 @@ def write_turn(number: int, calls: int = 1) -> Reply:
     return Reply([{"type": "text", "text": f"turn {number}"}, *uses], "tool_use")
 
 
-def scripted_play(replies: list[Reply]) -> Any:
+def scripted_play(replies: list[Reply]) -> Play:
     """A `play` answering the n-th request (n assistant turns before it) with replies[n]."""
 
     def play(body: Mapping[str, Any]) -> Reply:
@@ -263,11 +271,13 @@ def test_each_step_reads_the_request_before_from_the_cache_and_is_counted(
 ) -> None:
     """Step n+1 reads all of step n's prompt from the cache and writes only what is new.
 
-    The trace and the task's spend count the cached tokens; the cost prices them as cached.
+    On another worker too (the state read back from the store). The trace and the task's
+    spend count the cached tokens; the cost prices them as cached.
     """
     play = scripted_play([write_turn(1), write_turn(2), DONE])
     with ModelServer(play) as model:
-        run(real_store, "reads", claude(model.url), tmp_path / "cache", 3)
+        run(real_store, "reads", claude(model.url), tmp_path / "cache", 2)
+        superstep(real_store, "reads", tmp_path / "other", warm=WorkerCache())
     first, second, third = model.bills
     # Each reads the whole request before, and writes what it adds.
     assert [(0, first.prompt), (first.prompt, second.prompt - first.prompt),
