@@ -185,7 +185,7 @@ class StepContext:
         """The agent's turn, as its model is sent it."""
         turns = sum(1 for message in self.lc.messages if message.role is Role.ASSISTANT)
         return ModelRequest(sent(self.lc.messages, self.lc.context), schemas, agent=self.agent,
-                            attempt=self.lc.attempt, turn=turns)  # fmt: skip
+                            attempt=self.lc.attempt, turn=turns, task=self.task)  # fmt: skip
 
     def _after_overflow(self, exc: ModelError, schemas: list[ToolSchema]) -> ModelRequest:
         """The request to send once more after the provider found the prompt too long.
@@ -235,7 +235,7 @@ class StepContext:
             model = self.models(self.spec.model_copy(update={"model": name}))
         messages = summary_request(self.agent, view, fold)
         request = ModelRequest(messages, [], agent=self.agent, attempt=self.lc.attempt,
-                               purpose="summary")  # fmt: skip
+                               purpose="summary", task=self.task)  # fmt: skip
         try:
             reply = self._complete(request, model, name, compacted=len(fold.folded))
         except ModelError as exc:

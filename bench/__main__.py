@@ -31,7 +31,17 @@ from typing import TextIO
 from bench.report import QUICK_ENV, Target, now_ns, quick, summary
 
 # in the order `python -m bench` runs them
-PARTS = ("storage", "agents", "coordinator", "langgraph", "peer", "scale", "burst", "context")
+PARTS = (
+    "storage",
+    "agents",
+    "coordinator",
+    "langgraph",
+    "peer",
+    "scale",
+    "burst",
+    "cache",
+    "context",
+)
 
 
 def cpu_model() -> str:

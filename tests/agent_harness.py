@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from cairn.agents.barrier import build_gc, runnable
+from cairn.agents.cache import WORKER, WorkerCache
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord, Turn
 from cairn.agents.step import ModelFactory, build_model, run_step
 from cairn.storage.keys import SPEC_DOC
@@ -45,10 +46,12 @@ def superstep(
     cache: Path,
     models: ModelFactory = build_model,
     mcp: McpManager | None = None,
+    warm: WorkerCache = WORKER,
 ) -> GlobalCheckpoint | None:
     """Run one superstep (attempt 1 for each runnable agent) and commit its GC; None if idle.
 
-    `mcp` serves the agents' `mcp:` tools, as a worker's manager does.
+    `mcp` serves the agents' `mcp:` tools, as a worker's manager does; `warm` is what the
+    worker running the steps kept from its earlier steps (this process's, by default).
     """
     spec = store.read_doc(task, SPEC_DOC, TaskRecord)
     order = [a.name for a in spec.agents]
@@ -62,7 +65,7 @@ def superstep(
     for agent in agents:
         store.hot.begin_attempt(task, agent, s, 1)
         votes[agent] = run_step(
-            task, agent, s, epoch, 1, store=store, cache=cache, models=models, mcp=mcp
+            task, agent, s, epoch, 1, store=store, cache=cache, models=models, mcp=mcp, warm=warm
         ).lc
     barrier = build_gc(store, gc, votes, order, number=gc.number + 1, superstep=s, epoch=epoch)
     store.prepare_gc(barrier.gc)

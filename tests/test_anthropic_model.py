@@ -19,6 +19,7 @@ from cairn.storage.records import ImagePart, Message, Role, ToolCall, Usage
 from tests.test_openai_model import Scripted, ScriptedServer, ask, serve_scripted
 
 FAKE_KEY = "sk-ant-test-secret-0123456789"
+CACHED: dict[str, Any] = {"cache_control": {"type": "ephemeral"}}  # a cache breakpoint
 
 
 @pytest.fixture
@@ -75,7 +76,7 @@ def test_plain_text_answer(server: ScriptedServer) -> None:
     expected = {
         "max_tokens": DEFAULT_MAX_TOKENS,
         "model": "claude-test",
-        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}]}],
+        "messages": [{"role": "user", "content": [{"type": "text", "text": "hi", **CACHED}]}],
     }
     assert expected == got.body
 
@@ -117,16 +118,17 @@ def test_tool_calls_round_trip_several_in_one_turn(server: ScriptedServer) -> No
         ToolCall(id="toolu_4", name="write", args={"path": "d.txt", "text": "y"}),
     ] == answer.tool_calls
     sent = server.received[0].body
-    assert "be brief" == sent["system"]
+    assert [{"type": "text", "text": "be brief", **CACHED}] == sent["system"]
     assert [
         {
             "name": "read",
             "description": "Read a file.",
             "input_schema": {"type": "object", "properties": {"path": {"type": "string"}}},
+            **CACHED,
         }
     ] == sent["tools"]
     assert [
-        {"role": "user", "content": [text("copy a.txt and b.txt")]},
+        {"role": "user", "content": [text("copy a.txt and b.txt") | CACHED]},
         {
             "role": "assistant",
             "content": [
@@ -141,7 +143,7 @@ def test_tool_calls_round_trip_several_in_one_turn(server: ScriptedServer) -> No
             "content": [
                 {"type": "tool_result", "tool_use_id": "toolu_1", "content": "x"},
                 {"type": "tool_result", "tool_use_id": "toolu_2"},
-                text("Message from lead: hurry"),
+                text("Message from lead: hurry") | CACHED,
             ],
         },
     ] == sent["messages"]
@@ -287,4 +289,5 @@ def test_a_tool_results_images_go_out_as_image_blocks(server: ScriptedServer) ->
                 "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="},
             },
         ],
+        **CACHED,
     } == result

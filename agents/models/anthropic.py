@@ -5,7 +5,10 @@ back: leading system messages become `system`; an assistant turn's tool calls be
 `tool_use` blocks and the tool results after it one user turn of `tool_result` blocks
 (several calls in one turn go out and come back together; a failed call's with
 `is_error`), a result's images as `image` blocks in its content; turns of one role in a
-row are merged, since the API wants user and assistant to alternate. The transport is
+row are merged, since the API wants user and assistant to alternate. Cache breakpoints
+on the tools, the system prompt and the ends of this request and the one before let each
+step read the history it shares with the step before from Anthropic's prompt cache
+(`_mark_history`). The transport is
 `cairn.agents.models.http.Endpoint`, not the `anthropic` SDK, for the reasons in openai.py
 and one more: the SDK refuses a non-streaming request whose `max_tokens` could take over
 ten minutes unless the caller sets its own timeout (docs/models.md weighs it in full).
@@ -82,9 +85,16 @@ class AnthropicModel:
             sleep=sleep,
         )
 
-    def complete(self, request: ModelRequest) -> ModelReply:
-        """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
-        system, messages = _wire_history(request.messages)
+    def request_body(self, request: ModelRequest) -> dict[str, JsonValue]:
+        """The Messages API body that asks for `request`'s turn.
+
+        With cache breakpoints (`cache_control`) on the last tool, the system prompt, the
+        end of the request and the end of the request before, unless `params` set a
+        `cache_control` of their own (null: no caching; an object: the API's automatic
+        breakpoint). docs/models.md says how they are placed and why.
+        """
+        cached = "cache_control" not in self.params
+        system, messages = _wire_history(request.messages, cached)
         body: dict[str, JsonValue] = {
             "max_tokens": DEFAULT_MAX_TOKENS,
             **self.params,
@@ -96,7 +106,15 @@ class AnthropicModel:
         if system:
             body["system"] = system
         if request.tools:
-            body["tools"] = [_wire_tool(tool) for tool in request.tools]
+            tools: list[JsonValue] = [_wire_tool(tool) for tool in request.tools]
+            if cached:
+                _mark_breakpoint(tools)
+            body["tools"] = tools
+        return body
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
+        body = self.request_body(request)
         reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
         limit = body["max_tokens"]
         return replace(reply, max_tokens=limit if isinstance(limit, int) else None)
@@ -115,12 +133,17 @@ def build_anthropic(config: ModelConfig) -> AnthropicModel:
     )
 
 
-def _wire_history(history: list[Message]) -> tuple[str, list[JsonValue]]:
-    """The system prompt and the alternating user/assistant turns for `history`."""
+def _wire_history(history: list[Message], cached: bool) -> tuple[list[JsonValue], list[JsonValue]]:
+    """The system prompt's blocks and the alternating user/assistant turns for `history`.
+
+    With `cached`, the breakpoints of the history are marked (`_mark_history`).
+    """
     start = 0
     while start < len(history) and history[start].role is Role.SYSTEM:
         start += 1
-    system = "\n\n".join(m.content for m in history[:start] if m.content)
+    text = "\n\n".join(m.content for m in history[:start] if m.content)
+    # The API refuses a text block of whitespace alone.
+    system: list[JsonValue] = [{"type": "text", "text": text}] if text.strip() else []
     turns: list[tuple[str, list[JsonValue]]] = []
     for message in history[start:]:
         role, blocks = _wire_blocks(message)
@@ -130,12 +153,36 @@ def _wire_history(history: list[Message]) -> tuple[str, list[JsonValue]]:
             turns[-1][1].extend(blocks)
         else:
             turns.append((role, blocks))
-    wire: list[JsonValue] = [
-        # In a user turn, tool results come before anything else, or the API refuses it.
-        {"role": role, "content": sorted(blocks, key=_is_not_tool_result)}
-        for role, blocks in turns
-    ]
+    # In a user turn, tool results come before anything else, or the API refuses it.
+    turns = [(role, sorted(blocks, key=_is_not_tool_result)) for role, blocks in turns]
+    if cached:
+        _mark_history(system, turns)
+    wire: list[JsonValue] = [{"role": role, "content": blocks} for role, blocks in turns]
     return system, wire
+
+
+def _mark_history(system: list[JsonValue], turns: list[tuple[str, list[JsonValue]]]) -> None:
+    """Mark the system prompt, the last turn and the turn before the last assistant turn.
+
+    The last turn's breakpoint writes the whole request to the cache. The turn before the
+    last assistant turn is where the request before this one ended (the assistant turn is
+    its answer): a breakpoint there reads that request back whole, however many blocks
+    came after it, where a breakpoint at the end finds a cached prefix only within the
+    20 blocks before it. With the tools' breakpoint, four: as many as the API takes.
+    """
+    if system:
+        _mark_breakpoint(system)
+    answers = [index for index, (role, _) in enumerate(turns) if role == "assistant"]
+    ends = {len(turns) - 1, answers[-1] - 1 if answers else -1}
+    for index in sorted(ends - {-1}):
+        _mark_breakpoint(turns[index][1])
+
+
+def _mark_breakpoint(blocks: list[JsonValue]) -> None:
+    """Make the last of `blocks` a cache breakpoint: the prefix up to it is cached."""
+    last = blocks[-1]
+    if isinstance(last, dict):
+        last["cache_control"] = {"type": "ephemeral"}
 
 
 def _is_not_tool_result(block: JsonValue) -> bool:
@@ -159,10 +206,13 @@ def _wire_blocks(message: Message) -> tuple[str, list[JsonValue]]:
         return "user", [result]
     blocks: list[JsonValue] = [{"type": "text", "text": text}] if text.strip() else []
     if message.role is Role.ASSISTANT:
+        # Arguments with their keys sorted: as a state read back from the store has them,
+        # so that the history's bytes are the same on every worker (a prompt cache's key).
         blocks.extend(
-            {"type": "tool_use", "id": call.id, "name": call.name, "input": call.args}
+            {"type": "tool_use", "id": call.id, "name": call.name,
+             "input": orjson.loads(orjson.dumps(call.args, option=orjson.OPT_SORT_KEYS))}
             for call in message.tool_calls
-        )
+        )  # fmt: skip
         return "assistant", blocks
     if message.role is Role.SYSTEM and blocks:
         # A system message after the conversation began: the API has no such turn.

@@ -44,6 +44,7 @@ class ModelRequest:
     tools: list[ToolSchema]
     agent: str = ""
     attempt: int = 1
+    task: str = ""  # the task's id: with `agent`, whose prompt cache a request may share
     # An output limit to use instead of the agent's: set when a cut reply is asked again
     # with room (`cairn.agents.context`). A provider with no such limit may ignore it.
     max_tokens: int | None = None

@@ -7,12 +7,16 @@ bounds each socket read rather than the call, it honours `Retry-After` only up t
 it reads bodies without a cap and puts them whole into its errors, and it would add
 httpx and five more packages to every worker for a request this module builds in forty
 lines (docs/models.md weighs it in full). Transient failures are retried there; what is
-left is raised as `ModelError`.
+left is raised as `ModelError`. A step's request starts with the bytes of the step's before
+(`OpenAIModel.request_body`), and carries the agent's `prompt_cache_key` where the server
+takes one, so that the provider's prefix cache serves the history they share.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
+import urllib.parse
 from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
@@ -34,6 +38,8 @@ from cairn.storage.ids import new_id
 from cairn.storage.records import Message, Role, ToolCall, Usage
 
 DEFAULT_BASE_URL = "https://api.openai.com/v1"
+OPENAI_HOST = "api.openai.com"  # takes `prompt_cache_key`; another server may refuse it
+CACHE_KEY = "prompt_cache_key"
 
 
 class OpenAIModel:
@@ -81,20 +87,30 @@ class OpenAIModel:
         """Where each turn is POSTed."""
         return self.endpoint.url
 
-    def complete(self, request: ModelRequest) -> ModelReply:
-        """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
-        body: dict[str, JsonValue] = {
-            **self.params,
-            "model": self.model,
-            "messages": [_wire_message(message) for message in request.messages],
-        }
+    def request_body(self, request: ModelRequest) -> dict[str, JsonValue]:
+        """The chat-completions body that asks for `request`'s turn.
+
+        From one step to the next only its end changes, for the provider's prefix cache:
+        `params`, the model, the cache key (`_place_cache_key`) and the tools come first,
+        the messages last, each message's keys in one order.
+        """
+        body: dict[str, JsonValue] = {**self.params, "model": self.model}
         limit = _output_limit(body)
         if limit is not None and request.max_tokens is not None:
             body[limit[0]] = request.max_tokens
+        openai = urllib.parse.urlsplit(self.url).hostname == OPENAI_HOST
+        _place_cache_key(body, request, by_default=openai)
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
+        body["messages"] = [_wire_message(message) for message in request.messages]
+        return body
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
+        body = self.request_body(request)
         reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
-        set_limit = body[limit[0]] if limit is not None else None
+        limit = _output_limit(body)
+        set_limit = limit[1] if limit is not None else None
         return replace(reply, max_tokens=set_limit if isinstance(set_limit, int) else None)
 
 
@@ -109,6 +125,27 @@ def build_openai(config: ModelConfig) -> OpenAIModel:
         headers=config.headers,
         environ=config.environ,
     )
+
+
+def prompt_cache_key(task: str, agent: str) -> str:
+    """The `prompt_cache_key` of one agent of one task: a hash, so no name reaches the server."""
+    digest = hashlib.sha256(f"cairn prompt cache\0{task}\0{agent}".encode()).hexdigest()
+    return f"cairn-{digest[:32]}"
+
+
+def _place_cache_key(body: dict[str, JsonValue], request: ModelRequest, by_default: bool) -> None:
+    """Set `body`'s `prompt_cache_key`, or leave it out.
+
+    A key `params` set (a string) is sent as it is; `true` there asks for the agent's own
+    (`prompt_cache_key`), `false` or `null` for none; without either, the agent's own when
+    `by_default` (OpenAI's endpoint), else none: a compatible server may refuse a field
+    it does not know.
+    """
+    asked = body.pop(CACHE_KEY, by_default)
+    if asked is True and (request.task or request.agent):
+        asked = prompt_cache_key(request.task, request.agent)
+    if asked is not None and not isinstance(asked, bool):
+        body[CACHE_KEY] = asked
 
 
 def _output_limit(body: Mapping[str, JsonValue]) -> tuple[str, JsonValue] | None:
@@ -141,13 +178,20 @@ def _wire_message(message: Message) -> dict[str, JsonValue]:
             {
                 "id": call.id,
                 "type": "function",
-                "function": {"name": call.name, "arguments": orjson.dumps(call.args).decode()},
+                # Keys sorted, as a state read back from the store has them: the history's
+                # bytes are the same on every worker (the prefix cache's key).
+                "function": {"name": call.name, "arguments": _sorted_json(call.args)},
             }
             for call in message.tool_calls
         ]
     if message.tool_call_id is not None:
         wire["tool_call_id"] = message.tool_call_id
     return wire
+
+
+def _sorted_json(args: dict[str, JsonValue]) -> str:
+    """`args` as compact JSON text, every object's keys sorted."""
+    return orjson.dumps(args, option=orjson.OPT_SORT_KEYS).decode()
 
 
 def _wire_tool(tool: ToolSchema) -> dict[str, JsonValue]:
