@@ -16,6 +16,11 @@ Steps:
          of the stored form while empty). Added, with a default.
   3 → 4: a local checkpoint keeps its agent kind's own state (`kind_state`, empty
          before, and left out of the stored form while empty). Added, with a default.
+  4 → 5: a tool result says whether its call failed (`error`); a local checkpoint keeps
+         what the model is sent of its history once compacted (`context`) and the result
+         the agent gave `finish` (`result`); a trace record says how many messages a
+         compaction folded (`compacted`). All added, with defaults, and left out of the
+         stored form while unset.
 """
 
 from __future__ import annotations
@@ -35,7 +40,7 @@ def _additive(record: Json) -> Json:
 
 ADDITIVE: Final[Upcaster] = _additive
 # version → the step from it to the next one
-UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE}
+UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE, 4: ADDITIVE}
 
 
 def needs_json(version: int) -> bool:

@@ -32,7 +32,9 @@ from cairn.storage.langgraph import CairnSaver
 from cairn.storage.langgraph.pieces import ref_of
 from cairn.storage.records import (
     SCHEMA_VERSION,
+    AgentResult,
     AgentState,
+    ContextView,
     Effects,
     GCStatus,
     GlobalCheckpoint,
@@ -90,6 +92,8 @@ PIXEL_PNG = (
 # Each LC's model call; costs are exact in binary, so they read back as written.
 FULL_CALL = Usage(prompt_tokens=812, completion_tokens=164, cached_tokens=512, cost_usd=0.25)
 DELTA_CALL = Usage(prompt_tokens=1024, completion_tokens=32, cached_tokens=960, cost_usd=0.125)
+SUMMARY_CALL = Usage(prompt_tokens=2048, completion_tokens=64, cost_usd=0.5)
+SUMMARY = "[Summary of the 4 earlier messages of this conversation]\nNotes are in notes.md."
 SIGNED_CALL = Usage(prompt_tokens=300, completion_tokens=20, cost_usd=0.0625)
 
 
@@ -116,6 +120,7 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
             name="http_post",
             args={"url": "https://example.org/survey", "body": {"sites": 90}},
         ),
+        ToolCall(id="call_3", name="read_file", args={"path": "missing.md"}),
     ]
     return LocalCheckpoint(
         id=FULL_ID,
@@ -142,6 +147,13 @@ def build_full_lc(manifest_id: str, notes_sha: str) -> LocalCheckpoint:
                 name="http_post",
                 tool_call_id="call_2",
                 images=[ImagePart(media_type="image/png", data=PIXEL_PNG)],
+            ),
+            Message(
+                role=Role.TOOL,
+                content="error: no such file: missing.md",
+                name="read_file",
+                tool_call_id="call_3",
+                error=True,
             ),
             Message(role=Role.ASSISTANT, content="Notes written and the survey reported."),
         ],
@@ -235,16 +247,35 @@ def build_delta_lc(
             TraceRecord(
                 step=2,
                 superstep=1,
+                result=SUMMARY,
+                started_at=at(58),
+                finished_at=at(60),
+                duration_ms=2000.0,
+                usage=SUMMARY_CALL,
+                compacted=4,
+            ),
+            TraceRecord(
+                step=2,
+                superstep=1,
                 started_at=at(60),
                 finished_at=at(63.5),
                 duration_ms=3500.0,
                 usage=DELTA_CALL,
-            )
+            ),
         ],
         workspace_before=manifest_id,
         workspace_after=manifest_id,
         inbox_cursor=1,
-        usage=FULL_CALL.plus(DELTA_CALL),
+        usage=FULL_CALL.plus(SUMMARY_CALL).plus(DELTA_CALL),
+        context=ContextView(
+            head=2,
+            start=6,
+            summary=SUMMARY,
+            folded=4,
+            counted=1024,
+            counted_at=len(parent.messages) + 1,
+        ),
+        result=AgentResult(value={"sites": 90, "cairns": [4, 0, 6]}, superstep=1),
         outbox=[
             InboxMessage(
                 id="01942a3c-2e01-7000-8000-00000000b002",
