@@ -21,6 +21,7 @@ from pydantic import JsonValue
 from cairn.agents import faults
 from cairn.agents.accounting import cost
 from cairn.agents.approval import decision_for
+from cairn.agents.live import live_reply
 from cairn.agents.logs import get_logger
 from cairn.agents.models.base import Model, ModelReply, ModelRequest
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
@@ -158,7 +159,8 @@ class StepContext:
     def _complete(self, request: ModelRequest) -> ModelReply:
         """One model call: asked, its spend sent to be counted, traced."""
         started, clock = datetime.now(UTC), time.perf_counter()
-        reply = self.model.complete(request)
+        with live_reply(self.store.hot, self.lc, self.spec.stream) as on_delta:
+            reply = self.model.complete(replace(request, on_delta=on_delta))
         price = self.record.prices.get(self.spec.model)
         usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
         if self.spent is not None:  # an earlier call's count, on its way: settled first
