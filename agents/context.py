@@ -32,6 +32,7 @@ from cairn.agents.compaction import (
     summary_request,
     summary_text,
 )
+from cairn.agents.live import live_reply
 from cairn.agents.logs import get_logger
 from cairn.agents.models.base import Model, ModelReply, ModelRequest, ToolSchema
 from cairn.agents.spec import AgentSpec, StepPolicy, TaskRecord
@@ -259,7 +260,8 @@ class StepContext:
         The agent's model, or `model` called `name`; `compacted` marks a compaction's summary.
         """
         started, clock = datetime.now(UTC), time.perf_counter()
-        reply = (model or self.model).complete(request)
+        with live_reply(self.store.hot, self.lc, self.spec.stream) as on_delta:
+            reply = (model or self.model).complete(replace(request, on_delta=on_delta))
         price = self.record.prices.get(name or self.spec.model)
         usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
         if self.spent is not None:  # an earlier call's count, on its way: settled first

@@ -57,7 +57,7 @@ MODEL_CHOICES = (
     "package adds)"
 )
 KEY_VARIABLE_PATTERN = re.compile(r"[A-Z][A-Z0-9_]{0,120}_API_KEY")
-RESERVED_PARAMS = ("model", "messages", "system", "tools", "stream")
+RESERVED_PARAMS = ("model", "messages", "system", "tools", "stream", "stream_options")
 MAX_PARAMS_BYTES = 64 * 1024
 HEADER_NAME_PATTERN = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]{1,128}")
 RESERVED_HEADERS = frozenset(
@@ -153,6 +153,7 @@ class AgentSpec(Strict):
     base_url: str | None = None
     api_key_env: str | None = None
     timeout: float = Field(default=600.0, gt=0, le=24 * 3600)
+    stream: bool = False  # ask for the reply streamed, shown live as it comes (docs/models.md)
     params: dict[str, JsonValue] = Field(default_factory=dict)
     headers: dict[str, str] = Field(default_factory=dict, max_length=MAX_HEADERS)
     tools: list[str] = Field(default_factory=lambda: list(TOOL_NAMES))

@@ -24,6 +24,7 @@ from cairn import errors
 
 if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__` imports each name
     from cairn.agents.accounting import Budget, Price
+    from cairn.agents.live import LiveCall, LiveReply
     from cairn.agents.toolkit import tool
     from cairn.agents.tools import ToolContext
     from cairn.client import Client, Task
@@ -64,6 +65,8 @@ _HOMES = {
     "Export": "cairn.coordinator.views",
     "GCStatus": "cairn.storage.records",
     "Lineage": "cairn.coordinator.views",
+    "LiveCall": "cairn.agents.live",
+    "LiveReply": "cairn.agents.live",
     "PendingCall": "cairn.coordinator.views",
     "Price": "cairn.agents.accounting",
     "RestoreResult": "cairn.coordinator.views",
@@ -92,6 +95,8 @@ __all__ = [
     "Export",
     "GCStatus",
     "Lineage",
+    "LiveCall",
+    "LiveReply",
     "PendingCall",
     "Price",
     "RestoreResult",

@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, ParamSpec, TypeVar, overload
@@ -20,6 +20,7 @@ import redis
 from pydantic import BaseModel, JsonValue
 
 from cairn.agents.accounting import Budget, load_prices
+from cairn.agents.live import LiveReply, read_live
 from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
 from cairn.coordinator import views
@@ -252,6 +253,16 @@ class Task:
             f"task {self.id} did not end within {timeout:g} s: "
             f"Redis has not answered for {silent:.1f} s"
         )
+
+    @_redis_errors
+    def live_replies(self, agents: Iterable[str] | None = None) -> dict[str, LiveReply]:
+        """The replies the task's agents (or `agents`) are streaming now, by agent.
+
+        Only agents with `stream: true` whose model is answering have one; it is gone once
+        the answer is whole (read it in the trace then).
+        """
+        names = [a.name for a in self.status().agents] if agents is None else agents
+        return read_live(self.client._store.hot, self.id, names)
 
     @_redis_errors
     def checkpoints(self) -> list[CheckpointInfo]:

@@ -221,6 +221,18 @@ class HotStore(Protocol):
     def delete_doc(self, task: str, name: str) -> None:
         """Delete a task-level document (gone already: nothing to do)."""
 
+    def put_live(self, task: str, agent: str, data: bytes, ttl_ms: int) -> None:
+        """Show `data` as the reply `agent`'s model is streaming, for the next `ttl_ms` ms.
+
+        It replaces what was shown; shown bytes are never part of a checkpoint.
+        """
+
+    def get_live(self, task: str, agents: Iterable[str]) -> dict[str, bytes]:
+        """Return agent → what `put_live` shows now, for those of `agents` that have one."""
+
+    def clear_live(self, task: str, agent: str) -> None:
+        """Stop showing a streaming reply of `agent` (none shown: nothing to do)."""
+
     def claim(self, task: str, token: int) -> None:
         """Make the coordinator holding lease `token` the task's owner, or `FencedWrite`.
 

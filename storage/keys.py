@@ -118,6 +118,14 @@ def heartbeat(task: str, agent: str) -> str:
     return f"{task_prefix(task)}hb:{check_name('agent', agent)}"
 
 
+def live(task: str, agent: str) -> str:
+    """String with a TTL: the reply the agent's model is streaming now, as far as it got.
+
+    Written while a streamed model call runs (`cairn.agents.live`), deleted when it ends.
+    """
+    return f"{task_prefix(task)}live:{check_name('agent', agent)}"
+
+
 def doc(task: str, name: str) -> str:
     """String: a task-level document in its envelope (the task's spec, an approval)."""
     return f"{task_prefix(task)}doc:{check_name('document', name)}"

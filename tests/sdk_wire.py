@@ -9,7 +9,13 @@ walks the type hints itself. Rules the SDK states in a docstring but not in a ty
 added by name (`openai_request_errors`).
 
 Responses are built from the SDKs' own pydantic models and dumped as they come, so the
-shapes a test serves are the providers', not Cairn's idea of them.
+shapes a test serves are the providers', not Cairn's idea of them. A streamed answer is a
+list of Server-Sent Events made the same way: OpenAI's `ChatCompletionChunk`s then
+`[DONE]`; Anthropic's `RawMessageStartEvent`, `RawContentBlockStartEvent`,
+`RawContentBlockDeltaEvent` (`TextDelta`, `InputJSONDelta`, `ThinkingDelta`,
+`SignatureDelta`), `RawContentBlockStopEvent`, `RawMessageDeltaEvent`,
+`RawMessageStopEvent`, and its `error` event (`ErrorResponse`). Streamed requests are
+checked against `CompletionCreateParamsStreaming` and `MessageCreateParamsStreaming`.
 """
 
 from __future__ import annotations
@@ -22,18 +28,48 @@ from typing import Any
 
 import orjson
 import typing_extensions
+from anthropic.types import (
+    ErrorResponse,
+    InputJSONDelta,
+    MessageDeltaUsage,
+    RawContentBlockDeltaEvent,
+    RawContentBlockStartEvent,
+    RawContentBlockStopEvent,
+    RawMessageDeltaEvent,
+    RawMessageStartEvent,
+    RawMessageStopEvent,
+    SignatureDelta,
+    TextBlock,
+    TextDelta,
+    ThinkingBlock,
+    ThinkingDelta,
+    ToolUseBlock,
+)
 from anthropic.types import Message as AnthropicMessage
-from anthropic.types import TextBlock, ThinkingBlock, ToolUseBlock
 from anthropic.types import Usage as AnthropicUsage
-from anthropic.types.message_create_params import MessageCreateParamsNonStreaming
-from openai.types.chat import ChatCompletion, ChatCompletionMessage
+from anthropic.types.message_create_params import (
+    MessageCreateParamsNonStreaming,
+    MessageCreateParamsStreaming,
+)
+from anthropic.types.raw_message_delta_event import Delta as MessageDelta
+from openai.types.chat import ChatCompletion, ChatCompletionChunk, ChatCompletionMessage
 from openai.types.chat.chat_completion import Choice
+from openai.types.chat.chat_completion_chunk import Choice as ChunkChoice
+from openai.types.chat.chat_completion_chunk import (
+    ChoiceDelta,
+    ChoiceDeltaToolCall,
+    ChoiceDeltaToolCallFunction,
+)
 from openai.types.chat.chat_completion_message_function_tool_call import (
     ChatCompletionMessageFunctionToolCall,
     Function,
 )
-from openai.types.chat.completion_create_params import CompletionCreateParamsNonStreaming
+from openai.types.chat.completion_create_params import (
+    CompletionCreateParamsNonStreaming,
+    CompletionCreateParamsStreaming,
+)
 from openai.types.completion_usage import CompletionUsage, PromptTokensDetails
+from openai.types.shared import ErrorObject
 from pydantic import BaseModel, JsonValue
 
 from tests.test_openai_model import Scripted
@@ -140,13 +176,15 @@ def _tags_match(value: object, option: Any) -> bool:
     return all(key in value and value[key] in typing.get_args(h) for key, h in tags.items())
 
 
-def openai_request_errors(body: Mapping[str, Any]) -> list[str]:
+def openai_request_errors(body: Mapping[str, Any], *, streaming: bool = False) -> list[str]:
     """How `body` strays from the chat-completions request the `openai` SDK defines.
 
+    `streaming`: from `CompletionCreateParamsStreaming` (which requires `stream: true`).
     Beyond the types, the rule the SDK's docstring of an assistant message's `content`
     states: "Required unless `tool_calls` or `function_call` is specified."
     """
-    errors = conforms(body, CompletionCreateParamsNonStreaming)
+    kind = CompletionCreateParamsStreaming if streaming else CompletionCreateParamsNonStreaming
+    errors = conforms(body, kind)
     for index, message in enumerate(body.get("messages") or []):
         if (
             isinstance(message, dict)
@@ -160,9 +198,14 @@ def openai_request_errors(body: Mapping[str, Any]) -> list[str]:
     return errors
 
 
-def anthropic_request_errors(body: Mapping[str, Any]) -> list[str]:
-    """How `body` strays from the Messages API request the `anthropic` SDK defines."""
-    return conforms(body, MessageCreateParamsNonStreaming)
+def anthropic_request_errors(body: Mapping[str, Any], *, streaming: bool = False) -> list[str]:
+    """How `body` strays from the Messages API request the `anthropic` SDK defines.
+
+    `streaming`: from `MessageCreateParamsStreaming` (which requires `stream: true`).
+    """
+    return conforms(
+        body, MessageCreateParamsStreaming if streaming else MessageCreateParamsNonStreaming
+    )
 
 
 def openai_reply(
@@ -250,3 +293,152 @@ def anthropic_error(status: int, kind: str, message: str) -> Scripted:
     """An error in Anthropic's shape (`{"type": "error", "error": {type, message}}`)."""
     body = {"type": "error", "error": {"type": kind, "message": message}}
     return Scripted(status, orjson.dumps(body))
+
+
+# Streams ---------------------------------------------------------------------------------
+
+
+def sse(data: BaseModel | str, event: str | None = None) -> bytes:
+    """One Server-Sent Event: a model dumped as it comes (or text) as its data."""
+    text = data if isinstance(data, str) else data.model_dump_json()
+    head = f"event: {event}\n" if event else ""
+    return f"{head}data: {text}\n\n".encode()
+
+
+def pieces(text: str, count: int) -> list[str]:
+    """`text` cut into `count` pieces (fewer when it is shorter), in order."""
+    size = max(1, -(-len(text) // max(1, count)))
+    return [text[i : i + size] for i in range(0, len(text), size)]
+
+
+def streamed(events: list[bytes], **options: Any) -> Scripted:
+    """A 200 that streams `events` (`Scripted`'s options: gap, hold, hold_at, drop, ...)."""
+    return Scripted(200, events=events, **options)
+
+
+def _openai_chunk(
+    delta: ChoiceDelta | None,
+    finish_reason: str | None = None,
+    usage: CompletionUsage | None = None,
+) -> bytes:
+    """One `chat.completion.chunk` event; no choice when `delta` is None (the usage chunk)."""
+    choices = (
+        [] if delta is None else [ChunkChoice(index=0, delta=delta, finish_reason=finish_reason)]
+    )
+    chunk = ChatCompletionChunk(id="chatcmpl-test", object="chat.completion.chunk",
+                                created=1_700_000_000, model="gpt-test", choices=choices,
+                                usage=usage)  # fmt: skip
+    return sse(chunk)
+
+
+def openai_stream(
+    content: str | None = None,
+    calls: Iterable[tuple[str, str, str]] = (),
+    *,
+    refusal: str | None = None,
+    finish_reason: str = "stop",
+    usage: tuple[int, int, int] = (10, 5, 0),
+    count: int = 3,
+    interleave: bool = False,
+) -> list[bytes]:
+    """A streamed chat completion, as `openai_reply` gives it whole; `calls` as (id, name, args).
+
+    The text, the refusal and each call's arguments come in `count` pieces; the calls one
+    after the other, or their pieces taking turns (`interleave`). Then the finish, the
+    usage chunk (`include_usage`) and `[DONE]`.
+    """
+    events = [_openai_chunk(ChoiceDelta(role="assistant", content=""))]
+    events += [_openai_chunk(ChoiceDelta(content=piece)) for piece in pieces(content or "", count)]
+    events += [_openai_chunk(ChoiceDelta(refusal=piece)) for piece in pieces(refusal or "", count)]
+    per_call: list[list[bytes]] = []
+    for index, (id_, name, arguments) in enumerate(calls):
+        begun = ChoiceDeltaToolCallFunction(name=name, arguments="")
+        parts = [ChoiceDeltaToolCall(index=index, id=id_, type="function", function=begun)]
+        parts += [
+            ChoiceDeltaToolCall(index=index, function=ChoiceDeltaToolCallFunction(arguments=piece))
+            for piece in pieces(arguments, count)
+        ]
+        per_call.append([_openai_chunk(ChoiceDelta(tool_calls=[part])) for part in parts])
+    if interleave:
+        longest = max((len(parts) for parts in per_call), default=0)
+        events += [parts[i] for i in range(longest) for parts in per_call if i < len(parts)]
+    else:
+        events += [event for parts in per_call for event in parts]
+    events.append(_openai_chunk(ChoiceDelta(), finish_reason=finish_reason))
+    prompt, completion, cached = usage
+    details = PromptTokensDetails(cached_tokens=cached)
+    total = CompletionUsage(prompt_tokens=prompt, completion_tokens=completion,
+                            total_tokens=prompt + completion,
+                            prompt_tokens_details=details)  # fmt: skip
+    events.append(_openai_chunk(None, usage=total))
+    events.append(sse("[DONE]"))
+    return events
+
+
+def openai_stream_error(message: str, kind: str = "server_error") -> bytes:
+    """The chunk an OpenAI-compatible server sends for an error mid-stream (`{"error": ...}`)."""
+    error = ErrorObject(message=message, type=kind, param=None, code=None)
+    return sse(orjson.dumps({"error": error.model_dump()}).decode())
+
+
+def anthropic_stream(
+    *blocks: TextBlock | ToolUseBlock | ThinkingBlock,
+    stop_reason: str = "end_turn",
+    usage: tuple[int, int, int] = (10, 5, 0),
+    count: int = 3,
+) -> list[bytes]:
+    """A streamed Messages API answer, as `anthropic_reply` gives it whole.
+
+    Each block's text, thinking or input JSON comes in `count` deltas; a `ping` follows
+    the start; usage as (input, output, cache read): the start carries the input, the
+    `message_delta` the output.
+    """
+    input_tokens, output_tokens, read = usage
+    start = AnthropicMessage(id="msg_test", type="message", role="assistant", model="claude-test",
+                             content=[], stop_reason=None, stop_sequence=None,
+                             usage=AnthropicUsage(input_tokens=input_tokens, output_tokens=1,
+                                                  cache_read_input_tokens=read))  # fmt: skip
+    events = [sse(RawMessageStartEvent(type="message_start", message=start), "message_start"),
+              sse('{"type": "ping"}', "ping")]  # fmt: skip
+    for index, block in enumerate(blocks):
+        events.extend(_anthropic_block(index, block, count))
+    end = RawMessageDeltaEvent(type="message_delta",
+                               delta=MessageDelta(stop_reason=stop_reason, stop_sequence=None),
+                               usage=MessageDeltaUsage(output_tokens=output_tokens))  # fmt: skip
+    events.append(sse(end, "message_delta"))
+    events.append(sse(RawMessageStopEvent(type="message_stop"), "message_stop"))
+    return events
+
+
+def _anthropic_block(
+    index: int, block: TextBlock | ToolUseBlock | ThinkingBlock, count: int
+) -> list[bytes]:
+    """One content block's events: its start (empty), its deltas, its stop."""
+    deltas: list[TextDelta | InputJSONDelta | ThinkingDelta | SignatureDelta]
+    if isinstance(block, TextBlock):
+        begun: TextBlock | ToolUseBlock | ThinkingBlock = TextBlock(type="text", text="")
+        deltas = [TextDelta(type="text_delta", text=piece) for piece in pieces(block.text, count)]
+    elif isinstance(block, ToolUseBlock):
+        begun = ToolUseBlock(type="tool_use", id=block.id, name=block.name, input={})
+        deltas = [InputJSONDelta(type="input_json_delta", partial_json=piece)
+                  for piece in pieces(orjson.dumps(block.input).decode(), count)]  # fmt: skip
+    else:
+        begun = ThinkingBlock(type="thinking", thinking="", signature="")
+        deltas = [ThinkingDelta(type="thinking_delta", thinking=piece)
+                  for piece in pieces(block.thinking, count)]  # fmt: skip
+        deltas.append(SignatureDelta(type="signature_delta", signature=block.signature))
+    opened = RawContentBlockStartEvent(type="content_block_start", index=index, content_block=begun)
+    events = [sse(opened, "content_block_start")]
+    events += [sse(RawContentBlockDeltaEvent(type="content_block_delta", index=index, delta=delta),
+                   "content_block_delta") for delta in deltas]  # fmt: skip
+    events.append(sse(RawContentBlockStopEvent(type="content_block_stop", index=index),
+                      "content_block_stop"))  # fmt: skip
+    return events
+
+
+def anthropic_stream_error(kind: str = "overloaded_error", message: str = "Overloaded") -> bytes:
+    """The `error` event the Messages API sends mid-stream (an `ErrorResponse`)."""
+    error = ErrorResponse.model_validate(
+        {"type": "error", "error": {"type": kind, "message": message}}
+    )
+    return sse(error, "error")

@@ -35,6 +35,9 @@ class Scripted:
     """One response the server will give: status, body, headers, and a delay first.
 
     With `trickle`, the body goes out one byte at a time, `trickle` seconds apart.
+    With `events`, the answer is a `text/event-stream`, chunked, one chunk an event (a byte,
+    with `trickle`), `gap` seconds apart; with `hold`, it stops before event `hold_at`
+    until `hold` is set; with `drop`, it ends without the last chunk (a dropped connection).
     """
 
     status: int = 200
@@ -42,6 +45,11 @@ class Scripted:
     headers: dict[str, str] = field(default_factory=dict)
     delay: float = 0.0
     trickle: float = 0.0
+    events: list[bytes] | None = None
+    gap: float = 0.0
+    hold: threading.Event | None = None
+    hold_at: int = 0
+    drop: bool = False
 
 
 @dataclass
@@ -94,6 +102,9 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         response = server.next_response(received)
         if response.delay:
             server.stopping.wait(response.delay)
+        if response.events is not None:
+            self._stream(server, response, response.events)
+            return
         try:
             self.send_response(response.status)
             for name, value in response.headers.items():
@@ -111,8 +122,42 @@ class ScriptedHandler(BaseHTTPRequestHandler):
         except OSError:
             pass  # the client gave up (a timeout test); nobody is left to answer
 
+    def _stream(self, server: ScriptedServer, response: Scripted, events: list[bytes]) -> None:
+        """Send `events` as a chunked event stream, as `response` says (gaps, hold, drop)."""
+        self.protocol_version = "HTTP/1.1"  # chunked transfer, as the providers stream
+        try:
+            self.send_response(response.status)
+            for name, value in response.headers.items():
+                self.send_header(name, value)
+            self.send_header("Content-Type", "text/event-stream; charset=utf-8")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.send_header("Connection", "close")
+            self.end_headers()
+            for index, event in enumerate(events):
+                if response.hold is not None and index == response.hold_at:
+                    _wait_for(response.hold, server.stopping)
+                step = 1 if response.trickle else len(event)
+                for start in range(0, len(event), step):
+                    piece = event[start : start + step]
+                    self.wfile.write(b"%x\r\n%s\r\n" % (len(piece), piece))
+                    if response.trickle and server.stopping.wait(response.trickle):
+                        return
+                if response.gap and server.stopping.wait(response.gap):
+                    return
+            if not response.drop:
+                self.wfile.write(b"0\r\n\r\n")
+        except OSError:
+            pass  # the client gave up (a timeout test); nobody is left to answer
+
     def log_message(self, format: str, *args: Any) -> None:
         """Keep the test output quiet."""
+
+
+def _wait_for(hold: threading.Event, stopping: threading.Event, limit: float = 60.0) -> None:
+    """Wait until `hold` is set, the server stops, or `limit` seconds pass (a failed test)."""
+    deadline = time.monotonic() + limit
+    while not hold.wait(0.05) and not stopping.is_set() and time.monotonic() < deadline:
+        pass
 
 
 @pytest.fixture

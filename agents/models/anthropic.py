@@ -24,6 +24,7 @@ from typing import Any
 import orjson
 from pydantic import JsonValue
 
+from cairn.agents.models.anthropic_stream import EventReader
 from cairn.agents.models.base import (
     IMAGE_TYPES,
     ModelConfig,
@@ -51,6 +52,8 @@ class AnthropicModel:
     Requests go to `{base_url}/v1/messages` with `x-api-key` and `anthropic-version`;
     `params` (max_tokens, temperature, top_p, tool_choice, ...) go into every body.
     `timeout` bounds the whole call, retries included; `Endpoint` says how it retries.
+    With `stream`, the reply is asked for as events, each part handed to the request's
+    `on_delta`, and put back together into the reply unstreamed (`EventReader`).
     """
 
     def __init__(
@@ -67,9 +70,11 @@ class AnthropicModel:
         params: Mapping[str, JsonValue] | None = None,
         headers: Mapping[str, str] | None = None,
         environ: Mapping[str, str] | None = None,
+        stream: bool = False,
     ) -> None:
         self.model = model
         self.params = dict(params or {})
+        self.stream = stream
         sent = {"anthropic-version": API_VERSION, **(headers or {})}
         if api_key:
             sent["x-api-key"] = api_key
@@ -110,14 +115,24 @@ class AnthropicModel:
             if cached:
                 _mark_breakpoint(tools)
             body["tools"] = tools
+        if self.stream:
+            body["stream"] = True
         return body
 
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
         body = self.request_body(request)
-        reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        reply = _parse_reply(self._send(body, request), self.endpoint.redact)
         limit = body["max_tokens"]
         return replace(reply, max_tokens=limit if isinstance(limit, int) else None)
+
+    def _send(self, body: Mapping[str, JsonValue], request: ModelRequest) -> bytes:
+        """The answer's body: read whole, or put together from its stream (`EventReader`)."""
+        payload = orjson.dumps(body)
+        if not self.stream:
+            return self.endpoint.post(payload)
+        redact = self.endpoint.redact
+        return self.endpoint.stream(payload, lambda: EventReader(request.on_delta, redact))
 
 
 def build_anthropic(config: ModelConfig) -> AnthropicModel:
@@ -130,6 +145,7 @@ def build_anthropic(config: ModelConfig) -> AnthropicModel:
         params=config.params,
         headers=config.headers,
         environ=config.environ,
+        stream=config.stream,
     )
 
 

@@ -9,7 +9,7 @@ colon and the agent's options. docs/models.md is the guide for writing one.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Literal, Protocol
 
@@ -36,6 +36,118 @@ class ToolSchema:
     parameters: dict[str, JsonValue]
 
 
+@dataclass(slots=True)
+class CallSoFar:
+    """A tool call as it streams in: its id and name once sent, its arguments' text so far."""
+
+    index: int  # the stream's number for it (OpenAI's `index`, Anthropic's block index)
+    id: str = ""
+    name: str = ""
+    parts: list[str] = field(default_factory=list)  # the arguments' JSON text, as it came
+
+    def arguments(self) -> str:
+        """The arguments' JSON text so far (whole once the stream ended)."""
+        return "".join(self.parts)
+
+
+@dataclass(frozen=True, slots=True)
+class CallView:
+    """A tool call of a `ReplyView`: its name and its arguments' text as they stood."""
+
+    name: str
+    parts: list[str]  # grows after the view was taken; `count` is where the view ends
+    count: int
+
+    def tail(self, limit: int) -> str:
+        """The last `limit` characters of the arguments as they stood."""
+        return _tail(self.parts, self.count, limit)
+
+
+@dataclass(frozen=True, slots=True)
+class ReplyView:
+    """A streamed reply as it stood when the view was taken, to read on another thread.
+
+    It holds the reply's lists of parts, which only ever grow, and how far each went: the
+    stream may go on adding to them while another thread reads the view.
+    """
+
+    parts: list[str]
+    count: int
+    chars: int
+    calls: tuple[CallView, ...]
+
+    def tail(self, limit: int) -> str:
+        """The last `limit` characters of the text as it stood."""
+        return _tail(self.parts, self.count, limit)
+
+
+class ReplySoFar:
+    """A streamed reply as it arrives: its text and its tool calls so far.
+
+    A provider that streams adds each part as it comes and hands this to
+    `ModelRequest.on_delta` after each event. It stops a runaway generation as it runs: a
+    text past `MAX_REPLY_CHARS` or a call past `MAX_TOOL_CALLS` raises the retryable
+    `ModelError` `check_reply` would raise at the end. Its parts are only ever appended,
+    so a `view` costs little and may be read on another thread while the reply grows.
+    """
+
+    __slots__ = ("_calls", "_text", "chars")
+
+    def __init__(self) -> None:
+        self._text: list[str] = []
+        self.chars = 0  # characters of text so far
+        self._calls: dict[int, CallSoFar] = {}
+
+    def add_text(self, part: str) -> None:
+        """Append `part` to the text."""
+        if part:
+            self._text.append(part)
+            self.chars += len(part)
+            if self.chars > MAX_REPLY_CHARS:
+                raise ModelError(f"reply text is over {MAX_REPLY_CHARS} characters", retryable=True)
+
+    def call(self, index: object) -> CallSoFar:
+        """The tool call the stream numbers `index`, begun if it is new.
+
+        Raises `TypeError` for an index that is no integer (a malformed stream).
+        """
+        if not isinstance(index, int) or isinstance(index, bool):
+            raise TypeError(f"a tool call's index is {type(index).__name__}")
+        found = self._calls.get(index)
+        if found is None:
+            if len(self._calls) >= MAX_TOOL_CALLS:
+                raise ModelError(f"reply makes over {MAX_TOOL_CALLS} tool calls", retryable=True)
+            found = self._calls[index] = CallSoFar(index)
+        return found
+
+    def text(self) -> str:
+        """The text so far."""
+        return "".join(self._text)
+
+    @property
+    def calls(self) -> list[CallSoFar]:
+        """The tool calls so far, in the order the stream numbers them."""
+        return [self._calls[index] for index in sorted(self._calls)]
+
+    def view(self) -> ReplyView:
+        """The reply as it stands now, for another thread to read (see `ReplyView`)."""
+        calls = tuple(CallView(c.name, c.parts, len(c.parts)) for c in self.calls)
+        return ReplyView(self._text, len(self._text), self.chars, calls)
+
+
+def _tail(parts: list[str], count: int, limit: int) -> str:
+    """The last `limit` characters of `parts[:count]` joined, reading only the parts it needs."""
+    taken: list[str] = []
+    size = 0
+    for index in range(count - 1, -1, -1):
+        if size >= limit:
+            break
+        taken.append(parts[index])
+        size += len(parts[index])
+    text = "".join(reversed(taken))
+    return text[len(text) - limit :] if len(text) > limit else text
+
+
 @dataclass(frozen=True, slots=True)
 class ModelRequest:
     """One model turn to take: the history, the tools on offer, and who asks."""
@@ -54,6 +166,9 @@ class ModelRequest:
     # "turn" for the agent's own turn; "summary" for a compaction's summary of its earlier
     # turns (no tools offered; a scripted model answers it without playing a turn).
     purpose: Literal["turn", "summary"] = "turn"
+    # Called with the reply so far after each part a streamed reply brings (the step shows
+    # it live, `cairn.agents.live`); a provider that does not stream never calls it.
+    on_delta: Callable[[ReplySoFar], None] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,7 +216,8 @@ class ModelConfig:
     agent's `api_key_env` (or the provider's default variable) in the worker's
     environment, None when unset. `params` go into the request body as they are;
     `headers` into every request. `environ` is the worker's environment, for a provider
-    that needs more than a key (a region, a proxy).
+    that needs more than a key (a region, a proxy). `stream` asks for the reply streamed,
+    its parts handed to `ModelRequest.on_delta` as they come (a provider may ignore it).
     """
 
     provider: str
@@ -112,6 +228,7 @@ class ModelConfig:
     params: Mapping[str, JsonValue] = field(default_factory=dict)
     headers: Mapping[str, str] = field(default_factory=dict)
     environ: Mapping[str, str] = field(default_factory=dict)
+    stream: bool = False
 
 
 class ModelProvider(Protocol):

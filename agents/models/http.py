@@ -11,6 +11,11 @@ other status is fatal, and 400, 404, 413 and 422 say the request itself was refu
 Every error is one line, bounded, with the API key and secrets of known shapes blotted out;
 bodies are read up to a cap. Proxies come from the `environ` given (`https_proxy`,
 `http_proxy`, `no_proxy`).
+
+`Endpoint.stream` asks for the answer as Server-Sent Events (`cairn.agents.models.sse`)
+and reads them under the same deadline, up to a cap on the whole stream: a stream cut
+before its last event (a dropped connection, a body that just ends, an `error` event) is
+retried like a dropped connection, so nothing partial is ever returned.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from email.utils import parsedate_to_datetime
 
 import orjson
 
+from cairn.agents.models.sse import EventDecoder, StreamBroken, StreamReader
 from cairn.errors import ModelError
 from cairn.storage.redact import redact
 
@@ -47,6 +53,11 @@ OVERFLOW_WORDS = re.compile(
 MAX_ERROR_CHARS = 300
 MAX_RESPONSE_BYTES = 16 * 1024 * 1024  # of a 2xx body; a reply within check_reply's is far less
 MAX_ERROR_BODY_BYTES = 64 * 1024  # of an error body, of which MAX_ERROR_CHARS are shown
+# Of a whole event stream: each part of a reply comes wrapped in a JSON event of its own
+# (a few hundred bytes for a few characters), so a reply within check_reply's takes more
+# than MAX_RESPONSE_BYTES streamed.
+MAX_STREAM_BYTES = 128 * 1024 * 1024
+EVENT_STREAM = "text/event-stream"
 READ_CHUNK = 64 * 1024
 DEFAULT_TIMEOUT = 600.0  # seconds for a whole model call, retries included
 
@@ -106,11 +117,31 @@ class Endpoint:
 
     def post(self, payload: bytes) -> bytes:
         """POST `payload`, retrying transient failures; return the body of a 2xx answer."""
+        return self._call(payload, _read_body, "application/json")
+
+    def stream(self, payload: bytes, reader: Callable[[], StreamReader]) -> bytes:
+        """POST `payload`, which asks for a stream; return the body its events make.
+
+        Each attempt reads the events with a new `reader()`, which makes the body the
+        answer would have had unstreamed; a 2xx answer that is not an event stream (a
+        server that does not stream) is that body already. Retried as `post` is, and
+        also when the stream breaks before its last event.
+        """
+
+        def read(response: http.client.HTTPResponse, sock: socket.socket, deadline: float) -> bytes:
+            if response.headers.get_content_type() != EVENT_STREAM:
+                return _read_body(response, sock, deadline)
+            return _read_events(response, sock, deadline, reader())
+
+        return self._call(payload, read, EVENT_STREAM)
+
+    def _call(self, payload: bytes, read: _BodyReader, accept: str) -> bytes:
+        """POST `payload` until an attempt's 2xx answer is `read`, or raise `ModelError`."""
         deadline = time.monotonic() + self.timeout
         retry = 0
         while True:
             try:
-                return self._post_once(payload, deadline)
+                return self._post_once(payload, deadline, read, accept)
             except _TransientError as error:
                 delay = self._delay(retry, error.retry_after)
                 if retry >= self.max_retries or time.monotonic() + delay >= deadline:
@@ -124,24 +155,19 @@ class Endpoint:
         """`redact_error` with this endpoint's API key blotted out should a server echo it."""
         return redact_error(text, self._secret)
 
-    def _post_once(self, payload: bytes, deadline: float) -> bytes:
+    def _post_once(self, payload: bytes, deadline: float, read: _BodyReader, accept: str) -> bytes:
         """One request under `deadline`; raise `_TransientError` or a fatal `ModelError`."""
         connection = self._connection(_remaining(deadline))
         response: http.client.HTTPResponse | None = None
         try:
-            connection.request("POST", self._target, payload, self._headers)
+            headers = {**self._headers, "Accept": accept}
+            connection.request("POST", self._target, payload, headers)
             # The response reads through this socket, even once the connection hands it over.
             sock: socket.socket = connection.sock
             sock.settimeout(_remaining(deadline))
             response = connection.getresponse()
             if 200 <= response.status < 300:  # noqa: PLR2004 - the success range
-                body = _read(response, sock, deadline, MAX_RESPONSE_BYTES + 1)
-                if len(body) > MAX_RESPONSE_BYTES:
-                    # Retryable as a malformed reply is (see check_reply); nothing more is read.
-                    raise ModelError(
-                        f"response body is over {MAX_RESPONSE_BYTES} bytes", retryable=True
-                    )
-                return body
+                return read(response, sock, deadline)
             error_body = _read(response, sock, deadline, MAX_ERROR_BODY_BYTES)
             status = response.status
             message = f"HTTP {status}: {self.redact(server_message(error_body, response.reason))}"
@@ -152,6 +178,8 @@ class Endpoint:
             raise ModelError(message, retryable=False, refused=refused, overflow=overflow)
         except TimeoutError as error:
             raise _TransientError(f"timed out after {self.timeout:g} s") from error
+        except StreamBroken as error:
+            raise _TransientError(self.redact(f"the stream broke: {error}")) from error
         except ssl.SSLCertVerificationError as error:  # another attempt meets the same cert
             reason = self.redact(f"TLS: {error.verify_message}")
             raise ModelError(reason, retryable=False) from error
@@ -206,6 +234,41 @@ def _remaining(deadline: float) -> float:
     if left <= 0:
         raise TimeoutError("deadline passed")
     return left
+
+
+_BodyReader = Callable[[http.client.HTTPResponse, socket.socket, float], bytes]
+
+
+def _read_body(response: http.client.HTTPResponse, sock: socket.socket, deadline: float) -> bytes:
+    """A 2xx answer's body, up to `MAX_RESPONSE_BYTES` (a retryable `ModelError` past it)."""
+    body = _read(response, sock, deadline, MAX_RESPONSE_BYTES + 1)
+    if len(body) > MAX_RESPONSE_BYTES:
+        # Retryable as a malformed reply is (see check_reply); nothing more is read.
+        raise ModelError(f"response body is over {MAX_RESPONSE_BYTES} bytes", retryable=True)
+    return body
+
+
+def _read_events(
+    response: http.client.HTTPResponse, sock: socket.socket, deadline: float, reader: StreamReader
+) -> bytes:
+    """Feed a 2xx event stream to `reader` until its last event; the body it makes.
+
+    Every read is bounded by what is left of the call, the whole stream by
+    `MAX_STREAM_BYTES`. A stream that ends before `reader` saw its last event is broken.
+    """
+    decoder = EventDecoder()
+    size = 0
+    while True:
+        sock.settimeout(_remaining(deadline))
+        chunk = response.read1(READ_CHUNK)
+        if not chunk:
+            raise StreamBroken("it ended before its last event")
+        size += len(chunk)
+        if size > MAX_STREAM_BYTES:
+            raise ModelError(f"response stream is over {MAX_STREAM_BYTES} bytes", retryable=True)
+        for event in decoder.feed(chunk):
+            if reader.feed(event):
+                return reader.body()
 
 
 def _read(

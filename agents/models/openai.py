@@ -33,6 +33,7 @@ from cairn.agents.models.base import (
     unshown_images,
 )
 from cairn.agents.models.http import DEFAULT_TIMEOUT, Endpoint, malformed_reply, redact_error
+from cairn.agents.models.openai_stream import ChunkReader
 from cairn.errors import ModelError
 from cairn.storage.ids import new_id
 from cairn.storage.records import Message, Role, ToolCall, Usage
@@ -48,6 +49,8 @@ class OpenAIModel:
     `params` (temperature, max_tokens, seed, ...) go into every request body; `headers`
     into every request, with `Authorization: Bearer <api_key>` when a key is given.
     `timeout` bounds the whole call, retries included; `Endpoint` says how it retries.
+    With `stream`, the reply is asked for as events, each part handed to the request's
+    `on_delta`, and put back together into the reply unstreamed (`ChunkReader`).
     """
 
     def __init__(
@@ -64,9 +67,11 @@ class OpenAIModel:
         params: Mapping[str, JsonValue] | None = None,
         headers: Mapping[str, str] | None = None,
         environ: Mapping[str, str] | None = None,
+        stream: bool = False,
     ) -> None:
         self.model = model
         self.params = dict(params or {})
+        self.stream = stream
         sent = dict(headers or {})
         if api_key:
             sent["Authorization"] = f"Bearer {api_key}"
@@ -103,15 +108,25 @@ class OpenAIModel:
         if request.tools:
             body["tools"] = [_wire_tool(tool) for tool in request.tools]
         body["messages"] = [_wire_message(message) for message in request.messages]
+        if self.stream:  # usage comes in a last chunk of its own only when asked for
+            body |= {"stream": True, "stream_options": {"include_usage": True}}
         return body
 
     def complete(self, request: ModelRequest) -> ModelReply:
         """Answer one turn, retrying transient failures; raise `ModelError` otherwise."""
         body = self.request_body(request)
-        reply = _parse_reply(self.endpoint.post(orjson.dumps(body)), self.endpoint.redact)
+        reply = _parse_reply(self._send(body, request), self.endpoint.redact)
         limit = _output_limit(body)
         set_limit = limit[1] if limit is not None else None
         return replace(reply, max_tokens=set_limit if isinstance(set_limit, int) else None)
+
+    def _send(self, body: Mapping[str, JsonValue], request: ModelRequest) -> bytes:
+        """The answer's body: read whole, or put together from its stream (`ChunkReader`)."""
+        payload = orjson.dumps(body)
+        if not self.stream:
+            return self.endpoint.post(payload)
+        redact = self.endpoint.redact
+        return self.endpoint.stream(payload, lambda: ChunkReader(request.on_delta, redact))
 
 
 def build_openai(config: ModelConfig) -> OpenAIModel:
@@ -124,6 +139,7 @@ def build_openai(config: ModelConfig) -> OpenAIModel:
         params=config.params,
         headers=config.headers,
         environ=config.environ,
+        stream=config.stream,
     )
 
 

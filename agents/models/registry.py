@@ -44,6 +44,7 @@ def build_model(spec: AgentSpec, environ: Mapping[str, str]) -> Model:
         params=spec.params,
         headers=spec.headers,
         environ=environ,
+        stream=spec.stream,
     )
     try:
         return provider(config)

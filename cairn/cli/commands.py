@@ -11,7 +11,7 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.live import Live
@@ -29,7 +29,10 @@ from cairn.coordinator.runs import TaskState
 from cairn.coordinator.settings import Settings
 from cairn.coordinator.spec import load_spec
 from cairn.coordinator.views import TaskStatus
-from cairn.errors import InvalidSpec
+from cairn.errors import InvalidSpec, Unavailable
+
+if TYPE_CHECKING:
+    from cairn.agents.live import LiveReply
 
 WATCH_POLL = 0.5  # seconds between refreshes of `cairn watch`
 
@@ -165,16 +168,30 @@ def watch(args: argparse.Namespace, session: Session) -> int:
 
         def show(now: TaskStatus) -> None:
             nonlocal shown
-            line = render.watch_line(now)
+            live = _live_replies(task, now)
+            line = render.watch_line(now, live)
             if line != shown:
                 if isinstance(view, Live):
-                    view.update(render.live_view(now), refresh=True)
+                    view.update(render.live_view(now, live), refresh=True)
                 else:
                     render.emit_line(line)
                 shown = line
 
         final = task.wait(poll=WATCH_POLL, on_status=show)  # waits out a Redis failover too
     return _ended(task.id, final)
+
+
+def _live_replies(task: Task, status: TaskStatus) -> dict[str, LiveReply]:
+    """The replies `status`'s agents are streaming; none once the task ended or Redis is away.
+
+    A Redis that stops answering is `wait`'s to wait out, at its next read of the status.
+    """
+    if status.ended:
+        return {}
+    try:
+        return task.live_replies([agent.name for agent in status.agents])
+    except Unavailable:
+        return {}
 
 
 def workspace(args: argparse.Namespace, session: Session) -> int:

@@ -8,12 +8,15 @@ import sys
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from enum import Enum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console, Group
 from rich.table import Table
 from rich.text import Text
+
+if TYPE_CHECKING:
+    from cairn.agents.live import LiveReply
 
 KIB = 1024
 JSON = Mapping[str, Any]  # parsed JSON: the views' own shapes
@@ -278,21 +281,35 @@ def show_approvals(console: Console, calls: Sequence[JSON]) -> None:
 WATCHED = ("task_id", "status", "superstep", "epoch", "latest_checkpoint", "agents", "reason")
 
 
-def watch_line(status: object) -> dict[str, Any]:
-    """The part of a status `cairn watch --json` prints (one line each time it changes)."""
+LIVE_WIDTH = 100  # characters of a streaming reply's last line `cairn watch` shows
+
+
+def watch_line(status: object, live: Mapping[str, LiveReply] | None = None) -> dict[str, Any]:
+    """The part of a status `cairn watch --json` prints (one line each time it changes).
+
+    `live` (agent → the reply its model is streaming) adds `live`: agent → that reply's
+    last line so far.
+    """
     shape = plain(status)
-    return {name: shape.get(name) for name in WATCHED}
+    line = {name: shape.get(name) for name in WATCHED}
+    line["live"] = {agent: reply.last_line(LIVE_WIDTH) for agent, reply in (live or {}).items()}
+    return line
 
 
-def live_view(status: object) -> Group:
-    """A rich view of a task's status: one line, then a table of its agents."""
-    line = watch_line(status)
+def live_view(status: object, live: Mapping[str, LiveReply] | None = None) -> Group:
+    """A rich view of a task's status: one line, then a table of its agents.
+
+    An agent whose model is streaming its reply shows the reply's last line so far.
+    """
+    line = watch_line(status, live)
     head = Text.from_markup(
         f"[bold]{line['task_id']}[/]  {styled(line['status'])}"
         f"  superstep {line['superstep']}  epoch {line['epoch']}"
         f"  checkpoint {line['latest_checkpoint']}"
     )
-    table = Table("agent", "status", "step", box=None)
+    table = Table("agent", "status", "step", "replying", box=None)
     for agent in line["agents"]:
-        table.add_row(agent["name"], agent["status"], str(agent["step"]))
+        # The model's text as it is, never markup: rich reads a Text as plain characters.
+        said = Text(line["live"].get(agent["name"], ""), style="italic")
+        table.add_row(agent["name"], agent["status"], str(agent["step"]), said)
     return Group(head, table)

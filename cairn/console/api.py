@@ -106,6 +106,7 @@ class Api:
             Route("/api/tasks/{task}/diff", self.diff),
             Route("/api/tasks/{task}/approvals", self.task_approvals),
             Route("/api/tasks/{task}/trace", self.trace),
+            Route("/api/tasks/{task}/live", self.live),
             Route("/api/tasks/{task}/{action}", self.act, methods=["POST"]),
         ]
 
@@ -159,6 +160,10 @@ class Api:
         """`cairn trace TASK [--agent A] --json`."""
         agent = request.query_params.get("agent") or None
         return await answer(lambda: self._task(request).trace(agent))
+
+    async def live(self, request: Request) -> Response:
+        """The replies the task's agents are streaming now: `live` of `cairn watch --json`."""
+        return await answer(lambda: self._task(request).live_replies())
 
     async def act(self, request: Request) -> Response:
         """POST an action; the answer is what the command prints with `--json`."""

@@ -68,7 +68,7 @@ def tasks_page(csrf: str) -> str:
 
 
 def task_page(csrf: str, task: str) -> str:
-    """One task: status, actions, agents, approvals, verify, checkpoints, diff, timeline."""
+    """One task: status, actions, agents, live replies, approvals, verify, GCs, diff, timeline."""
     t = _e(task)
     body = f"""<h1>Task <span id="task-id">{t}</span></h1>
 <p id="summary" class="summary"></p>
@@ -79,6 +79,8 @@ def task_page(csrf: str, task: str) -> str:
 <h2>Agents</h2>
 <table id="agents"><thead><tr><th>agent</th><th>status</th><th>step</th><th>tokens</th>
 <th>replayed</th></tr></thead><tbody></tbody></table>
+<h2>Replying now</h2>
+<div id="streaming"></div>
 <h2>Waiting for approval</h2>
 <table id="approvals"><thead><tr><th>agent</th><th>call</th><th>tool</th><th>arguments</th>
 <th></th></tr></thead><tbody></tbody></table>

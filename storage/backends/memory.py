@@ -51,6 +51,7 @@ class MemoryHotStore:
         self._docs: dict[tuple[str, str], bytes] = {}
         self._owners: dict[str, int] = {}
         self._spent: dict[tuple[str, int, int], dict[tuple[str, int, int], Usage]] = {}
+        self._live: dict[tuple[str, str], tuple[bytes, float]] = {}  # → (data, until)
 
     def init_task(self, task: str) -> int:
         check_name("task", task)  # as cairn.storage.keys does for Redis
@@ -256,6 +257,22 @@ class MemoryHotStore:
     def delete_doc(self, task: str, name: str) -> None:
         with self._lock:
             self._docs.pop((task, name), None)
+
+    def put_live(self, task: str, agent: str, data: bytes, ttl_ms: int) -> None:
+        check_name("task", task)  # as cairn.storage.keys does for Redis
+        check_name("agent", agent)
+        with self._lock:
+            self._live[(task, agent)] = (data, time.monotonic() + ttl_ms / 1000)
+
+    def get_live(self, task: str, agents: Iterable[str]) -> dict[str, bytes]:
+        now = time.monotonic()
+        with self._lock:
+            shown = {agent: self._live.get((task, agent)) for agent in agents}
+        return {agent: kept[0] for agent, kept in shown.items() if kept and kept[1] > now}
+
+    def clear_live(self, task: str, agent: str) -> None:
+        with self._lock:
+            self._live.pop((task, agent), None)
 
     def claim(self, task: str, token: int) -> None:
         with self._lock:

@@ -208,6 +208,30 @@
     document.getElementById("verify").textContent = s.verify_output || "(verify has not run, or printed nothing)";
   }
 
+  // What each agent's model has replied so far, while its reply streams (`stream: true`).
+  function drawLive(replies) {
+    var box = document.getElementById("streaming");
+    var names = Object.keys(replies);
+    box.replaceChildren();
+    if (!names.length) {
+      box.appendChild(el("p", { className: "meta", text: "no model reply is streaming" }));
+      return;
+    }
+    names.forEach(function (name) {
+      var r = replies[name];
+      var cut = r.chars > r.text.length ? "…" : "";
+      var text = el("pre", { className: "live-text", text: cut + r.text });
+      var part = el("div", { className: "live-reply", "data-agent": name },
+        el("h3", { text: name + " · superstep " + r.superstep + " · attempt " + r.attempt + " · " + r.chars + " characters" }),
+        text);
+      r.tool_calls.forEach(function (c) {
+        part.appendChild(el("pre", { className: "call", text: c.name + " " + c.arguments }));
+      });
+      box.appendChild(part);
+      text.scrollTop = text.scrollHeight; // the end is what is new
+    });
+  }
+
   function drawCheckpoints(task, gcs) {
     fill(document.querySelector("#checkpoints tbody"), gcs.map(function (gc) {
       var restore = el("button", { type: "button", className: "restore", text: "restore" });
@@ -290,11 +314,13 @@
       frame.setAttribute("src", frame.getAttribute("src"));
     });
     return function () {
-      return Promise.all([getJSON(api(task)), getJSON(api(task) + "/checkpoints"), getJSON(api(task) + "/approvals"), countApprovals()])
+      return Promise.all([getJSON(api(task)), getJSON(api(task) + "/checkpoints"), getJSON(api(task) + "/approvals"), countApprovals(),
+        getJSON(api(task) + "/live")])
         .then(function (got) {
           if (changed("status", got[0])) drawSummary(got[0]);
           if (changed("checkpoints", got[1])) drawCheckpoints(task, got[1]);
           if (changed("approvals", got[2])) drawApprovals(got[2], false);
+          if (changed("live", got[4])) drawLive(got[4]);
         });
     };
   }

@@ -225,5 +225,19 @@ class StepRecords(RedisRecords):
     def delete_doc(self, task: str, name: str) -> None:
         self.redis.delete(keys.doc(task, name))
 
+    def put_live(self, task: str, agent: str, data: bytes, ttl_ms: int) -> None:
+        self.redis.set(keys.live(task, agent), data, px=ttl_ms)
+
+    def get_live(self, task: str, agents: Iterable[str]) -> dict[str, bytes]:
+        names = list(dict.fromkeys(agents))
+        if not names:
+            return {}
+        # One slot (the task's hash tag), so one MGET even on a cluster.
+        found = cast(list[bytes | None], self.redis.mget([keys.live(task, a) for a in names]))
+        return {name: data for name, data in zip(names, found, strict=True) if data is not None}
+
+    def clear_live(self, task: str, agent: str) -> None:
+        self.redis.delete(keys.live(task, agent))
+
     def claim(self, task: str, token: int) -> None:
         translating(lambda: self._claim(keys=[keys.owner(task)], args=[token]))
