@@ -201,8 +201,6 @@ class ChaosRun:
             "CAIRN_LOG_FORMAT": "json",
             "CAIRN_LOG_LEVEL": "info",
             "CAIRN_AUDIT": "1",  # fences and accepted writes, in Redis's order, for the checker
-            # Made by `kill_after_compaction`: the first worker past a compaction dies there.
-            KILL_AFTER_COMPACTION: str(self.dir / "kill-after-compaction"),
         }
 
     def _spawn(
@@ -246,7 +244,9 @@ class ChaosRun:
         """
         self._spawned += 1
         name = f"worker-{self._spawned}"
-        concurrency = ["--concurrency", str(self.plan.concurrency)]
+        # Made by `kill_after_compaction`: the first worker past a compaction dies there.
+        flag = [KILL_AFTER_COMPACTION, str(self.dir / "kill-after-compaction")]
+        concurrency = ["--concurrency", str(self.plan.concurrency), *flag]
         if self.proxy is None:
             url = self._env(name)["CAIRN_REDIS_URL"]
             return self._spawn(["cairn.testing.worker", url, *concurrency], name)
@@ -441,7 +441,7 @@ class ChaosRun:
         Past the compaction's checkpoint, so the step's retry must go on from it without
         paying for the summary again; `_supervise` starts a worker in its place.
         """
-        flag = Path(self._env("harness")[KILL_AFTER_COMPACTION])
+        flag = self.dir / "kill-after-compaction"
         flag.touch()
         return {"armed": flag.name}
 

@@ -6,7 +6,7 @@ import os
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import IO, cast
 
@@ -79,13 +79,16 @@ class Cluster:
         args = ["cairn.coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
         return self._spawn(args, f"coordinator-{name}", f"coordinator-{name}.log")
 
-    def start_worker(self, module: str = "cairn.testing.worker") -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, module: str = "cairn.testing.worker", options: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
         """Start one more worker process, with a workspace cache of its own.
 
         By default the testing worker, whose scripted crashes kill it (`cairn.testing.faults`).
         """
         n = len(self.workers)
-        worker = self._spawn([module, self.server.url], f"worker-{n}", f"worker-{n}.log")
+        args = [module, self.server.url, *options]
+        worker = self._spawn(args, f"worker-{n}", f"worker-{n}.log")
         self.workers.append(worker)
         return worker
 

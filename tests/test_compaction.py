@@ -305,9 +305,9 @@ def test_kill_after_compaction_then_restore_across_it_and_fork(
     """
     flag = tmp_path / "kill-after-compaction"
     flag.touch()
-    cluster.env.update({"no_proxy": "*", "NO_PROXY": "*", KILL_AFTER_COMPACTION: str(flag)})
-    cluster.start_worker()
-    cluster.start_worker()
+    cluster.env.update({"no_proxy": "*", "NO_PROXY": "*"})
+    cluster.start_worker(options=[KILL_AFTER_COMPACTION, str(flag)])
+    cluster.start_worker(options=[KILL_AFTER_COMPACTION, str(flag)])
     spec = TaskSpec.model_validate({
         "name": "compacting", "goal": "Make the project pass its tests.",
         "agents": [coder(server, max_tokens=2_000, keep_last=2).model_dump(mode="json")],

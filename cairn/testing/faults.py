@@ -1,7 +1,7 @@
 """The fault hook tests and the chaos suite install: an armed crash kills the process.
 
 `cairn.agents.faults` holds the points a step passes; a scripted turn's `crash` arms one,
-and a file named by `CAIRN_TEST_KILL_AFTER_COMPACTION` arms the compaction's point.
+and a file named by the testing worker's `--kill-after-compaction` the compaction's point.
 A process that calls `install_fault_hook()` dies there with SIGKILL, as a killed worker
 dies: no `finally`, no flush, no goodbye to Redis. A production worker never installs it.
 """
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from functools import partial
 from pathlib import Path
 
 from cairn.agents import faults
@@ -18,18 +19,16 @@ from cairn.agents.logs import get_logger
 log = get_logger(__name__)
 
 
-# A file whose path this variable holds arms the compaction's point: the first worker to
-# pass it removes the file and dies, so one compaction is killed each time it is created.
-KILL_AFTER_COMPACTION = "CAIRN_TEST_KILL_AFTER_COMPACTION"
+# The testing worker's option naming the file that arms the compaction's point.
+KILL_AFTER_COMPACTION = "--kill-after-compaction"
 
 
-def _kill(crash: faults.Crash) -> None:
+def _kill(crash: faults.Crash, flag: Path | None) -> None:
     if crash.after_tools == faults.COMPACTED:
-        flag = os.environ.get(KILL_AFTER_COMPACTION)
-        if not flag:
+        if flag is None:
             return
         try:
-            Path(flag).unlink()  # one process wins the file: one kill each time it is made
+            flag.unlink()  # one process wins the file: one kill each time it is made
         except FileNotFoundError:
             return
         log.warning("killed right after a compaction: SIGKILL")
@@ -38,6 +37,11 @@ def _kill(crash: faults.Crash) -> None:
     os.kill(os.getpid(), signal.SIGKILL)
 
 
-def install_fault_hook() -> None:
-    """Make every armed fault point in this process SIGKILL it."""
-    faults.install(_kill)
+def install_fault_hook(kill_after_compaction: Path | None = None) -> None:
+    """Make every armed fault point in this process SIGKILL it.
+
+    With `kill_after_compaction`, the compaction's point is armed by that file: the first
+    process of all that share it to pass the point removes it and dies there, so each time
+    the file is made, one compaction's worker is killed.
+    """
+    faults.install(partial(_kill, flag=kill_after_compaction))
