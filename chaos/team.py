@@ -23,7 +23,7 @@ LEDGER_SCRIPT = Path(__file__).with_name("ledger.py")
 # What each agent's model is sent is compacted every few turns (so faults land on and
 # around compactions, and restores cross them): a small budget, and notes in every turn.
 CONTEXT: dict[str, JsonValue] = {"max_tokens": 1_000, "keep_last": 2}
-NOTES = "I keep notes of what I did and why. " * 12
+NOTES = "I keep notes of what I did and why. " * 30
 
 
 def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
