@@ -2,7 +2,9 @@
 
 A price table maps a model (as a spec names it, `openai:gpt-4o`) to its prices in US
 dollars per million tokens: `input` for the prompt, `output` for the completion, `cached`
-for the part of the prompt the provider read from its cache (default: `input`). Cairn
+for the part of the prompt the provider read from its cache (default: `input`),
+`cache_write` for the part it wrote there (default: 1.25x `input`, Anthropic's price for its
+5-minute cache; only Anthropic reports writes). Cairn
 ships no prices (they change): a task's spec carries its own (`prices`), over a file the
 submitter configures (`CAIRN_PRICES`). A model without a price costs nothing, its tokens
 still counted.
@@ -24,6 +26,7 @@ from cairn.storage.public import public
 from cairn.storage.records import Usage
 
 PER = 1_000_000  # prices are per million tokens
+CACHE_WRITE = 1.25  # a cache write's price, of the input's, unless a table says otherwise
 MAX_PRICES_BYTES = 1024 * 1024  # of a price table file: a few lines per model
 
 
@@ -36,6 +39,7 @@ class Price(BaseModel):
     input: float = Field(ge=0)
     output: float = Field(ge=0)
     cached: float | None = Field(default=None, ge=0)
+    cache_write: float | None = Field(default=None, ge=0)
 
 
 @public
@@ -64,16 +68,19 @@ def cost(usage: Usage, price: Price | None) -> float:
     if price is None:
         return 0.0
     cached = min(usage.cached_tokens, usage.prompt_tokens)
+    written = min(usage.cache_write_tokens, usage.prompt_tokens - cached)
     cached_price = price.input if price.cached is None else price.cached
+    write_price = CACHE_WRITE * price.input if price.cache_write is None else price.cache_write
     return (
-        (usage.prompt_tokens - cached) * price.input
+        (usage.prompt_tokens - cached - written) * price.input
         + cached * cached_price
+        + written * write_price
         + usage.completion_tokens * price.output
     ) / PER
 
 
 def load_prices(path: str | Path) -> dict[str, Price]:
-    """Read a price table (YAML or JSON: model → {input, output, cached}).
+    """Read a price table (YAML or JSON: model → {input, output, cached, cache_write}).
 
     Raises `InvalidSpec` naming the file and what is wrong.
     """

@@ -142,7 +142,8 @@ class Usage(BaseModel):
     """Tokens a model call used (or many calls together) and, at known prices, its cost.
 
     `prompt_tokens` counts the whole prompt, `cached_tokens` the part of it the provider
-    read from its prompt cache (billed at a discount), `completion_tokens` the answer;
+    read from its prompt cache (billed at a discount), `cache_write_tokens` the part it
+    wrote to that cache (billed at a premium, by Anthropic), `completion_tokens` the answer;
     `cost_usd` is what they cost at the task's prices (0 for a model without a price).
     """
 
@@ -152,6 +153,8 @@ class Usage(BaseModel):
     completion_tokens: int = 0
     cached_tokens: int = 0
     cost_usd: float = Field(default=0.0, ge=0)
+    # Left out of the stored form while 0, as for every call but an Anthropic cache write.
+    cache_write_tokens: int = Field(default=0, exclude_if=lambda tokens: not tokens)
 
     @property
     def tokens(self) -> int:
@@ -165,6 +168,7 @@ class Usage(BaseModel):
             completion_tokens=self.completion_tokens + other.completion_tokens,
             cached_tokens=self.cached_tokens + other.cached_tokens,
             cost_usd=self.cost_usd + other.cost_usd,
+            cache_write_tokens=self.cache_write_tokens + other.cache_write_tokens,
         )
 
     def minus(self, other: Usage) -> Usage:
@@ -174,6 +178,7 @@ class Usage(BaseModel):
             completion_tokens=max(0, self.completion_tokens - other.completion_tokens),
             cached_tokens=max(0, self.cached_tokens - other.cached_tokens),
             cost_usd=max(0.0, self.cost_usd - other.cost_usd),
+            cache_write_tokens=max(0, self.cache_write_tokens - other.cache_write_tokens),
         )
 
 

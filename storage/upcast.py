@@ -19,8 +19,8 @@ Steps:
   4 → 5: a tool result says whether its call failed (`error`); a local checkpoint keeps
          what the model is sent of its history once compacted (`context`) and the result
          the agent gave `finish` (`result`); a trace record says how many messages a
-         compaction folded (`compacted`). All added, with defaults, and left out of the
-         stored form while unset.
+         compaction folded (`compacted`); usage counts cache writes (`cache_write_tokens`).
+         All added, with defaults, and left out of the stored form while unset.
 """
 
 from __future__ import annotations

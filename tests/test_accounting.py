@@ -233,6 +233,11 @@ def test_prices_cost_and_tables() -> None:
         cost(Usage(prompt_tokens=1_000_000), Price(input=2, output=9))
     )
     assert 0.0 == cost(used, None)
+    # Cache writes at the table's `cache_write`, else at 1.25x `input` (Anthropic's price).
+    written = Usage(prompt_tokens=1_000_000, cached_tokens=400_000, cache_write_tokens=100_000)
+    assert 0.5 * 3.0 + 0.4 * 0.3 + 0.1 * 3.75 == pytest.approx(cost(written, price))
+    own = Price(input=3.0, output=15.0, cached=0.3, cache_write=6.0)
+    assert 0.5 * 3.0 + 0.4 * 0.3 + 0.1 * 6.0 == pytest.approx(cost(written, own))
     with pytest.raises(ValueError, match="tokens, cost_usd or both"):
         Budget()
 

@@ -181,7 +181,8 @@ def test_usage_counts_cache_reads_and_writes(server: ScriptedServer) -> None:
     }
     server.script = [message(text("a"), usage=usage)]
     got = model_for(server, []).complete(ask()).usage
-    assert Usage(prompt_tokens=1320, completion_tokens=7, cached_tokens=1000) == got
+    assert Usage(prompt_tokens=1320, completion_tokens=7, cached_tokens=1000,
+                 cache_write_tokens=300) == got  # fmt: skip
 
 
 def test_429_honours_retry_after_and_529_is_retried(server: ScriptedServer) -> None:

@@ -290,8 +290,15 @@ def test_each_step_reads_the_request_before_from_the_cache_and_is_counted(
     assert [(b.prompt, b.cache_read_input_tokens) for b in model.bills] == [
         (u.prompt_tokens, u.cached_tokens) for u in usages
     ]
-    price = (third.prompt - third.cache_read_input_tokens) * 3.0 + (
-        third.cache_read_input_tokens * 0.3 + third.output_tokens * 15.0
+    assert [b.cache_creation_input_tokens for b in model.bills] == [
+        u.cache_write_tokens for u in usages
+    ]
+    # Reads at the table's `cached`, writes at 1.25x `input` (Anthropic's), the rest at `input`.
+    uncached = third.prompt - third.cache_read_input_tokens - third.cache_creation_input_tokens
+    price = (
+        uncached * 3.0
+        + third.cache_creation_input_tokens * 3.75
+        + (third.cache_read_input_tokens * 0.3 + third.output_tokens * 15.0)
     )
     assert price / 1e6 == pytest.approx(usages[2].cost_usd)
     assert isinstance(real_store.hot, RedisHotStore)

@@ -306,4 +306,5 @@ def _parse_usage(usage: Mapping[str, Any]) -> Usage:
         prompt_tokens=(usage.get("input_tokens") or 0) + cached + written,
         completion_tokens=usage.get("output_tokens") or 0,
         cached_tokens=cached,
+        cache_write_tokens=written,
     )

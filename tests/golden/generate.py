@@ -92,7 +92,9 @@ PIXEL_PNG = (
 # Each LC's model call; costs are exact in binary, so they read back as written.
 FULL_CALL = Usage(prompt_tokens=812, completion_tokens=164, cached_tokens=512, cost_usd=0.25)
 DELTA_CALL = Usage(prompt_tokens=1024, completion_tokens=32, cached_tokens=960, cost_usd=0.125)
-SUMMARY_CALL = Usage(prompt_tokens=2048, completion_tokens=64, cost_usd=0.5)
+SUMMARY_CALL = Usage(
+    prompt_tokens=2048, completion_tokens=64, cost_usd=0.5, cache_write_tokens=1536
+)
 SUMMARY = "[Summary of the 4 earlier messages of this conversation]\nNotes are in notes.md."
 SIGNED_CALL = Usage(prompt_tokens=300, completion_tokens=20, cost_usd=0.0625)
 
