@@ -104,6 +104,10 @@ class Restorer:
             self.store.epoch_floor(task),
             self._newest_epoch(task, candidates),
         )
+        # Marked first: a restore that fails from here on (a Redis refusing writes) leaves
+        # the task `restoring`, which a coordinator restores again, never running under an
+        # epoch it can no longer write with.
+        self.runs.write(task, {"status": RESTORING})
         epoch = self.store.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
         number = max(g.number for g in self.store.list_gcs(task)) + 1
@@ -187,7 +191,6 @@ class Restorer:
     def _stop_superstep(self, task: str) -> None:
         """Abort the superstep in flight (its jobs are fenced by the new epoch already)."""
         abort_in_flight(self.runs, self.store, task)
-        self.runs.write(task, {"status": RESTORING})
 
     def _stage_all(
         self,

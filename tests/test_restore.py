@@ -549,3 +549,34 @@ def test_a_restore_that_keeps_failing_is_tried_again_ever_more_slowly(
     broken[0] = False
     cluster.start_worker()
     assert "succeeded" == cluster.drive(task)["status"]
+
+
+def test_a_restore_that_fails_past_its_epoch_raise_is_finished_by_a_coordinator(
+    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Redis refuses the restore's writes once its epoch is raised: the task is not stuck.
+
+    As under `maxmemory`: were the epoch raised and the run left naming the old one, every
+    retry the coordinator launched would be fenced, for ever. Marked `restoring` before
+    the raise, the task is restored again by the coordinator, and ends as it would have.
+    """
+    cluster.start_worker()
+    reference = tmp_path / "reference"
+    clean = cluster.tasks.submit(team_spec(reference))
+    assert "succeeded" == cluster.drive(clean)["status"]
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    run_until(cluster, task, 2)
+
+    def refused(self: Restorer, task: str) -> None:
+        raise redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
+
+    person = Restorer(cluster.client, cluster.store, workers=False)
+    monkeypatch.setattr(Restorer, "_stop_superstep", refused)
+    epoch = cluster.store.hot.get_epoch(task)
+    with pytest.raises(redis.OutOfMemoryError):
+        person.restore(task)
+    monkeypatch.undo()
+    assert cluster.store.hot.get_epoch(task) == epoch + 1
+    assert b"restoring" == cluster.client.hget(keys.run(task), "status")
+    assert "succeeded" == cluster.drive(task)["status"]
+    assert outcome(cluster, clean, reference)[0] == outcome(cluster, task, tmp_path / "ledger")[0]
