@@ -104,10 +104,11 @@ class Restorer:
             self.store.epoch_floor(task),
             self._newest_epoch(task, candidates),
         )
-        # Marked first: a restore that fails from here on (a Redis refusing writes) leaves
-        # the task `restoring`, which a coordinator restores again, never running under an
-        # epoch it can no longer write with.
+        # Marked first, and active: a restore that fails from here on (a Redis refusing
+        # writes, a full disk) leaves the task `restoring`, which a coordinator restores
+        # again, ended or not, never running under an epoch it can no longer write with.
         self.runs.write(task, {"status": RESTORING})
+        self.redis.sadd(keys.ACTIVE_TASKS, task)
         epoch = self.store.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
         number = max(g.number for g in self.store.list_gcs(task)) + 1

@@ -551,32 +551,38 @@ def test_a_restore_that_keeps_failing_is_tried_again_ever_more_slowly(
     assert "succeeded" == cluster.drive(task)["status"]
 
 
-def test_a_restore_that_fails_past_its_epoch_raise_is_finished_by_a_coordinator(
-    cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("fails", ["_stop_superstep", "raise_epoch"])
+def test_a_restore_that_fails_half_way_is_finished_by_a_coordinator(
+    fails: str, cluster: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Redis refuses the restore's writes once its epoch is raised: the task is not stuck.
+    """A restore that fails once begun leaves its task `restoring`; a coordinator finishes it.
 
-    As under `maxmemory`: were the epoch raised and the run left naming the old one, every
-    retry the coordinator launched would be fenced, for ever. Marked `restoring` before
-    the raise, the task is restored again by the coordinator, and ends as it would have.
+    As under `maxmemory` or a full disk. Past the epoch's raise (`_stop_superstep`): were
+    the run left naming the old epoch, every retry the coordinator launched would be
+    fenced, for ever. Before it (`raise_epoch`), of a task that had ended: were it left
+    `restoring` but not active, no coordinator would look at it again. Either way the task
+    is restored again, and ends as it would have.
     """
     cluster.start_worker()
     reference = tmp_path / "reference"
     clean = cluster.tasks.submit(team_spec(reference))
     assert "succeeded" == cluster.drive(clean)["status"]
     task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
-    run_until(cluster, task, 2)
+    if fails == "raise_epoch":
+        assert "succeeded" == cluster.drive(task)["status"]
+    else:
+        run_until(cluster, task, 2)
 
-    def refused(self: Restorer, task: str) -> None:
+    def refused(*args: object, **kwargs: object) -> None:
         raise redis.OutOfMemoryError("command not allowed when used memory > 'maxmemory'.")
 
     person = Restorer(cluster.client, cluster.store, workers=False)
-    monkeypatch.setattr(Restorer, "_stop_superstep", refused)
-    epoch = cluster.store.hot.get_epoch(task)
+    target = Restorer if fails == "_stop_superstep" else type(cluster.store)
+    monkeypatch.setattr(target, fails, refused)
     with pytest.raises(redis.OutOfMemoryError):
         person.restore(task)
     monkeypatch.undo()
-    assert cluster.store.hot.get_epoch(task) == epoch + 1
     assert b"restoring" == cluster.client.hget(keys.run(task), "status")
+    assert cluster.client.sismember(keys.ACTIVE_TASKS, task)
     assert "succeeded" == cluster.drive(task)["status"]
     assert outcome(cluster, clean, reference)[0] == outcome(cluster, task, tmp_path / "ledger")[0]
