@@ -215,11 +215,11 @@ class StepContext:
         if fold is None:
             return False
         folded = (0 if view is None else view.folded) + len(fold.folded)
-        text = marker(folded)
+        text, traced = marker(folded), self.lc.trace_count
         if policy.strategy == "summarize":
             made = self._summarize(view, fold)
             text = text if not made else summary_text(made, folded)
-        else:
+        if self.lc.trace_count == traced:  # no summary call was made: the marker is the record
             self._trace(None, {}, text, None, None, None, None, None, compacted=len(fold.folded))
         self.lc.context = folded_view(view, fold, text)
         self.checkpoint()

@@ -72,6 +72,7 @@ from openai.types.completion_usage import CompletionUsage, PromptTokensDetails
 from openai.types.shared import ErrorObject
 from pydantic import BaseModel, JsonValue
 
+from cairn.storage.records import Message, Role, ToolCall
 from tests.test_openai_model import Scripted
 
 _LISTS = {list, collections.abc.Iterable, collections.abc.Sequence}
@@ -442,3 +443,25 @@ def anthropic_stream_error(kind: str = "overloaded_error", message: str = "Overl
         {"type": "error", "error": {"type": kind, "message": message}}
     )
     return sse(error, "error")
+
+
+def history() -> list[Message]:
+    """A turn with two tool calls, their results (the second failed) and a message from a peer."""
+    calls = [
+        ToolCall(id="call_1", name="read_file", args={"path": "a.txt"}),
+        ToolCall(id="call_2", name="read_file", args={"path": "b.txt"}),
+    ]
+    return [
+        Message(role=Role.SYSTEM, content="You are a coder."),
+        Message(role=Role.USER, content="Goal: fix it."),
+        Message(role=Role.ASSISTANT, content=None, tool_calls=calls),
+        Message(role=Role.TOOL, tool_call_id="call_1", name="read_file", content="A"),
+        Message(
+            role=Role.TOOL,
+            tool_call_id="call_2",
+            name="read_file",
+            content="error: no such file",
+            error=True,
+        ),
+        Message(role=Role.USER, name="reviewer", content="Message from reviewer: hurry"),
+    ]

@@ -51,6 +51,7 @@ class Coder:
 
     turns: int
     overflow_over: int | None = None
+    summary_overflows: bool = False
     summaries: int = 0
     lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -59,6 +60,8 @@ class Coder:
         if "You compact the working memory" in str(body.get("system", "")):
             with self.lock:
                 self.summaries += 1
+            if self.summary_overflows:
+                return anthropic_error(400, "invalid_request_error", "prompt is too long")
             return anthropic_reply(text(SUMMARY), usage=(900, 40, 0))
         sent_chars = len(str(body["messages"]))
         if self.overflow_over is not None and sent_chars > self.overflow_over:
@@ -206,6 +209,24 @@ def test_a_long_run_stays_under_its_budget_and_ends_as_it_would(
     else:
         assert 0 == server.coder.summaries
         assert "were left out to fit the model's context window" in kept[1]["text"]
+
+
+def test_a_summary_too_long_to_make_is_a_marker_still_traced_as_a_compaction(
+    server: CoderServer, real_store: CheckpointStore, tmp_path: Path
+) -> None:
+    """The summary's own request is too long: the turns are dropped with a marker, traced."""
+    server.coder.summary_overflows = True
+    start_task(real_store, record("nosum", coder(server, max_tokens=2_000, keep_last=2)), {})
+    run(real_store, "nosum", tmp_path / "cache")
+    gc = real_store.latest_gc("nosum")
+    assert gc is not None
+    state = real_store.read_state("nosum", "a", gc.members["a"].id)
+    assert "finished" == state.status.value
+    compactions = [t for t in state.trace if t.compacted is not None]
+    assert len(compactions) == server.coder.summaries > 0
+    assert all("were left out to fit" in str(t.result) for t in compactions)
+    assert state.context is not None
+    assert "were left out to fit" in str(state.context.summary)
 
 
 def test_a_prompt_too_long_is_compacted_and_asked_again(

@@ -42,7 +42,7 @@ from cairn.storage.records import ImagePart, Message, Role, ToolCall, TraceRecor
 from cairn.storage.store import CheckpointStore
 from tests import sdk_wire
 from tests.agent_harness import superstep
-from tests.sdk_wire import anthropic_request_errors, openai_reply, openai_request_errors
+from tests.sdk_wire import anthropic_request_errors, history, openai_reply, openai_request_errors
 from tests.test_openai_model import ScriptedServer, serve_scripted
 
 TOOLS = [
@@ -72,22 +72,6 @@ def cache_points(value: object, where: str = "$") -> list[str]:
         for index, item in enumerate(value):
             found += cache_points(item, f"{where}[{index}]")
     return found
-
-
-def history() -> list[Message]:
-    """A goal, a turn of two tool calls, their results and a message from a peer."""
-    calls = [
-        ToolCall(id="call_1", name="read_file", args={"path": "a.txt"}),
-        ToolCall(id="call_2", name="read_file", args={"path": "b.txt"}),
-    ]
-    return [
-        Message(role=Role.SYSTEM, content="You are a coder."),
-        Message(role=Role.USER, content="Goal: fix it."),
-        Message(role=Role.ASSISTANT, content=None, tool_calls=calls),
-        Message(role=Role.TOOL, tool_call_id="call_1", name="read_file", content="A"),
-        Message(role=Role.TOOL, tool_call_id="call_2", name="read_file", content="B"),
-        Message(role=Role.USER, name="reviewer", content="Message from reviewer: hurry"),
-    ]
 
 
 def anthropic_body(server: ScriptedServer, history: list[Message], **options: Any) -> Any:

@@ -27,7 +27,7 @@ from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.spend import read_spend
 from cairn.errors import ModelError
 from cairn.storage.backends.redis import RedisHotStore
-from cairn.storage.records import Message, Role, ToolCall, TraceRecord, Usage
+from cairn.storage.records import Message, Role, TraceRecord, Usage
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import record, superstep
 from tests.cluster import Cluster
@@ -35,6 +35,7 @@ from tests.sdk_wire import (
     anthropic_error,
     anthropic_reply,
     anthropic_request_errors,
+    history,
     openai_error,
     openai_reply,
     openai_request_errors,
@@ -67,28 +68,6 @@ def agent(server: ScriptedServer, provider: str, **fields: object) -> AgentSpec:
     return AgentSpec.model_validate(
         {"name": "a", "model": f"{provider}:m-test", "base_url": url, "tools": tools} | fields
     )
-
-
-def history() -> list[Message]:
-    """A turn with two tool calls, their results (the second failed) and a message from a peer."""
-    calls = [
-        ToolCall(id="call_1", name="read_file", args={"path": "a.txt"}),
-        ToolCall(id="call_2", name="read_file", args={"path": "b.txt"}),
-    ]
-    return [
-        Message(role=Role.SYSTEM, content="You are a coder."),
-        Message(role=Role.USER, content="Goal: fix it."),
-        Message(role=Role.ASSISTANT, content=None, tool_calls=calls),
-        Message(role=Role.TOOL, tool_call_id="call_1", name="read_file", content="A"),
-        Message(
-            role=Role.TOOL,
-            tool_call_id="call_2",
-            name="read_file",
-            content="error: no such file",
-            error=True,
-        ),
-        Message(role=Role.USER, name="reviewer", content="Message from reviewer: hurry"),
-    ]
 
 
 TOOLS = [ToolSchema("read_file", "Read a file.", {"type": "object", "properties": {}})]
