@@ -95,6 +95,8 @@ class StepContext:
     models: Callable[[AgentSpec], Model] | None = None  # builds a summary model the spec names
     dirty: bool = False  # an external call ran since the last tool-level checkpoint
     touched: bool = False  # a tool ran since the tree was last synced or captured
+    outcome: AgentState | None = None  # where a kind that decides it says the agent stands
+    result_message: Message | None = None  # the last tool call's result, as `_result` made it
 
     @property
     def task(self) -> str:
@@ -141,8 +143,8 @@ class StepContext:
         self.lc.messages.extend(delivered)
         return delivered
 
-    def ask(self) -> ModelReply:
-        """Take one model turn on the history with the agent's tools on offer.
+    def ask(self, *, offer_tools: bool = True) -> ModelReply:
+        """Take one model turn on the history, the agent's tools on offer unless told not.
 
         The model is sent the history's view (`cairn.agents.compaction`): a call whose
         prompt would pass the agent's budget is preceded by a compaction, and one the
@@ -155,7 +157,7 @@ class StepContext:
         request is one the API takes) and in the trace, as the call's error. The turn goes
         into the history (tool calls as the model made them: a retry runs them from there).
         """
-        schemas = [tool.schema for tool in self.tools.values()]
+        schemas = [tool.schema for tool in self.tools.values()] if offer_tools else []
         limit = budget(self.spec)
         if limit is not None and size(self.lc.messages, self.lc.context, schemas) > limit:
             self._compact()
@@ -181,6 +183,17 @@ class StepContext:
         # At debug: "step done" carries the turn's tokens, so a step logs one line at info.
         log.debug("model answered", tool_calls=len(reply.tool_calls), tokens=self.tally.tokens)
         return reply
+
+    def converse(self, messages: list[Message], schemas: list[ToolSchema]) -> ModelReply:
+        """One call of the agent's model on `messages` a kind built itself, with `schemas`.
+
+        Counted and traced as a turn is, but the history is left as it is: a kind that
+        keeps a conversation of its own (another framework's agent) sends it whole.
+        """
+        turns = sum(1 for message in messages if message.role is Role.ASSISTANT)
+        request = ModelRequest(messages, schemas, agent=self.agent, attempt=self.lc.attempt,
+                               turn=turns, task=self.task)  # fmt: skip
+        return self._complete(request)
 
     def _request(self, schemas: list[ToolSchema]) -> ModelRequest:
         """The agent's turn, as its model is sent it."""
@@ -282,18 +295,20 @@ class StepContext:
         self.tally.tokens = (self.tally.tokens or 0) + usage.tokens
         return reply
 
-    def call(self, call: ToolCall, place: int) -> bool:
+    def call(self, call: ToolCall, place: int, *, into_history: bool = True) -> bool:
         """Run one tool call, the `place`-th of its turn; False when it waits for a person.
 
         A call the agent's spec says a person approves waits until one decides (its
         result, if rejected, says why); a checkpoint precedes it as the policy's triggers
-        say; its result (or error) goes into the history and the trace.
+        say; its result (or error) goes into the trace, into the history unless
+        `into_history` is False (a call code made, not the model), and `result_message`.
         """
-        done = self._call(call, place)
+        self.result_message = None
+        done = self._call(call, place, into_history)
         self.tally.tools_run += done
         return done
 
-    def _call(self, call: ToolCall, place: int) -> bool:
+    def _call(self, call: ToolCall, place: int, into_history: bool) -> bool:
         tool = self.tools.get(call.name)
         if tool is not None and call.name in self.approved:
             decision = decision_for(self.store, self.task, self.agent, self.waiting_at, call)
@@ -303,14 +318,16 @@ class StepContext:
                 return False
             self.decided.append(call)
             if not decision.approved:
-                self._result(call, tool, None, f"rejected by a person: {decision.reason}")
+                self._result(call, tool, None, f"rejected by a person: {decision.reason}",
+                             into_history=into_history)  # fmt: skip
                 return True
         if tool is not None and self._wants_checkpoint(tool):
             self.checkpoint()
         faults.before_tool(place)
         started, clock = datetime.now(UTC), time.perf_counter()
         if tool is None:
-            self._result(call, None, None, f"unknown tool {call.name!r}", started, clock)
+            self._result(call, None, None, f"unknown tool {call.name!r}", started, clock,
+                         into_history=into_history)  # fmt: skip
             return True
         self.dirty = self.dirty or tool.effects is Effects.EXTERNAL
         self.touched = True
@@ -324,15 +341,22 @@ class StepContext:
         try:
             result = tool.run(own, call.args)
         except ToolError as exc:
-            self._result(call, tool, None, str(exc), started, clock, traced)
+            self._result(call, tool, None, str(exc), started, clock, traced,
+                         into_history=into_history)  # fmt: skip
         except (OSError, ValueError) as exc:  # e.g. a file that is not UTF-8 text
             # An OSError's text names the worker's real path: the model gets the reason only.
             why = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
             error = f"{type(exc).__name__}: {why}"
-            self._result(call, tool, None, error, started, clock, traced)
+            self._result(call, tool, None, error, started, clock, traced,
+                         into_history=into_history)  # fmt: skip
         else:
-            self._result(call, tool, result, None, started, clock, traced, own)
+            self._result(call, tool, result, None, started, clock, traced, own,
+                         into_history=into_history)  # fmt: skip
         return True
+
+    def trace_failure(self, where: str, error: str) -> None:
+        """Put a failure of the step's own code in the trace (`where` names what failed)."""
+        self._trace(where, {}, None, None, error, None, None, None)
 
     def _wants_checkpoint(self, tool: Tool) -> bool:
         """Say whether to checkpoint before `tool`.
@@ -357,13 +381,17 @@ class StepContext:
         clock: float | None = None,
         key: str | None = None,
         own: ToolContext | None = None,
+        *,
+        into_history: bool = True,
     ) -> None:
         redacted = redact_optional(result)
         content = redacted if error is None else redact(f"error: {error}")
         images = own.images if own is not None and error is None else []
         message = Message(role=Role.TOOL, tool_call_id=call.id, name=call.name,
                           content=content, images=images, error=error is not None)  # fmt: skip
-        self.lc.messages.append(message)
+        self.result_message = message
+        if into_history:
+            self.lc.messages.append(message)
         effects = tool.effects if tool is not None else None
         self._trace(call.name, call.args, redacted, effects, error, started, clock, None, key)
         if error is not None:

@@ -50,6 +50,9 @@ TOOL_NAMES = (  # the built-in tools (agents/tools.py), every agent's tools by d
 # What every model API takes as a function name. A spec may name any such tool: whether a
 # worker has it is checked on the worker, which alone knows its tools (agents/toolkit.py).
 TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
+LLM_KIND = "llm"  # the built-in kind: a model turn, then the tools it asked for
+KIND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # a kind's name, as `cairn.agent` gives it
+NO_MODEL = "none"  # the model of an agent in code that asks none
 MAX_PROMPT_CHARS = 1_000_000  # of a task's goal or an agent's system prompt
 MODEL_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}:\S{1,256}")
 MODEL_CHOICES = (
@@ -144,11 +147,17 @@ class Turn(Strict):
 
 
 class AgentSpec(Strict):
-    """One member of the team."""
+    """One member of the team.
+
+    `kind` says what runs its steps: `llm` (the model loop: a turn, then the tools it asked
+    for) or the name of an agent written in Python (`cairn.agent`) that its workers load.
+    """
 
     name: str
+    kind: str = Field(default=LLM_KIND, pattern=KIND_PATTERN)
     system: str = Field(default="", max_length=MAX_PROMPT_CHARS)
-    model: str  # "scripted" or "<provider>:<model name>"; no default (see _names_a_model)
+    # "scripted", "<provider>:<model name>", or "none" (an agent in code that asks no model)
+    model: str  # no default for an `llm` agent (see _names_a_model)
     script: list[Turn] = Field(default_factory=list)
     base_url: str | None = None
     api_key_env: str | None = None
@@ -172,6 +181,8 @@ class AgentSpec(Strict):
         # A default model would run a team on a script it does not have, or bill an API
         # nobody chose: every agent says which model it thinks with.
         if isinstance(data, dict) and "model" not in data:
+            if data.get("kind", LLM_KIND) != LLM_KIND:  # code may ask no model: it says so
+                return {**data, "model": NO_MODEL}
             name = data.get("name")
             # The name is the user's and not yet checked: shown only when it keeps one line.
             shown = name if isinstance(name, str) and name.isprintable() and name else "?"
@@ -181,9 +192,15 @@ class AgentSpec(Strict):
     @field_validator("model")
     @classmethod
     def _known_model(cls, value: str) -> str:
-        if value != "scripted" and not MODEL_PATTERN.fullmatch(value):
+        if value not in ("scripted", NO_MODEL) and not MODEL_PATTERN.fullmatch(value):
             raise ValueError(f"must be {MODEL_CHOICES}")
         return value
+
+    @model_validator(mode="after")
+    def _llm_has_a_model(self) -> AgentSpec:
+        if self.kind == LLM_KIND and self.model == NO_MODEL:
+            raise ValueError(f"agent {self.name} is an llm agent: it needs a model, not none")
+        return self
 
     @field_validator("base_url")
     @classmethod
@@ -319,10 +336,15 @@ def parse_model(model: type[M], data: object, what: str) -> M:
     try:
         return model.model_validate(data)
     except ValidationError as exc:
-        first = exc.errors()[0]
-        # A key of the user's (a file name) may hold a newline: quote it to keep one line.
-        where = ".".join(_printable(str(p)) for p in first["loc"]) or what
-        raise InvalidSpec(f"invalid {what}: {where}: {first['msg']}") from None
+        raise invalid(exc, what) from None
+
+
+def invalid(exc: ValidationError, what: str) -> InvalidSpec:
+    """`InvalidSpec` saying, in one line, the first bad field of `what` and what is wrong."""
+    first = exc.errors()[0]
+    # A key of the user's (a file name) may hold a newline: quote it to keep one line.
+    where = ".".join(_printable(str(p)) for p in first["loc"]) or what
+    return InvalidSpec(f"invalid {what}: {where}: {first['msg']}")
 
 
 def _printable(part: str) -> str:

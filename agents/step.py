@@ -227,6 +227,7 @@ class _Step:
         # Before the model is asked: a tool this worker lacks fails the step (a retry here
         # would find the same tools), an MCP server it cannot reach is worth a retry.
         where = f"agent {self.at.agent}"
+        kind = kind_of(spec, tools)  # a kind this worker lacks fails the step, as a tool does
         offered = agent_tools(spec.tools, tools, mcp, where)
         if self.record.result is not None and "finish" in offered:  # it takes the result
             offered["finish"] = finish_tool(self.record.result)
@@ -242,7 +243,6 @@ class _Step:
             models=models,
         )  # fmt: skip
         faults.arm(None)  # a crash is armed by this step's own model turn, if any
-        kind = kind_of(spec)
         try:
             kind.step(ctx)
             faults.past_tools()

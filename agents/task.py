@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from cairn.agents.kinds import kind_of
-from cairn.agents.spec import TaskRecord
+from cairn.agents.spec import LLM_KIND, TaskRecord
 from cairn.agents.workspace import check_path, tree_clashes
 from cairn.errors import InvalidSpec, ToolError
 from cairn.storage.chain import WorkingState
@@ -41,7 +41,8 @@ def start_task(
             ],
             workspace_before=workspace,
             workspace_after=workspace,
-            kind_state=kind_of(spec).initial_state(spec),
+            # A kind in code starts empty: the coordinator never loads users' code.
+            kind_state=kind_of(spec).initial_state(spec) if spec.kind == LLM_KIND else {},
         )
         members[spec.name] = store.write_lc(state, vote=True)
     gc = GlobalCheckpoint(

@@ -26,6 +26,7 @@ from typing import Any, Generic, Literal, ParamSpec, TypeVar, overload
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, create_model
 from pydantic_core import PydanticUndefined, to_json
 
+from cairn.agents.kinds.python import CodeAgent
 from cairn.agents.logs import get_logger
 from cairn.agents.spec import TOOL_NAME
 from cairn.agents.tools import TOOLS, Args, Tool, ToolContext
@@ -34,6 +35,7 @@ from cairn.storage.public import public
 from cairn.storage.records import Effects
 
 ENTRY_POINTS = "cairn.tools"
+KIND_ENTRY_POINTS = "cairn.agents"  # agents written in Python (`cairn.agent`)
 MAX_RESULT = 1_000_000  # characters of a Python tool's result kept for the model
 MAX_ERRORS = 5  # invalid arguments named in one error
 EffectsName = Literal["none", "workspace", "external"]
@@ -223,13 +225,27 @@ def _as_text(result: object) -> str:
 
 
 class ToolRegistry:
-    """The tools one worker has, by name, each with where it came from."""
+    """The tools one worker has, by name, each with where it came from; and its agent kinds.
+
+    `kinds` are the agents written in Python the worker loaded (`cairn.agent`), by name.
+    """
 
     def __init__(self, tools: Iterable[Tool] = (), source: str = "built-in") -> None:
         self._tools: dict[str, Tool] = {}
         self._sources: dict[str, str] = {}
+        self.kinds: dict[str, CodeAgent] = {}
+        self._kind_sources: dict[str, str] = {}
         for each in tools:
             self.add(each, source)
+
+    def add_kind(self, kind: CodeAgent, source: str) -> None:
+        """Register agent kind `kind`; `InvalidSpec` if another kind has its name already."""
+        known = self.kinds.get(kind.name)
+        if known is not None and known is not kind:
+            raise InvalidSpec(f"two agent kinds are named {kind.name!r}: "
+                              f"{self._kind_sources[kind.name]} and {source}")  # fmt: skip
+        self.kinds[kind.name] = kind
+        self._kind_sources.setdefault(kind.name, source)
 
     def add(self, tool: Tool, source: str) -> None:
         """Register `tool`; `InvalidSpec` if another tool has its name already."""
@@ -276,23 +292,25 @@ def builtin_tools() -> ToolRegistry:
 
 
 def load_tools(modules: Sequence[str], entry_points: bool = True) -> ToolRegistry:
-    """Build a worker's tools: the built-ins, installed entry points', and `modules`'.
+    """Build a worker's tools and agent kinds: built-ins, installed entry points', `modules`'.
 
-    An entry point of the `cairn.tools` group, and each module named, gives a tool, a
-    list of tools, or a module whose tools (the `Tool`s among its names) all count.
-    Raises `InvalidSpec`, naming the culprit, for what cannot be imported or holds no
-    tool, and for two tools of one name: a worker should not start half-equipped.
+    An entry point of the `cairn.tools` or `cairn.agents` group, and each module named,
+    gives a tool or agent kind, a list of them, or a module whose tools and kinds (the
+    `Tool`s and `CodeAgent`s among its names) all count. Raises `InvalidSpec`, naming the
+    culprit, for what cannot be imported or holds neither, and for two tools or two kinds
+    of one name: a worker should not start half-equipped.
     """
     registry = builtin_tools()
     if entry_points:
-        for point in importlib.metadata.entry_points(group=ENTRY_POINTS):
-            dist = f" of {point.dist.name}" if point.dist is not None else ""
-            source = f"entry point {point.name} = {point.value}{dist}"
-            try:
-                loaded = point.load()
-            except Exception as exc:
-                raise InvalidSpec(f"cannot load {source}: {type(exc).__name__}: {exc}") from exc
-            _register(registry, loaded, source)
+        for group in (ENTRY_POINTS, KIND_ENTRY_POINTS):
+            for point in importlib.metadata.entry_points(group=group):
+                dist = f" of {point.dist.name}" if point.dist is not None else ""
+                source = f"entry point {point.name} = {point.value}{dist}"
+                try:
+                    loaded = point.load()
+                except Exception as exc:
+                    raise InvalidSpec(f"cannot load {source}: {type(exc).__name__}: {exc}") from exc
+                _register(registry, loaded, source)
     for module in modules:
         try:
             imported = importlib.import_module(module)
@@ -305,21 +323,25 @@ def load_tools(modules: Sequence[str], entry_points: bool = True) -> ToolRegistr
 
 
 def _register(registry: ToolRegistry, found: object, source: str) -> None:
-    """Add the tools `found` holds (a tool, a list of them, a module) to `registry`."""
-    if isinstance(found, Tool):
-        tools: list[object] = [found]
+    """Add the tools and kinds `found` holds (one, a list of them, a module) to `registry`."""
+    if isinstance(found, Tool | CodeAgent):
+        held: list[object] = [found]
     elif isinstance(found, ModuleType):
-        tools = [value for value in vars(found).values() if isinstance(value, Tool)]
+        held = [v for v in vars(found).values() if isinstance(v, Tool | CodeAgent)]
     elif isinstance(found, list | tuple):
-        tools = list(found)
+        held = list(found)
     else:
         raise InvalidSpec(f"{source} is a {type(found).__name__}, not a tool, list or module")
-    if not tools:
-        raise InvalidSpec(f"{source} holds no tool (make one with cairn.tool)")
-    for each in tools:
-        if not isinstance(each, Tool):
+    if not held:
+        raise InvalidSpec(f"{source} holds no tool or agent (make one with cairn.tool or "
+                          "cairn.agent)")  # fmt: skip
+    for each in held:
+        if isinstance(each, CodeAgent):
+            registry.add_kind(each, source)
+        elif isinstance(each, Tool):
+            registry.add(each, source)
+        else:
             raise InvalidSpec(f"{source} holds a {type(each).__name__}, which is not a tool")
-        registry.add(each, source)
 
 
 @cache

@@ -24,6 +24,8 @@ from cairn import errors
 
 if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__` imports each name
     from cairn.agents.accounting import Budget, Price
+    from cairn.agents.kinds.code import AgentContext, Outcome, Reply
+    from cairn.agents.kinds.python import CodeAgent, agent
     from cairn.agents.live import LiveCall, LiveReply
     from cairn.agents.toolkit import tool
     from cairn.agents.tools import ToolContext
@@ -31,7 +33,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.coordinator.diff import Diff
     from cairn.coordinator.runs import TaskState
     from cairn.coordinator.settings import Settings
-    from cairn.coordinator.spec import TaskSpec
+    from cairn.coordinator.spec import TaskSpec, Team
     from cairn.coordinator.timeline import Timeline
     from cairn.coordinator.views import (
         AgentStatus,
@@ -53,6 +55,11 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
 
 # Where each name is defined: the module `__getattr__` imports it from.
 _HOMES = {
+    "AgentContext": "cairn.agents.kinds.code",
+    "CodeAgent": "cairn.agents.kinds.python",
+    "Outcome": "cairn.agents.kinds.code",
+    "Reply": "cairn.agents.kinds.code",
+    "agent": "cairn.agents.kinds.python",
     "AgentState": "cairn.storage.records",
     "AgentStatus": "cairn.coordinator.views",
     "ArchiveReport": "cairn.storage.archive",
@@ -74,6 +81,7 @@ _HOMES = {
     "Task": "cairn.client",
     "TaskResult": "cairn.coordinator.views",
     "TaskSpec": "cairn.coordinator.spec",
+    "Team": "cairn.coordinator.spec",
     "TaskState": "cairn.coordinator.runs",
     "TaskStatus": "cairn.coordinator.views",
     "Timeline": "cairn.coordinator.timeline",
@@ -83,6 +91,7 @@ _HOMES = {
 }
 
 __all__ = [
+    "AgentContext",
     "AgentState",
     "AgentStatus",
     "ArchiveReport",
@@ -90,6 +99,7 @@ __all__ = [
     "CheckpointDetail",
     "CheckpointInfo",
     "Client",
+    "CodeAgent",
     "Decision",
     "Diff",
     "Export",
@@ -97,8 +107,10 @@ __all__ = [
     "Lineage",
     "LiveCall",
     "LiveReply",
+    "Outcome",
     "PendingCall",
     "Price",
+    "Reply",
     "RestoreResult",
     "Settings",
     "Task",
@@ -106,10 +118,12 @@ __all__ = [
     "TaskSpec",
     "TaskState",
     "TaskStatus",
+    "Team",
     "Timeline",
     "ToolContext",
     "TraceEntry",
     "__version__",
+    "agent",
     "errors",
     "tool",
 ]

@@ -29,8 +29,10 @@ CairnError
 │   ├── PatchError       a patch is malformed or does not apply
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
 ├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
-├── MissingTool          an agent names a tool its worker does not have
-├── InvalidState         an agent kind's state holds a value that is not JSON
+├── MissingTool          an agent names a tool or kind its worker does not have
+├── AgentCodeError       an agent written in Python raised (retried)
+├── InvalidState         an agent in code left a state that is not JSON, or returned no outcome
+│   └── Diverged         an agent's code, replayed after a crash, did something else
 └── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 
 `Unavailable` is also a `ConnectionError`, `Timeout` a `TimeoutError`, `TaskNotFound` and
@@ -43,11 +45,13 @@ A leaf: it imports nothing of Cairn's, so every layer imports its errors from he
 from __future__ import annotations
 
 __all__ = [
+    "AgentCodeError",
     "ArchiveConflict",
     "ArchiveError",
     "CairnError",
     "CommitRefused",
     "CorruptCheckpoint",
+    "Diverged",
     "FencedWrite",
     "InvalidName",
     "InvalidSpec",
@@ -231,10 +235,18 @@ class InvalidWorkspace(CairnError):
 
 
 class MissingTool(CairnError):
-    """Raised when an agent names a tool its worker does not have.
+    """Raised when an agent names a tool (or an agent kind) its worker does not have.
 
     The step fails fatally, with no retry: another attempt on the same worker would find
     the tool missing again. The message names the tool and the worker (`host:pid`).
+    """
+
+
+class AgentCodeError(CairnError):
+    """Raised when an agent written in Python raises: the step fails, not the worker.
+
+    Its traceback is in the agent's trace; the step is retried as its spec's `max_retries`
+    says, replaying what the code did before (nothing is paid for or run twice).
     """
 
 
@@ -243,6 +255,15 @@ class InvalidState(CairnError):
 
     Checked before every checkpoint the step writes; the step fails fatally (the same
     code would do the same again), the message naming where the value is (`plan[2].when`).
+    """
+
+
+class Diverged(InvalidState):
+    """Raised when an agent's code, replayed after a crash, does something else than before.
+
+    A step retried from a tool-level checkpoint replays the code's actions from a journal;
+    code that decides from the clock or chance cannot be replayed. The step fails, and the
+    task is rolled back to its last global checkpoint, where there is nothing to replay.
     """
 
 

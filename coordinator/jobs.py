@@ -21,7 +21,7 @@ from cairn.coordinator.environment import environment
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.verify import JOB as VERIFY_JOB
 from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
-from cairn.errors import CairnError, FencedWrite, ModelError, ToolUnreachable
+from cairn.errors import AgentCodeError, CairnError, FencedWrite, ModelError, ToolUnreachable
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.redact import redact
@@ -89,7 +89,7 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
         kind = "refused" if exc.refused else "retryable" if exc.retryable else "fatal"
         record_outcome(*where, kind, str(exc))
         raise
-    except ToolUnreachable as exc:  # an MCP server down for now: another attempt may reach it
+    except (ToolUnreachable, AgentCodeError) as exc:  # another attempt may do better
         record_outcome(*where, "retryable", str(exc))
         raise
     except redis.OutOfMemoryError as exc:  # Redis full for now: memory may be freed

@@ -8,13 +8,22 @@ limits the coordinator enforces.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, TypeAlias
 
 import yaml
-from pydantic import BaseModel, Field, JsonValue, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 from cairn.agents.accounting import Budget, Price
+from cairn.agents.kinds.python import CodeAgent
 from cairn.agents.results import check_schema, schema_of
 from cairn.agents.spec import (
     MAX_PROMPT_CHARS,
@@ -23,6 +32,7 @@ from cairn.agents.spec import (
     StepPolicy,
     Strict,
     TaskRecord,
+    invalid,
     parse_model,
 )
 from cairn.agents.userfiles import load_json, load_yaml, read_bounded
@@ -278,3 +288,25 @@ def read_limits(store: CheckpointStore, task: str) -> Limits:
 def read_policy(store: CheckpointStore, task: str) -> CheckpointPolicy:
     """The task's checkpoint policy (`read_limits`)."""
     return read_limits(store, task).checkpoints
+
+
+@public
+class Team(TaskSpec):
+    """A task declared in Python: `client.submit(Team("goal", [planner, coder]))`.
+
+    `agents` may hold agents written in Python (`cairn.agent`: a member of that kind, by
+    the kind's name, asking no model) beside `AgentSpec`s and mappings of their fields.
+    The task's name is the goal's first line unless given; every other `TaskSpec` field
+    is a keyword. Validated as a YAML spec is: `InvalidSpec` names the first bad field.
+    """
+
+    def __init__(
+        self, goal: str, agents: Sequence[AgentSpec | CodeAgent | Mapping[str, Any]],
+        **fields: Any,  # noqa: ANN401 - `TaskSpec`'s fields, validated as a spec's are
+    ) -> None:  # fmt: skip
+        members = [a.spec() if isinstance(a, CodeAgent) else a for a in agents]
+        name = fields.pop("name", None) or (goal.strip().splitlines() or ["team"])[0][:200]
+        try:
+            super().__init__(name=name, goal=goal, agents=members, **fields)
+        except ValidationError as exc:
+            raise invalid(exc, "team") from None

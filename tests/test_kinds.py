@@ -56,8 +56,8 @@ class Counter:
 def counting(monkeypatch: pytest.MonkeyPatch) -> Counter:
     """Every agent a `Counter` (the spec has no field to choose a kind yet)."""
     counter = Counter()
-    monkeypatch.setattr(step, "kind_of", lambda spec: counter)
-    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: counter)
+    monkeypatch.setattr(step, "kind_of", lambda spec, registry=None: counter)
+    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec, registry=None: counter)
     return counter
 
 
@@ -117,8 +117,8 @@ def first_attempt(
     monkeypatch: pytest.MonkeyPatch, store: CheckpointStore, kind: object, task: str
 ) -> int:
     """Start `task` of one agent, `tally`, of `kind`; fence attempt 1 of its step 1; the epoch."""
-    monkeypatch.setattr(step, "kind_of", lambda spec: kind)
-    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec: kind)
+    monkeypatch.setattr(step, "kind_of", lambda spec, registry=None: kind)
+    monkeypatch.setattr("cairn.agents.task.kind_of", lambda spec, registry=None: kind)
     start_task(store, record(task, scripted("tally", [])), {})
     store.hot.begin_attempt(task, "tally", 1, 1)
     return store.hot.get_epoch(task)

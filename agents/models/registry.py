@@ -14,10 +14,10 @@ from collections.abc import Mapping
 from importlib.metadata import entry_points
 
 from cairn.agents.models.anthropic import build_anthropic
-from cairn.agents.models.base import Model, ModelConfig, ModelProvider
+from cairn.agents.models.base import Model, ModelConfig, ModelProvider, ModelReply, ModelRequest
 from cairn.agents.models.openai import build_openai
 from cairn.agents.models.scripted import ScriptedModel
-from cairn.agents.spec import AgentSpec
+from cairn.agents.spec import NO_MODEL, AgentSpec
 from cairn.errors import ModelError
 
 ENTRY_POINT_GROUP = "cairn.models"
@@ -33,6 +33,8 @@ def build_model(spec: AgentSpec, environ: Mapping[str, str]) -> Model:
     """
     if spec.model == "scripted":
         return ScriptedModel(spec.script)
+    if spec.model == NO_MODEL:
+        return NoModel(spec.name)
     provider_name, _, name = spec.model.partition(":")
     provider = find_provider(provider_name)
     config = ModelConfig(
@@ -97,3 +99,15 @@ def find_provider(name: str) -> ModelProvider:
             f"model provider {name!r} ({found[0].value}) is not callable", retryable=False
         )
     return provider  # type: ignore[no-any-return]  # an entry point's object is untyped
+
+
+class NoModel:
+    """The model of an agent in code that names none: asking it fails the step, saying so."""
+
+    def __init__(self, agent: str) -> None:
+        self.agent = agent
+
+    def complete(self, request: ModelRequest) -> ModelReply:
+        """Raise a fatal `ModelError`: the spec must name a model for the agent to ask one."""
+        raise ModelError(f"agent {self.agent} names no model (model: none); give it one to "
+                         "ask", retryable=False)  # fmt: skip
