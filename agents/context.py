@@ -335,7 +335,7 @@ class StepContext:
                       call.name, call.args)  # fmt: skip
         own = ToolContext(workspace=self.workspace, agent=self.agent, team=self.team,
                           superstep=self.lc.superstep, policy=self.policy, task=self.task,
-                          outbox=self.lc.outbox, key=key)  # fmt: skip
+                          outbox=self.lc.outbox, key=key, history=self.lc.messages)  # fmt: skip
         # The trace records an external call's key; a tool that reads it works it out.
         traced = own.idempotency_key if tool.effects is Effects.EXTERNAL else None
         try:

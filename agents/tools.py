@@ -13,12 +13,13 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from pydantic import JsonValue
 
+from cairn.agents.handoff import handoff_text
 from cairn.agents.models.base import ToolSchema
 from cairn.agents.patch import apply_file_patch, parse_patch
 from cairn.agents.sandbox import CommandLimits, process_sandbox
@@ -27,7 +28,7 @@ from cairn.agents.workspace import Workspace, check_path, replace_file
 from cairn.errors import ToolError
 from cairn.storage.ids import new_id
 from cairn.storage.public import public
-from cairn.storage.records import Effects, ImagePart, InboxMessage
+from cairn.storage.records import Effects, ImagePart, InboxMessage, Message
 
 MAX_LISTED = 2_000
 MAX_READ = 1_000_000
@@ -53,6 +54,8 @@ class ToolContext:
     task: str = ""
     outbox: list[InboxMessage] = field(default_factory=list)
     finished: str | None = None  # the summary, once `finish` was called
+    handed_to: str | None = None  # the teammate the call handed the conversation to
+    history: Sequence[Message] = ()  # the agent's conversation, for a handoff to carry
     # Images the call returned, beside its text, for a model that takes them: the step
     # moves them into the call's result message.
     images: list[ImagePart] = field(default_factory=list)
@@ -141,6 +144,16 @@ def _object(optional: tuple[str, ...] = (), **properties: str) -> dict[str, Json
     }
     required: list[JsonValue] = [name for name in properties if name not in optional]
     return {"type": "object", "properties": described, "required": required}
+
+
+def _handoff_schema() -> dict[str, JsonValue]:
+    """`handoff`'s arguments: to whom, the note, and whether the conversation goes along."""
+    schema = _object(to="the teammate's name", note="what they should do next")
+    properties = schema["properties"]
+    assert isinstance(properties, dict)
+    along = "send your conversation along (default true; false: the note says it all)"
+    properties["include_history"] = {"type": "boolean", "description": along}
+    return schema
 
 
 def list_files(ctx: ToolContext, args: Args) -> str:
@@ -303,6 +316,18 @@ def send_message(ctx: ToolContext, args: Args) -> str:
     return f"message to {to} will be delivered at the end of this superstep"
 
 
+def handoff(ctx: ToolContext, args: Args) -> str:
+    """Hand the conversation to a teammate (`cairn.agents.handoff`); the agent then rests."""
+    note = _bounded_text(args, "note", "handoff", MAX_MESSAGE // 2)
+    along = args.get("include_history", True)
+    if not isinstance(along, bool):
+        raise ToolError("argument 'include_history' must be true or false")
+    text = handoff_text(ctx.agent, note, ctx.history, MAX_MESSAGE) if along else note
+    send_message(ctx, {"to": args.get("to"), "content": text})
+    ctx.handed_to = _text(args, "to")
+    return f"handed over to {ctx.handed_to}; you rest until a message wakes you"
+
+
 def finish(ctx: ToolContext, args: Args) -> str:
     """Say the agent's part is done; it rests until a message wakes it."""
     ctx.finished = _text(args, "summary", "")
@@ -329,6 +354,9 @@ TOOLS: dict[str, Tool] = {
              _object(command="the command line"), EXTERNAL, run_command),
         Tool("send_message", "Send a message to a teammate (delivered at the end of the round).",
              _object(to="the teammate's name", content="the message"), WORKSPACE, send_message),
+        Tool("handoff", "Hand the conversation to a teammate, who takes it from here; "
+             "you rest until a message wakes you.",
+             _handoff_schema(), WORKSPACE, handoff),
         Tool("finish", "Say your part is done, with a short summary.",
              _object(("summary",), summary="what you did"), NONE, finish),
     )

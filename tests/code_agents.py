@@ -92,3 +92,21 @@ def hoarder(ctx: AgentContext) -> str:
     """Keeps a value in its state that is not JSON."""
     ctx.state["seen"] = {"plan": [1, {2}]}  # a set: not JSON
     return "continue"
+
+
+@cairn.agent
+def careful(ctx: AgentContext) -> cairn.Outcome:
+    """Lets its model call tools, a person approving each write; finishes after."""
+    if ctx.state.get("done"):
+        return cairn.Outcome.FINISH
+    reply = ctx.ask("Write the note.", tools=True)
+    ctx.run_calls(reply)  # the step stops here until a person decides
+    ctx.state["done"] = True
+    return ctx.finish({"calls": [call.name for call in reply.calls]})
+
+
+@cairn.agent
+def triage(ctx: AgentContext) -> cairn.Outcome:
+    """Looks at the case with its model, then hands the conversation to the specialist."""
+    ctx.ask()
+    return ctx.handoff("specialist", "The refund needs a specialist: take it from here.")

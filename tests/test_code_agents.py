@@ -17,6 +17,7 @@ import pytest
 import cairn
 from cairn.agents.kinds.journal import Journal
 from cairn.agents.spec import AgentSpec
+from cairn.coordinator import views
 from cairn.errors import Diverged, InvalidSpec
 from cairn.storage.chain import WorkingState
 from tests import code_agents
@@ -144,6 +145,29 @@ def test_code_that_raises_is_a_step_error_with_its_traceback_and_is_retried(
     assert "ZeroDivisionError" in failure.error
     writes = [row for row in state.trace if row.tool == "write_file"]
     assert ["before.txt", "after.txt"] == [row.arguments["path"] for row in writes]
+
+
+def test_a_call_a_person_approves_stops_the_code_until_one_decides(cluster: Cluster) -> None:
+    """The run goes on after the decision, replayed: its model was asked once."""
+    write = {"name": "write_file", "args": {"path": "NOTE.md", "content": "approved\n"}}
+    member = code_agents.careful.spec(
+        model="scripted", script=[{"say": "Writing.", "tools": [write]}], approve=["write_file"]
+    )
+    cluster.start_worker()
+    cluster.wait_for_workers(1)
+    task = cluster.tasks.submit(cairn.Team("Write with care.", [member]))
+    cluster.tick_until(lambda: bool(views.pending_approvals(cluster.store, task)))
+    [pending] = views.pending_approvals(cluster.store, task)
+    assert ("careful", "write_file") == (pending.agent, pending.tool)
+    views.record_decision(cluster.store, task, "careful", None, approved=True)
+    assert "succeeded" == cluster.drive(task)["status"], cluster.worker_logs()
+    state = final(cluster, task, "careful")
+    assert {"state": {"done": True}} == state.kind_state
+    assert {"calls": ["write_file"]} == (state.result.value if state.result else None)
+    assert 1 == len([row for row in state.trace if row.tool is None])
+    gc = cluster.store.latest_gc(task)
+    assert gc is not None
+    assert b"approved\n" == files_of(cluster.store, gc)["NOTE.md"]
 
 
 @pytest.mark.parametrize(

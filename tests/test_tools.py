@@ -152,9 +152,11 @@ def test_tools_declare_their_effects() -> None:
         "apply_patch": Effects.WORKSPACE,
         "run_command": Effects.EXTERNAL,
         "send_message": Effects.WORKSPACE,
+        "handoff": Effects.WORKSPACE,
         "finish": Effects.NONE,
     } == {name: tool.effects for name, tool in TOOLS.items()}
-    assert list(TOOL_NAMES) == list(TOOLS)  # a spec's default tools are the built-ins
+    # A spec's default tools are the built-ins, but for those an agent has only if named.
+    assert list(TOOL_NAMES) == [name for name in TOOLS if name != "handoff"]
 
 
 def test_missing_arguments_are_errors_for_the_model(ctx: ToolContext) -> None:

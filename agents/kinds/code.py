@@ -199,10 +199,16 @@ class AgentContext:
         """Call one of the agent's tools from code; its result, or `ToolError` with why not.
 
         The call is traced and follows the tool's effects, as a model's call does; it is
-        not part of the history (the model did not make it).
+        not part of the history (the model did not make it). A tool a person approves is
+        refused here: approvals are of a model's calls (`run_calls`).
         """
         said: dict[str, JsonValue] = {"name": name, "args": dict(args)}
         entry = self._journal.replay("tool", said)
+        if entry is None and name in self._step.approved:
+            raise ToolError(
+                f"{name} waits for a person's approval of each call, which only "
+                "a model's call gets: offer it (ask(tools=True), run_calls)"
+            )
         if entry is None:
             seq = self._journal.at  # the call's place: the same on every replay
             call = ToolCall(id=f"code-{self.superstep}-{seq}", name=name, args=dict(args))
@@ -236,6 +242,14 @@ class AgentContext:
     def send(self, to: str, text: str) -> None:
         """Send `text` to teammate `to`, delivered at the barrier (`send_message`)."""
         self.tool("send_message", to=to, content=text)
+
+    def handoff(self, to: str, note: str, *, include_history: bool = True) -> Outcome:
+        """Hand the conversation to teammate `to` (`cairn.agents.handoff`); returns `halt`.
+
+        For `return ctx.handoff(...)`: the agent rests until a message wakes it.
+        """
+        self.tool("handoff", to=to, note=note, include_history=include_history)
+        return Outcome.HALT
 
     def finish(self, result: JsonValue = None) -> Outcome:
         """Say the agent is done, with its result (checked against the task's schema, if any).

@@ -49,8 +49,9 @@ class LlmKind:
 
         Waiting while a call of its last turn awaits approval; finished once that turn
         called `finish` and the call worked (a result that does not fit, say, is an error
-        the agent goes on from); active while the turn asked for tools (it goes on next
-        superstep); else halted until a message wakes it.
+        the agent goes on from); halted once it handed the conversation over (`handoff`);
+        active while the turn asked for tools (it goes on next superstep); else halted
+        until a message wakes it.
         """
         if pending_calls(ctx.history):
             return AgentState.WAITING_APPROVAL
@@ -61,6 +62,8 @@ class LlmKind:
                   and not m.error}  # fmt: skip
         if any(c.name == "finish" and c.id in worked for c in ctx.history[at].tool_calls):
             return AgentState.FINISHED
+        if any(c.name == "handoff" and c.id in worked for c in ctx.history[at].tool_calls):
+            return AgentState.HALTED  # the teammate took the conversation over
         return AgentState.ACTIVE
 
 
