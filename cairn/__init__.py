@@ -8,6 +8,7 @@
         print(status.state, [a.status for a in status.agents])
         task.restore(to=1)
 
+In an event loop, `AsyncClient` makes the same calls, awaited (`async with AsyncClient()`).
 Everything promised is named in `__all__`; errors are in `cairn.errors`, the LangGraph
 checkpointer is `cairn.langgraph.CairnSaver` (the `langgraph` extra), the command line
 is `cairn.cli`, and `tool` (with `ToolContext`) makes a Python function a tool that
@@ -29,6 +30,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.agents.live import LiveCall, LiveReply
     from cairn.agents.toolkit import tool
     from cairn.agents.tools import ToolContext
+    from cairn.aio import AsyncClient, AsyncTask
     from cairn.client import Client, Task
     from cairn.coordinator.diff import Diff
     from cairn.coordinator.runs import TaskState
@@ -63,6 +65,8 @@ _HOMES = {
     "AgentState": "cairn.storage.records",
     "AgentStatus": "cairn.coordinator.views",
     "ArchiveReport": "cairn.storage.archive",
+    "AsyncClient": "cairn.aio",
+    "AsyncTask": "cairn.aio",
     "Budget": "cairn.agents.accounting",
     "CheckpointDetail": "cairn.coordinator.views",
     "CheckpointInfo": "cairn.coordinator.views",
@@ -95,6 +99,8 @@ __all__ = [
     "AgentState",
     "AgentStatus",
     "ArchiveReport",
+    "AsyncClient",
+    "AsyncTask",
     "Budget",
     "CheckpointDetail",
     "CheckpointInfo",

@@ -69,6 +69,23 @@ def _redis_errors(call: Callable[P, R]) -> Callable[P, R]:
     return checked
 
 
+def configure(
+    redis_url: str | None,
+    archive_dir: str | os.PathLike[str] | None,
+    settings: Settings | None,
+) -> Settings:
+    """A client's settings: `settings` (else those read now) with the arguments given on top.
+
+    Raises `InvalidSpec` for an invalid setting.
+    """
+    if settings is None:
+        return load_settings(redis_url=redis_url, archive_dir=archive_dir)
+    if redis_url is None and archive_dir is None:
+        return settings
+    given = (("redis_url", redis_url), ("archive_dir", archive_dir))
+    return settings.model_copy(update={name: value for name, value in given if value is not None})
+
+
 @public
 class Client:
     """A connection to one Cairn deployment: its Redis and its archive.
@@ -86,16 +103,7 @@ class Client:
         *,
         settings: Settings | None = None,
     ) -> None:
-        if settings is None:
-            settings = load_settings(redis_url=redis_url, archive_dir=archive_dir)
-        elif redis_url is not None or archive_dir is not None:
-            settings = settings.model_copy(
-                update={
-                    name: value
-                    for name, value in (("redis_url", redis_url), ("archive_dir", archive_dir))
-                    if value is not None
-                }
-            )
+        settings = configure(redis_url, archive_dir, settings)
         self.settings = settings
         url, origin = settings.redis()
         ping(url, origin)
@@ -173,6 +181,49 @@ class Client:
         return bool(self._redis.exists(keys.LEASE))
 
 
+class Waiting:
+    """One `wait`'s account of a task: its deadline, the last status read, Redis's silence.
+
+    `Task.wait` and `AsyncTask.wait` follow a task through it, each sleeping its own way.
+    """
+
+    def __init__(self, task_id: str, timeout: float | None, poll: float, outage: float) -> None:
+        self.task_id, self.timeout, self.poll, self.outage = task_id, timeout, poll, outage
+        self.deadline = None if timeout is None else time.monotonic() + timeout
+        self.last: TaskStatus | None = None  # the latest status read
+        self.lost: float | None = None  # since when Redis has not answered (monotonic)
+
+    def saw(self, status: TaskStatus) -> None:
+        """Note a status read: Redis answers again."""
+        self.last, self.lost = status, None
+
+    def gives_up(self, asked: float) -> bool:
+        """Note a read begun at `asked` that Redis did not answer; true once silent `outage` s."""
+        # Silent since the first read that failed began.
+        self.lost = asked if self.lost is None else self.lost
+        return time.monotonic() - self.lost >= self.outage
+
+    def pause(self) -> float:
+        """Seconds to sleep before the next read; `Timeout` once the deadline has passed."""
+        if self.deadline is None:
+            return self.poll
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise Timeout(self._not_ended())
+        return min(self.poll, left)
+
+    def _not_ended(self) -> str:
+        """What `wait` says when its timeout ran out: the task's state, else Redis's silence."""
+        timeout = self.timeout or 0.0  # set, with the deadline
+        if self.lost is None and self.last is not None:
+            return f"task {self.task_id} is still {self.last.state.value} after {timeout:g} s"
+        silent = time.monotonic() - (self.lost or 0.0)
+        return (
+            f"task {self.task_id} did not end within {timeout:g} s: "
+            f"Redis has not answered for {silent:.1f} s"
+        )
+
+
 def _parse(spec: SpecSource, base: str | os.PathLike[str] | None) -> tuple[TaskSpec, Path]:
     """A spec source as a `TaskSpec`, with the directory its `workspace` is relative to."""
     where = Path() if base is None else Path(base)
@@ -219,40 +270,21 @@ class Task:
         first (the task runs on). A Redis that stops answering (a failover, a restart) is
         waited out; one that has not answered for `outage` seconds raises `Unavailable`.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        last: TaskStatus | None = None  # the latest status read
-        lost: float | None = None  # since when Redis has not answered (monotonic)
+        waiting = Waiting(self.id, timeout, poll, outage)
         while True:
             asked = time.monotonic()
             try:
                 status = self.status()
             except Unavailable:
-                lost = asked if lost is None else lost  # silent since the read that failed began
-                if time.monotonic() - lost >= outage:
+                if waiting.gives_up(asked):
                     raise
             else:
-                last, lost = status, None
+                waiting.saw(status)
                 if on_status is not None:
                     on_status(status)
                 if status.ended:
                     return status
-            if deadline is None:
-                time.sleep(poll)
-                continue
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise Timeout(self._not_ended(timeout or 0.0, last, lost))  # set with deadline
-            time.sleep(min(poll, left))
-
-    def _not_ended(self, timeout: float, last: TaskStatus | None, lost: float | None) -> str:
-        """What `wait` says when `timeout` ran out: the task's state, else Redis's silence."""
-        if lost is None and last is not None:
-            return f"task {self.id} is still {last.state.value} after {timeout:g} s"
-        silent = time.monotonic() - (lost or 0.0)
-        return (
-            f"task {self.id} did not end within {timeout:g} s: "
-            f"Redis has not answered for {silent:.1f} s"
-        )
+            time.sleep(waiting.pause())
 
     @_redis_errors
     def live_replies(self, agents: Iterable[str] | None = None) -> dict[str, LiveReply]:
