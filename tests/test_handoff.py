@@ -8,9 +8,11 @@ rests (halted) and is not woken again; the specialist's history holds the transc
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import cairn
 from cairn.agents.handoff import handoff_text
+from cairn.agents.spec import AgentSpec
 from cairn.storage.records import AgentState, Message, Role, ToolCall
 from tests import code_agents
 from tests.cluster import Cluster
@@ -21,7 +23,7 @@ HANDOFF = {
 }
 
 
-def triage_team(triage: object) -> cairn.Team:
+def triage_team(triage: AgentSpec | dict[str, Any]) -> cairn.Team:
     """Triage (of `triage`: an llm spec or a kind in code) and the specialist who finishes."""
     specialist = {
         "name": "specialist",
