@@ -39,6 +39,8 @@ from bench.storage import Text, filesystem, floor_write
 from cairn.agents.barrier import build_gc
 from cairn.agents.context import StepContext
 from cairn.agents.heartbeat import Heartbeat
+from cairn.agents.kinds.code import AgentContext
+from cairn.agents.kinds.python import agent
 from cairn.agents.models.base import Model, ModelRequest
 from cairn.agents.models.scripted import ScriptedModel
 from cairn.agents.spec import TOOL_NAMES, AgentSpec, StepPolicy, TaskRecord, ToolRequest, Turn
@@ -182,9 +184,11 @@ class Team:
         model: Model,
         text: Text,
         tools: Sequence[str] = TOOL_NAMES,
+        kind: str = "llm",
     ) -> Team:
-        """Start `task` (GC 0) with one agent whose turns `model` plays, offered `tools`."""
-        agent = AgentSpec(name=AGENT, model="scripted", system=SYSTEM, tools=list(tools))
+        """Start `task` (GC 0) with one agent of `kind` whose turns `model` plays, with `tools`."""
+        agent = AgentSpec(name=AGENT, kind=kind, model="scripted", system=SYSTEM,
+                          tools=list(tools))  # fmt: skip
         record = TaskRecord(task=task, goal=GOAL, agents=[agent])
         return cls(store, root / "cache", model, start_task(store, record, initial_files(text)))
 
@@ -560,6 +564,68 @@ def tool_steps(env: Env) -> None:
     env.targets.append(Target(name, steps[PY_TOOL].p50 / base, TOOL_STEP_LIMIT).report())
 
 
+# 4. an agent in code vs the built-in loop ---------------------------------------------------
+# "No more than a built-in step": the code's own bookkeeping (its context, the journal's two
+# entries and their digests) is ~75 Python calls a step, about 1% of it; the p50s of two
+# like steps taking turns differ by up to a few percent run to run (the disk's renames).
+CODE_STEP_LIMIT = 1.05
+CODE_KIND = "bench_coder"
+
+
+@agent(name=CODE_KIND)
+def code_coder(ctx: AgentContext) -> str:
+    """The built-in loop's work, written in Python: one model turn, then the calls it asked for."""
+    ctx.run_calls(ctx.ask(tools=True))
+    return "continue"
+
+
+def code_steps(env: Env) -> None:
+    """Measurement 4: a step of an agent in code vs a built-in step doing the same, in turns.
+
+    Two tasks of one agent each, playing the same turns (a say and one write_file): one of
+    the built-in `llm` kind, one of a `cairn.agent` kind whose function asks the model with
+    the tools on offer and runs the calls, as the built-in loop does. The code's step adds
+    its journal to the checkpoints and its context's calls to the step.
+    """
+    registry = builtin_tools()
+    registry.add_kind(code_coder, "bench")
+    n = TOOL_FILL + TOOL_STEPS + 5
+    teams = {}
+    for kind in ("llm", CODE_KIND):
+        model = ScriptedModel(turns(env.text, n))
+        teams[kind] = Team.start(env.store, env.root, f"kind-{kind}", model, env.text, kind=kind)
+    for team in teams.values():
+        team.tools = registry
+    for _ in range(TOOL_FILL):
+        for team in teams.values():
+            team.superstep()
+    steps = {kind: Samples() for kind in teams}
+    for i in range(TOOL_STEPS):
+        order = list(teams) if i % 2 == 0 else list(reversed(teams))  # neither always first
+        for kind in order:
+            team = teams[kind]
+            team.begin()
+            vote, took = clock(team.step)
+            steps[kind].add(took)
+            team.barrier(vote)
+    for kind, team in teams.items():  # both did the work: a turn and a write a superstep
+        lc = env.store.read_lc(team.gc.task, AGENT, team.gc.members[AGENT].id)
+        assert lc.messages[-1].name == "write_file", f"the {kind} step wrote nothing"
+    base = steps["llm"].p50
+    names = {"llm": "run_step, built-in llm kind", CODE_KIND: "run_step, a cairn.agent kind"}
+    table(
+        f"4. An agent in code vs the built-in loop, the same work (a turn and a write_file): "
+        f"{TOOL_STEPS} steps each, taking turns, zero-latency model, after {TOOL_FILL} untimed",
+        ["operation", "p50", "p99", "mean", "p50 vs llm"],
+        [
+            [names[kind], *(duration(v) for v in (s.p50, s.p99, s.mean)), ratio(s.p50, base)]
+            for kind, s in steps.items()
+        ],
+    )
+    name = "step of a cairn.agent p50 / step of the built-in llm kind p50, same work"
+    env.targets.append(Target(name, steps[CODE_KIND].p50 / base, CODE_STEP_LIMIT).report())
+
+
 # the part ------------------------------------------------------------------------------
 def run() -> list[Target]:
     """Run the agents measurements (MCP's without Redis); return the targets."""
@@ -576,5 +642,6 @@ def run() -> list[Target]:
         step_overhead(env)
         on_off(env)
         tool_steps(env)
+        code_steps(env)
         env.targets += [target.report() for target in mcp_call.run()]
         return env.targets

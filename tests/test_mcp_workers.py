@@ -445,6 +445,11 @@ def test_a_worker_runs_the_tools_of_a_module_cairn_tools_names(
             "cairn: cannot import tools module 'nope.module': ModuleNotFoundError",
         ),
         (
+            ["cairn.cli", "up", "--tools", "nope.module"],
+            {},
+            "cairn: cannot import tools module 'nope.module': ModuleNotFoundError",
+        ),
+        (
             ["cairn.coordinator.worker"],
             {"CAIRN_MCP_CONFIG": "MISSING"},
             "worker.py: error: MCP config MISSING: cannot read",
@@ -455,7 +460,7 @@ def test_a_worker_runs_the_tools_of_a_module_cairn_tools_names(
             "cairn: MCP config MISSING: cannot read",
         ),
     ],
-    ids=["worker-tools", "cli-tools", "worker-mcp", "cli-mcp"],
+    ids=["worker-tools", "cli-tools", "up-tools", "worker-mcp", "cli-mcp"],
 )
 def test_a_worker_with_tools_it_cannot_load_refuses_to_start_with_one_line(
     own_redis: RedisServer, tmp_path: Path, command: list[str], env: dict[str, str], expected: str

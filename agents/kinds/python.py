@@ -39,6 +39,7 @@ from cairn.storage.redact import redact
 AgentFunction = Callable[[AgentContext], object]
 MAX_TRACEBACK = 8_000  # characters of a traceback kept in the trace
 _KIND = re.compile(KIND_PATTERN)
+_OUTCOMES = frozenset(outcome.value for outcome in Outcome)
 STATUS = {
     Outcome.CONTINUE: AgentState.ACTIVE,
     Outcome.HALT: AgentState.HALTED,
@@ -102,7 +103,7 @@ class CodeAgent:
     def _outcome(self, agent: str, returned: object) -> Outcome:
         if returned is None:
             return Outcome.HALT
-        if isinstance(returned, str) and returned in Outcome.__members__.values():
+        if isinstance(returned, str) and returned in _OUTCOMES:
             return Outcome(returned)
         shown = repr(returned)[:80]
         raise InvalidState(

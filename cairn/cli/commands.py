@@ -379,4 +379,7 @@ def up(args: argparse.Namespace, session: Session) -> int:
     settings = session.settings
     if args.concurrency:
         settings = settings.model_copy(update={"worker_concurrency": args.concurrency})
+    if args.tools:  # checked here, as `worker` does: one line, not workers dying as they start
+        settings = settings.model_copy(update={"tools": (*settings.tools, *args.tools)})
+        load_tools(settings.tools)
     return run_up(settings, args.workers, session.console)

@@ -183,6 +183,7 @@ def build_parser() -> Parser:
     cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
     cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
     _concurrency_option(cmd)
+    _tools_option(cmd)
     return parser
 
 
@@ -211,16 +212,21 @@ def _people_options(approvals: argparse.ArgumentParser, console: argparse.Argume
 def _worker_options(cmd: argparse.ArgumentParser) -> None:
     cmd.add_argument("--count", type=_positive, default=1, help="how many (default 1)")
     _concurrency_option(cmd)
-    cmd.add_argument(
-        "--tools",
-        action="append",
-        metavar="MODULE",
-        help="a module of Python tools to load (repeatable; CAIRN_TOOLS, comma-separated)",
-    )
+    _tools_option(cmd)
     cmd.add_argument(
         "--mcp-config",
         metavar="FILE",
         help="MCP servers, an mcpServers JSON file (CAIRN_MCP_CONFIG)",
+    )
+
+
+def _tools_option(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument(
+        "--tools",
+        action="append",
+        metavar="MODULE",
+        help="a module of Python tools and agents to load (repeatable; CAIRN_TOOLS, "
+        "comma-separated)",
     )
 
 
