@@ -35,6 +35,7 @@ from cairn.agents.workspace import (
 )
 from cairn.errors import InvalidSpec
 from cairn.storage.keys import check_name
+from cairn.storage.public import public
 from cairn.storage.records import Record
 
 TOOL_NAMES = (  # the built-in tools (agents/tools.py), every agent's tools by default
@@ -146,6 +147,7 @@ class Turn(Strict):
     crash: CrashSpec | None = None
 
 
+@public
 class AgentSpec(Strict):
     """One member of the team.
 

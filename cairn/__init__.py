@@ -27,6 +27,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.agents.accounting import Budget, Price
     from cairn.agents.kinds.code import AgentContext, Outcome, Reply
     from cairn.agents.kinds.python import CodeAgent, agent
+    from cairn.agents.spec import AgentSpec
     from cairn.agents.live import LiveCall, LiveReply
     from cairn.agents.toolkit import tool
     from cairn.agents.tools import ToolContext
@@ -58,6 +59,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
 # Where each name is defined: the module `__getattr__` imports it from.
 _HOMES = {
     "AgentContext": "cairn.agents.kinds.code",
+    "AgentSpec": "cairn.agents.spec",
     "CodeAgent": "cairn.agents.kinds.python",
     "Outcome": "cairn.agents.kinds.code",
     "Reply": "cairn.agents.kinds.code",
@@ -96,6 +98,7 @@ _HOMES = {
 
 __all__ = [
     "AgentContext",
+    "AgentSpec",
     "AgentState",
     "AgentStatus",
     "ArchiveReport",
