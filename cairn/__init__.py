@@ -27,8 +27,8 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.agents.accounting import Budget, Price
     from cairn.agents.kinds.code import AgentContext, Outcome, Reply
     from cairn.agents.kinds.python import CodeAgent, agent
-    from cairn.agents.spec import AgentSpec
     from cairn.agents.live import LiveCall, LiveReply
+    from cairn.agents.spec import AgentSpec
     from cairn.agents.toolkit import tool
     from cairn.agents.tools import ToolContext
     from cairn.aio import AsyncClient, AsyncTask

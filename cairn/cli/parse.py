@@ -180,10 +180,7 @@ def build_parser() -> Parser:
         command("approvals", commands.approvals, "tool calls waiting for a person"),
         command("console", commands.console, "serve the web console", json=False),
     )
-    cmd = command("up", commands.up, "run Redis, a coordinator and workers here", json=False)
-    cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
-    _concurrency_option(cmd)
-    _tools_option(cmd)
+    _up_options(command("up", commands.up, "run Redis, a coordinator and workers here", json=False))
     return parser
 
 
@@ -218,6 +215,12 @@ def _worker_options(cmd: argparse.ArgumentParser) -> None:
         metavar="FILE",
         help="MCP servers, an mcpServers JSON file (CAIRN_MCP_CONFIG)",
     )
+
+
+def _up_options(cmd: argparse.ArgumentParser) -> None:
+    cmd.add_argument("--workers", type=_positive, default=2, help="how many (default 2)")
+    _concurrency_option(cmd)
+    _tools_option(cmd)
 
 
 def _tools_option(cmd: argparse.ArgumentParser) -> None:
