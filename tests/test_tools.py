@@ -153,8 +153,10 @@ def test_tools_declare_their_effects() -> None:
         "run_command": Effects.EXTERNAL,
         "send_message": Effects.WORKSPACE,
         "finish": Effects.NONE,
+        "spawn_agent": Effects.WORKSPACE,  # the spawn waits in the step's LC for the barrier
     } == {name: tool.effects for name, tool in TOOLS.items()}
-    assert list(TOOL_NAMES) == list(TOOLS)  # a spec's default tools are the built-ins
+    # A spec's default tools are the built-ins but spawn_agent, which a spec must list.
+    assert [*TOOL_NAMES, "spawn_agent"] == list(TOOLS)
 
 
 def test_missing_arguments_are_errors_for_the_model(ctx: ToolContext) -> None:
