@@ -93,7 +93,8 @@ class AgentStatus(View):
     status: AgentState
     step: int | None  # None when its checkpoint cannot be read (see `TaskStatus.error`)
     usage: Spending = Field(default_factory=Spending)
-    spawned_by: str | None = None  # the member that spawned it; None: the spec lists it
+    # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
+    spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
 
 
 @public
@@ -210,7 +211,8 @@ class CheckpointMember(View):
     checksum: str
     status: AgentState
     step: int | None  # None when its local checkpoint is gone (an aborted checkpoint's)
-    spawned_by: str | None = None  # the member that spawned it; None: the spec lists it
+    # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
+    spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
 
 
 @public
