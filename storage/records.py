@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from cairn.storage.public import public
 
-SCHEMA_VERSION = 5  # what this code writes; older records are read through storage/upcast.py
+SCHEMA_VERSION = 6  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
