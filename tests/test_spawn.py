@@ -268,3 +268,21 @@ def test_a_worker_killed_in_the_spawning_step_retries_it_to_the_same_end(
     )
     retried = [c for c in gather(cluster.client, cluster.store, faulted).steps if c.attempt > 1]
     assert ["lead"] == [c.agent for c in retried]
+
+
+def test_a_restore_after_the_spawn_keeps_the_members_and_the_task_ends_as_before(
+    cluster: Cluster,
+) -> None:
+    """Spawned members are staged with the rest of the team and go on with their own specs."""
+    cluster.start_worker()
+    cluster.start_worker()
+    task = cluster.tasks.submit(orchestrator())
+    assert "succeeded" == cluster.drive(task)["status"]
+    files_end = files_of(cluster.store, latest(cluster, task))
+
+    restored = cluster.coordinator.restorer.restore(task, to=1)
+    gc = cluster.store.read_gc(task, restored.number)
+    assert {"lead", *WORKERS} == set(gc.members)
+    assert cluster.store.read_gc(task, 1).spawned == gc.spawned
+    assert "succeeded" == cluster.drive(task)["status"]
+    assert files_end == files_of(cluster.store, latest(cluster, task))
