@@ -8,7 +8,7 @@ single atomic write.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from pydantic import ConfigDict, Field
 
@@ -24,6 +24,7 @@ from cairn.storage.records import (
     Message,
     Record,
     Role,
+    SpawnRequest,
     ToolCall,
 )
 from cairn.storage.store import CheckpointStore
@@ -41,15 +42,21 @@ class StepOutputs(Record):
     inbox_cursor: int = 0
     changes: dict[str, str | None] = Field(default_factory=dict)
     outbox: list[InboxMessage] = Field(default_factory=list)
+    spawns: list[SpawnRequest] = Field(default_factory=list)
     workspace_after: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
 class Barrier:
-    """A barrier's outcome: the GC to commit and the write conflicts it resolved."""
+    """A barrier's outcome: the GC to commit and the write conflicts it resolved.
+
+    `spawns` are the members the superstep's steps spawned, (spawner, request) in team
+    order: they join when `cairn.agents.joining.join` takes them into `gc`.
+    """
 
     gc: GlobalCheckpoint
     conflicts: list[Conflict]
+    spawns: list[tuple[str, SpawnRequest]] = field(default_factory=list)
 
 
 def build_gc(
@@ -120,8 +127,10 @@ def build_gc(
         workspace=workspace,
         inbox=inbox,
         delivered=delivered,
+        spawned=previous.spawned,
     )
-    return Barrier(gc, conflicts)
+    spawns = [(agent, request) for agent, lc in stored.items() for request in lc.spawns]
+    return Barrier(gc, conflicts, spawns)
 
 
 def conflict_message(conflict: Conflict, superstep: int) -> str:

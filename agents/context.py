@@ -18,7 +18,7 @@ from functools import partial
 
 from pydantic import JsonValue
 
-from cairn.agents import faults
+from cairn.agents import faults, spawn
 from cairn.agents.accounting import cost
 from cairn.agents.approval import decision_for
 from cairn.agents.compaction import (
@@ -142,6 +142,24 @@ class StepContext:
             self.lc.inbox_cursor = note.seq
         self.lc.messages.extend(delivered)
         return delivered
+
+    def spawn(self, name: str, spec: AgentSpec, brief: str) -> str:
+        """Add member `name` to the team (`spec`; `brief` its first message): see `agents.spawn`.
+
+        It joins at this step's barrier and starts in the next superstep; its result comes
+        back as a message when it finishes. Returns what the agent is told; raises
+        `SpawnRefused` saying why (a name taken, a spec that does not parse, the task full).
+        The spawn is traced as a call of `spawn`.
+        """
+        started, clock = datetime.now(UTC), time.perf_counter()
+        args: dict[str, JsonValue] = {"name": name, "brief": brief}
+        try:
+            said = spawn.spawn(self, name, spec, brief)
+        except ToolError as exc:
+            self._trace("spawn", args, None, Effects.WORKSPACE, str(exc), started, clock, None)
+            raise
+        self._trace("spawn", args, said, Effects.WORKSPACE, None, started, clock, None)
+        return said
 
     def ask(self, *, offer_tools: bool = True) -> ModelReply:
         """Take one model turn on the history, the agent's tools on offer unless told not.
@@ -335,7 +353,8 @@ class StepContext:
                       call.name, call.args)  # fmt: skip
         own = ToolContext(workspace=self.workspace, agent=self.agent, team=self.team,
                           superstep=self.lc.superstep, policy=self.policy, task=self.task,
-                          outbox=self.lc.outbox, key=key, history=self.lc.messages)  # fmt: skip
+                          outbox=self.lc.outbox, key=key, history=self.lc.messages,
+                          spawn=partial(spawn.spawn_from_args, self))  # fmt: skip
         # The trace records an external call's key; a tool that reads it works it out.
         traced = own.idempotency_key if tool.effects is Effects.EXTERNAL else None
         try:

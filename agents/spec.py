@@ -54,6 +54,10 @@ TOOL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_-]{0,63}")
 LLM_KIND = "llm"  # the built-in kind: a model turn, then the tools it asked for
 KIND_PATTERN = r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$"  # a kind's name, as `cairn.agent` gives it
 NO_MODEL = "none"  # the model of an agent in code that asks none
+# How many members a task may hold, spawned ones too, unless its spec says (`max_agents`);
+# a spec listing more agents holds that many.
+DEFAULT_MAX_AGENTS = 32
+MAX_AGENTS = 1_000
 MAX_PROMPT_CHARS = 1_000_000  # of a task's goal or an agent's system prompt
 MODEL_PATTERN = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}:\S{1,256}")
 MODEL_CHOICES = (
@@ -312,6 +316,11 @@ class TaskRecord(Record):
     result: dict[str, JsonValue] | None = Field(
         default=None, exclude_if=lambda schema: schema is None
     )
+    # How many members the task may hold, spawned ones too (`member_limit`). Left out of
+    # the stored form when unset, so a record without one is as it was.
+    max_agents: int | None = Field(
+        default=None, ge=1, le=MAX_AGENTS, exclude_if=lambda limit: limit is None
+    )
 
     @field_validator("task")
     @classmethod
@@ -325,8 +334,18 @@ class TaskRecord(Record):
             raise ValueError(f"agent names must be unique: {names}")
         return self
 
+    @property
+    def member_limit(self) -> int:
+        """How many members the task may hold: `max_agents`, else the default or its team's size."""
+        if self.max_agents is not None:
+            return self.max_agents
+        return max(DEFAULT_MAX_AGENTS, len(self.agents))
+
     def agent(self, name: str) -> AgentSpec:
-        """Return the spec of agent `name`, or raise `InvalidSpec`."""
+        """Return the spec of submitted agent `name`, or raise `InvalidSpec`.
+
+        A member spawned at run time has its spec in the GC: `cairn.agents.team.member_spec`.
+        """
         for spec in self.agents:
             if spec.name == name:
                 return spec

@@ -32,8 +32,9 @@ from cairn.agents.mcp.tools import agent_tools
 from cairn.agents.models import registry
 from cairn.agents.models.base import Model
 from cairn.agents.results import finish_tool
+from cairn.agents.spawn import report_finish
 from cairn.agents.spec import AgentSpec, TaskRecord
-from cairn.agents.team import team
+from cairn.agents.team import member_spec, team
 from cairn.agents.toolkit import ToolRegistry, installed_tools
 from cairn.agents.workspace import apply_changes, manifest_blob, net_changes
 from cairn.errors import FencedWrite, InvalidState
@@ -216,14 +217,14 @@ class _Step:
             cached = self.warm.state(at.task, at.agent, ref)
             state = cached or self.store.read_state(at.task, at.agent, ref.id, ref.checksum)
             state.step += 1
-            state.changes, state.outbox = {}, []
+            state.changes, state.outbox, state.spawns = {}, [], []
             state.workspace_before = gc.workspace
         state.superstep, state.epoch, state.attempt = at.superstep, at.epoch, at.attempt
         return state
 
     def run(self, models: ModelFactory, tools: ToolRegistry, mcp: McpManager | None) -> StepResult:
         """Let the agent's kind take its step, then write the step's LC and vote."""
-        spec = self.record.agent(self.at.agent)
+        spec = member_spec(self.record, self.gc, self.at.agent)
         # Before the model is asked: a tool this worker lacks fails the step (a retry here
         # would find the same tools), an MCP server it cannot reach is worth a retry.
         where = f"agent {self.at.agent}"
@@ -290,6 +291,8 @@ class _Step:
         state, ctx, task = self.state, self.ctx, self.at.task
         assert ctx is not None
         state.status = status
+        if status is AgentState.FINISHED:  # a spawned member's spawner hears of it
+            report_finish(state, self.gc)
         self._check_state()
         self._capture()
         files = apply_changes(self.base_files, state.changes)

@@ -61,6 +61,9 @@ class ToolContext:
     images: list[ImagePart] = field(default_factory=list)
     # The call's key, or how to work it out: most tools never read it.
     key: str | Callable[[], str] = field(default="", repr=False)
+    # Records a spawn of the `spawn_agent` call's arguments (`cairn.agents.spawn`); None
+    # where no step stands behind the call.
+    spawn: Callable[[dict[str, JsonValue]], str] | None = field(default=None, repr=False)
 
     @property
     def idempotency_key(self) -> str:
@@ -328,6 +331,27 @@ def handoff(ctx: ToolContext, args: Args) -> str:
     return f"handed over to {ctx.handed_to}; you rest until a message wakes you"
 
 
+def spawn_agent(ctx: ToolContext, args: Args) -> str:
+    """Add a member to the team; it joins at the end of this superstep (`cairn.agents.spawn`)."""
+    if ctx.spawn is None:
+        raise ToolError("spawn_agent runs only in an agent's step")
+    return ctx.spawn(args)
+
+
+SPAWN_PARAMETERS: dict[str, JsonValue] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "description": "the new member's name, unique in the team"},
+        "goal": {"type": "string", "description": "its brief: what it is to do, its first message"},
+        "system": {"type": "string", "description": "its system prompt"},
+        "model": {"type": "string", "description": "its model (default: yours)"},
+        "tools": {"type": "array", "items": {"type": "string"},
+                  "description": "its tools, some of yours (default: yours but spawn_agent)"},
+    },
+    "required": ["name", "goal"],
+}  # fmt: skip
+
+
 def finish(ctx: ToolContext, args: Args) -> str:
     """Say the agent's part is done; it rests until a message wakes it."""
     ctx.finished = _text(args, "summary", "")
@@ -359,5 +383,8 @@ TOOLS: dict[str, Tool] = {
              _handoff_schema(), WORKSPACE, handoff),
         Tool("finish", "Say your part is done, with a short summary.",
              _object(("summary",), summary="what you did"), NONE, finish),
+        Tool("spawn_agent", "Add a member to the team to work on a goal; it starts next round, "
+             "and its result comes to you as a message when it finishes.", SPAWN_PARAMETERS,
+             WORKSPACE, spawn_agent),
     )
 }  # fmt: skip

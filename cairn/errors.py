@@ -27,6 +27,7 @@ CairnError
 ├── ModelError           a model call failed (retryable or not)
 ├── ToolError            a tool call cannot be done; the model reads why
 │   ├── PatchError       a patch is malformed or does not apply
+│   ├── SpawnRefused     a member cannot be spawned: its name, spec or the task's limit
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
 ├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
 ├── MissingTool          an agent names a tool or kind its worker does not have
@@ -67,6 +68,7 @@ __all__ = [
     "RedisServerError",
     "RefusedJob",
     "RestoreFailed",
+    "SpawnRefused",
     "TaskNotFound",
     "Timeout",
     "ToolError",
@@ -214,6 +216,14 @@ class ToolError(CairnError):
 
 class PatchError(ToolError):
     """Raised when a patch is malformed or does not apply; nothing was changed."""
+
+
+class SpawnRefused(ToolError):
+    """Raised when a spawn is refused: a name taken or invalid, a bad spec, the task full.
+
+    The spawning agent reads why (a tool's error, or the exception in its own code); the
+    team is as it was.
+    """
 
 
 class ToolUnreachable(ToolError):

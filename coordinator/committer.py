@@ -15,6 +15,7 @@ from typing import cast
 import redis
 
 from cairn.agents.barrier import SYSTEM_SENDER, build_gc
+from cairn.agents.joining import join
 from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.context import Context, log
@@ -73,6 +74,8 @@ class Committer:
         except (RecordNotFound, CorruptCheckpoint) as exc:  # a vote whose LC Redis lost
             ctx.finisher.give_up(task, run, f"superstep {superstep} cannot be committed: {exc}")
             return
+        # Members the steps spawned: their first LCs are written, and the GC names them.
+        barrier = join(ctx.store, barrier, ctx.docs.record(task))
         agents = self.then(task, barrier.gc, seen)
         prepared = None
         try:
@@ -105,6 +108,7 @@ class Committer:
             gc=committed.number,
             epoch=committed.epoch,
             conflicts=len(barrier.conflicts),
+            spawns=len(barrier.spawns),
         )
         if prepared is None:
             self.after_commit(task, committed)

@@ -1,8 +1,9 @@
 """Diff: what changed from one global checkpoint to another, of one task or across a fork.
 
-Per agent, the messages, tool calls and compactions the second checkpoint's history has
-past the longest prefix it shares with the first's; for the workspace, the files added, removed and
-changed, each change as a unified diff (a binary file is named, not dumped).
+Who joined the team and who left it; per agent, the messages, tool calls and compactions
+the second checkpoint's history has past the longest prefix it shares with the first's;
+for the workspace, the files added, removed and changed, each change as a unified diff (a
+binary file is named, not dumped).
 
 Histories are read from their ends: both agents' LC chains are walked back, one delta at a
 time, until they meet at a common LC (within one task, where the later GC grew from the
@@ -45,6 +46,18 @@ class FilesDiff(View):
     changed: dict[str, str] = Field(default_factory=dict)
 
 
+class MembersDiff(View):
+    """Who joined the team and who left it, from the first checkpoint to the second.
+
+    `joined` maps each member the second has and the first lacks to the member that
+    spawned it (None for one its task's spec lists: a fork's new agent); `left` names the
+    members the first has and the second lacks (spawned after it, when a restore went back).
+    """
+
+    joined: dict[str, str | None] = Field(default_factory=dict)
+    left: list[str] = Field(default_factory=list)
+
+
 class Side(View):
     """One side of a diff: a task and one of its global checkpoints."""
 
@@ -60,6 +73,7 @@ class Diff(View):
     b: Side
     agents: dict[str, AgentDiff]
     files: FilesDiff
+    members: MembersDiff = Field(default_factory=MembersDiff)
 
 
 def diff(store: CheckpointStore, task_a: str, a: int | None, task_b: str, b: int | None) -> Diff:
@@ -76,7 +90,16 @@ def diff(store: CheckpointStore, task_a: str, a: int | None, task_b: str, b: int
         b=Side(task_id=task_b, checkpoint=gc_b.number),
         agents=agents,
         files=_files_diff(store, gc_a, gc_b),
+        members=MembersDiff(
+            joined={m: _parent(gc_b, m) for m in sorted(gc_b.members.keys() - gc_a.members.keys())},
+            left=sorted(gc_a.members.keys() - gc_b.members.keys()),
+        ),
     )
+
+
+def _parent(gc: GlobalCheckpoint, member: str) -> str | None:
+    joined = gc.spawned.get(member)
+    return None if joined is None else joined.parent
 
 
 def _agent_diff(

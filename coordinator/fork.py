@@ -8,7 +8,9 @@ undid nothing. The source is only read (from Redis, else the archive), never wri
 
 A fork may change the team's configuration (another model or system prompt for an agent,
 other limits) through a spec naming the same agents; a changed system prompt replaces the
-first message of that agent's history, which is where every history keeps it.
+first message of that agent's history, which is where every history keeps it. Members
+spawned at run time are carried with the GC's membership, their specs and who spawned
+them (`GlobalCheckpoint.spawned`); a spec names only the agents the source's spec named.
 """
 
 from __future__ import annotations
@@ -78,11 +80,13 @@ def fork_task(
     limits = store.read_doc(source, LIMITS_DOC, Limits)
     agents = team(gc, record)  # the source's team at that GC
     if spec is not None:
+        # Its members spawned at run time keep the specs they were spawned with (in the GC).
         names = sorted(a.name for a in spec.agents)
-        if names != sorted(agents):
+        listed = sorted(a for a in agents if a not in gc.spawned)
+        if names != listed:
             raise InvalidSpec(
                 f"a fork keeps its team: the spec names {', '.join(names)}, task {source} has "
-                + ", ".join(sorted(agents))
+                + ", ".join(listed)
             )
         record, limits = spec.record(new), spec.limits()
     epoch = store.hot.init_task(new)
@@ -142,4 +146,4 @@ def _move(state: WorkingState, task: str, epoch: int, superstep: int, workspace:
     """Make a state read from the source the first state of `task`: a new, full chain."""
     state.task, state.epoch, state.attempt, state.superstep = task, epoch, 1, superstep
     state.workspace_before = state.workspace_after = workspace
-    state.changes, state.outbox, state.base = {}, [], None
+    state.changes, state.outbox, state.spawns, state.base = {}, [], [], None

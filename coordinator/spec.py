@@ -26,6 +26,7 @@ from cairn.agents.accounting import Budget, Price
 from cairn.agents.kinds.python import CodeAgent
 from cairn.agents.results import check_schema, schema_of
 from cairn.agents.spec import (
+    MAX_AGENTS,
     MAX_PROMPT_CHARS,
     AgentSpec,
     CheckpointTriggers,
@@ -97,6 +98,9 @@ class TaskSpec(Strict):
     # The JSON Schema of the task's result, which the agent that finishes gives `finish`
     # (agents/results.py); None: the task's outcome is its files and summaries alone.
     result: ResultSchema | None = None
+    # How many members the task may hold, the spec's agents and those they spawn
+    # (`spawn_agent`); None: 32, or as many as the spec lists if it lists more.
+    max_agents: int | None = Field(default=None, ge=1, le=MAX_AGENTS)
 
     @field_validator("result", mode="before")
     @classmethod
@@ -115,6 +119,10 @@ class TaskSpec(Strict):
         names = [a.name for a in self.agents]
         if len(names) != len(set(names)):
             raise ValueError(f"agent names must be unique: {names}")
+        if self.max_agents is not None and len(names) > self.max_agents:
+            raise ValueError(
+                f"max_agents ({self.max_agents}) is below the {len(names)} agents listed"
+            )
         _check_files(self.files, self.max_file_bytes)
         for agent in self.agents:
             calls_out = agent.model.split(":")[0] != "scripted"  # a script waits on nothing
@@ -150,7 +158,8 @@ class TaskSpec(Strict):
         schema = self.result
         assert not isinstance(schema, type)  # `_result_schema` made a model class its schema
         return TaskRecord(task=task, goal=self.goal, agents=self.agents, policy=self.policy(),
-                          prices=self.prices, result=schema)  # fmt: skip
+                          prices=self.prices, result=schema,
+                          max_agents=self.max_agents)  # fmt: skip
 
     def limits(self) -> Limits:
         """The limits the coordinator enforces."""

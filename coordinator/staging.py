@@ -60,5 +60,5 @@ def stage(
     if not pending_calls(state.messages):  # a summary may not split a call from its result
         state.messages.append(context_summary(state, reason, target))
     state.epoch, state.attempt, state.superstep = epoch, 1, gc.superstep
-    state.changes, state.outbox = {}, []
+    state.changes, state.outbox, state.spawns = {}, [], []
     return store.write_lc(state, Level.STEP, vote=True, full=True)

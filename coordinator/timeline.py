@@ -81,6 +81,7 @@ class CheckpointMark:
     committed_at: str | None = None
     members: dict[str, str] = field(default_factory=dict)  # agent → the id of its LC
     files: dict[str, str] | None = None  # path → sha256; None: it cannot be compared
+    spawned: dict[str, str] = field(default_factory=dict)  # member → who spawned it
 
     @property
     def at(self) -> str | None:
@@ -128,6 +129,9 @@ class Timeline:
     messages: list[JSON] = field(default_factory=list)  # the pool `History.messages` indexes
     records: list[JSON] = field(default_factory=list)  # the pool `History.trace` indexes
     files: dict[str, FileVersion] = field(default_factory=dict)  # sha256 → one, if read
+    # member spawned at run time → who spawned it, in any checkpoint (also ones a restore
+    # went back before)
+    spawned: dict[str, str] = field(default_factory=dict)
 
     def cell(self, agent: str, superstep: int) -> StepCell | None:
         """The agent's step in that superstep of the latest checkpoint's history, if any."""
@@ -333,6 +337,7 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
         messages=chains.messages.items,
         records=chains.records.items,
         files=files,
+        spawned={child: parent for m in checkpoints for child, parent in m.spawned.items()},
     )
 
 
@@ -346,6 +351,7 @@ def _read_checkpoint(
     manifest = store.read_manifest(task, gc.workspace)
     mark.members = {agent: ref.id for agent, ref in gc.members.items()}
     mark.files = dict(manifest.files)
+    mark.spawned = {child: joined.parent for child, joined in gc.spawned.items()}
 
 
 def _distinct(steps: list[StepCell], histories: dict[str, History]) -> list[StepCell]:

@@ -23,6 +23,7 @@ from cairn.agents.approval import decide
 from cairn.agents.barrier import StepOutputs, pending_calls
 from cairn.agents.results import latest_result
 from cairn.agents.spec import TaskRecord
+from cairn.agents.team import spawned_by
 from cairn.agents.team import team as team_at
 from cairn.agents.workspace import check_path, directories, tree_clashes
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
@@ -92,6 +93,8 @@ class AgentStatus(View):
     status: AgentState
     step: int | None  # None when its checkpoint cannot be read (see `TaskStatus.error`)
     usage: Spending = Field(default_factory=Spending)
+    # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
+    spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
 
 
 @public
@@ -208,6 +211,8 @@ class CheckpointMember(View):
     checksum: str
     status: AgentState
     step: int | None  # None when its local checkpoint is gone (an aborted checkpoint's)
+    # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
+    spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
 
 
 @public
@@ -283,6 +288,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         error = str(exc)
     agents: list[AgentStatus] = []
     result: TaskResult | None = None
+    usage: dict[str, Spending] = {}
     if gc is not None:
         members: dict[str, _Member] = {}
         try:
@@ -292,12 +298,14 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         except CairnError as exc:
             error = str(exc)
         usage = _spending(client, store, task, run, gc, members)
+        parents = spawned_by(gc)
         agents = [
             AgentStatus(
                 name=agent,
                 status=gc.statuses.get(agent, AgentState.ACTIVE),
                 step=members[agent].step if agent in members else None,
                 usage=usage[agent],
+                spawned_by=parents.get(agent),
             )
             for agent in gc.members
         ]
@@ -320,7 +328,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         forked_from=Lineage.model_validate_json(run["forked_from"])
         if "forked_from" in run
         else None,
-        usage=_together([a.usage for a in agents]),
+        usage=_together(list(usage.values())),  # members a restore removed too
         budget=Budget.model_validate_json(run["budget"]) if "budget" in run else None,
         submitted_at=_instant(run.get("submitted_at")),
         result=result,
@@ -398,6 +406,11 @@ def _spending(
         mine = spent.get(agent, Usage())
         lost = replayed(mine, history or Usage(), inherited.get(agent), flying.get(agent))
         found[agent] = Spending(**mine.model_dump(), replayed=Tokens.of(lost))
+    # A member a restore removed (spawned after the GC it went back to) spent what it
+    # spent: all of it replayed, and the task's spend never falls.
+    for agent, mine in spent.items():
+        if agent not in gc.members:
+            found[agent] = Spending(**mine.model_dump(), replayed=Tokens.of(mine))
     return found
 
 
@@ -490,6 +503,7 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
     except CairnError:  # an aborted GC's tentative LCs are gone: the GC is still shown
         steps = {}
     manifest = store.read_manifest(task, gc.workspace)
+    parents = spawned_by(gc)
     return CheckpointDetail(
         number=gc.number,
         name=gc.name,
@@ -510,6 +524,7 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
                 checksum=ref.checksum,
                 status=gc.statuses.get(agent, AgentState.ACTIVE),
                 step=steps.get(agent),
+                spawned_by=parents.get(agent),
             )
             for agent, ref in gc.members.items()
         ],

@@ -33,6 +33,7 @@ from cairn.storage.records import (
     LocalCheckpoint,
     Message,
     Record,
+    SpawnRequest,
     TraceRecord,
     Usage,
 )
@@ -123,6 +124,7 @@ class WorkingState:
     inbox_cursor: int = 0
     changes: dict[str, str | None] = field(default_factory=dict)
     outbox: list[InboxMessage] = field(default_factory=list)
+    spawns: list[SpawnRequest] = field(default_factory=list)  # members spawned this step
     base: LCBase | None = None
     usage: Usage = field(default_factory=Usage)  # of the whole history's model calls
     kind_state: dict[str, JsonValue] = field(default_factory=dict)  # the agent kind's own
@@ -174,6 +176,7 @@ class WorkingState:
             trace=[] if unbuilt is not None else list(self.trace),
             changes=dict(self.changes),
             outbox=list(self.outbox),
+            spawns=list(self.spawns),
             base=None if self.base is None else replace(self.base),
             kind_state=copy.deepcopy(self.kind_state),  # nested JSON a kind changes in place
         )
@@ -212,6 +215,7 @@ CONTEXT_FIELDS = (
     "inbox_cursor",
     "changes",
     "outbox",
+    "spawns",
     "kind_state",
     "context",
     "result",

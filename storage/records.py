@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from cairn.storage.public import public
 
-SCHEMA_VERSION = 5  # what this code writes; older records are read through storage/upcast.py
+SCHEMA_VERSION = 6  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
@@ -250,6 +250,30 @@ class InboxMessage(BaseModel):
     content: str
 
 
+class SpawnRequest(BaseModel):
+    """A member an agent's step asked to add to the team, joining at the step's barrier.
+
+    `spec` is the new member's agent spec as JSON (`cairn.agents.spec.AgentSpec`),
+    checked when the step recorded it; `brief` is its first message, from the spawner.
+    """
+
+    model_config = STRICT
+
+    name: str
+    spec: dict[str, JsonValue]
+    brief: str
+
+
+class Spawned(BaseModel):
+    """How a member spawned at run time joined: who spawned it, when, and its spec."""
+
+    model_config = STRICT
+
+    parent: str
+    superstep: int  # the superstep whose barrier it joined at
+    spec: dict[str, JsonValue]  # its `AgentSpec`, as JSON
+
+
 class AgentResult(BaseModel):
     """The result an agent gave when it last finished: a value that fit the task's schema."""
 
@@ -297,6 +321,9 @@ class BaseLocalCheckpoint(Record, Generic[TraceT]):
     # None when deleted) and messages sent; both start empty at each step
     changes: dict[str, str | None] = Field(default_factory=dict)
     outbox: list[InboxMessage] = Field(default_factory=list)
+    # Members the step spawned, joining at its barrier (as `outbox` is delivered there).
+    # Left out of the stored form when empty, as it is for every step that spawns none.
+    spawns: list[SpawnRequest] = Field(default_factory=list, exclude_if=lambda spawns: not spawns)
     # What the model calls of the agent's whole history used, up to this LC (None in
     # records of schema 1, which did not keep it: their trace has it, call by call).
     usage: Usage | None = None
@@ -353,6 +380,12 @@ class GlobalCheckpoint(Record):
     inbox: list[InboxMessage] = Field(default_factory=list)
     # agent → seq of the last message ever delivered to it (the next one gets seq + 1)
     delivered: dict[str, int] = Field(default_factory=dict)
+    # member → how it joined, for each member spawned at run time (not in the task's spec):
+    # its spec lives here, so a restore, a fork and a diff carry it with the membership.
+    # Left out of the stored form when empty.
+    spawned: dict[str, Spawned] = Field(
+        default_factory=dict, exclude_if=lambda spawned: not spawned
+    )
     created_at: datetime = Field(default_factory=utcnow)
     committed_at: datetime | None = None
 

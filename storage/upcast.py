@@ -21,6 +21,10 @@ Steps:
          the agent gave `finish` (`result`); a trace record says how many messages a
          compaction folded (`compacted`); usage counts cache writes (`cache_write_tokens`).
          All added, with defaults, and left out of the stored form while unset.
+  5 → 6: a local checkpoint keeps the members its step spawned (`spawns`), a global
+         checkpoint those spawned at run time, with their specs and spawners
+         (`spawned`), and a task's record its `max_agents`. All added, with defaults,
+         and left out of the stored form while unset.
 """
 
 from __future__ import annotations
@@ -40,7 +44,7 @@ def _additive(record: Json) -> Json:
 
 ADDITIVE: Final[Upcaster] = _additive
 # version → the step from it to the next one
-UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE, 4: ADDITIVE}
+UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE, 4: ADDITIVE, 5: ADDITIVE}
 
 
 def needs_json(version: int) -> bool:

@@ -123,7 +123,8 @@ def test_a_diff_of_two_checkpoints_shows_messages_tool_calls_and_files(
     """GC 1 → the last: the coder's write and command, greet.py's change, REVIEW.md added."""
     source, _, latest = ran
     found = diff(cluster.store, source, 1, source, latest.number).to_json()
-    assert {"a", "b", "agents", "files"} == found.keys()
+    assert {"a", "b", "agents", "files", "members"} == found.keys()
+    assert {"joined": {}, "left": []} == found["members"]  # the same three agents
     coder = found["agents"]["coder"]
     assert ["write_file", "run_command", "send_message"] == [
         c["tool"] for c in coder["tool_calls_added"]

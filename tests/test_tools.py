@@ -154,9 +154,10 @@ def test_tools_declare_their_effects() -> None:
         "send_message": Effects.WORKSPACE,
         "handoff": Effects.WORKSPACE,
         "finish": Effects.NONE,
+        "spawn_agent": Effects.WORKSPACE,  # the spawn waits in the step's LC for the barrier
     } == {name: tool.effects for name, tool in TOOLS.items()}
-    # A spec's default tools are the built-ins, but for those an agent has only if named.
-    assert list(TOOL_NAMES) == [name for name in TOOLS if name != "handoff"]
+    # A spec's default tools are the built-ins but those a spec must list to have.
+    assert list(TOOL_NAMES) == [name for name in TOOLS if name not in ("handoff", "spawn_agent")]
 
 
 def test_missing_arguments_are_errors_for_the_model(ctx: ToolContext) -> None:

@@ -23,7 +23,7 @@ from cairn.agents.kinds.journal import Journal
 from cairn.agents.models.base import ModelReply, ToolSchema
 from cairn.agents.results import check_value
 from cairn.agents.spec import AgentSpec
-from cairn.errors import InvalidState, ToolError
+from cairn.errors import InvalidState, SpawnRefused, ToolError
 from cairn.storage.public import public
 from cairn.storage.records import AgentResult, Message, Role, ToolCall, Usage
 from cairn.storage.redact import redact
@@ -242,6 +242,30 @@ class AgentContext:
     def send(self, to: str, text: str) -> None:
         """Send `text` to teammate `to`, delivered at the barrier (`send_message`)."""
         self.tool("send_message", to=to, content=text)
+
+    def spawn(self, name: str, spec: AgentSpec, brief: str) -> str:
+        """Add member `name` (`spec`) to the team, `brief` its first message; what it is told.
+
+        It joins at this step's barrier, takes its first step next superstep, and its
+        result comes back as a message when it finishes. Raises `SpawnRefused` saying why
+        (a name taken, a spec that does not parse, the task at its `max_agents`).
+        """
+        said: dict[str, JsonValue] = {"name": name, "spec": spec.model_dump(mode="json"),
+                                      "brief": brief}  # fmt: skip
+        entry = self._journal.replay("spawn", said)
+        if entry is None:
+            try:
+                told = self._step.spawn(name, spec, brief)
+            except SpawnRefused as exc:
+                entry = {"refused": str(exc)}
+            else:
+                entry = {"told": told}
+            self._journal.record("spawn", said, **entry)
+        refused = entry.get("refused")
+        if isinstance(refused, str):
+            raise SpawnRefused(refused)
+        answer = entry.get("told")
+        return answer if isinstance(answer, str) else ""
 
     def handoff(self, to: str, note: str, *, include_history: bool = True) -> Outcome:
         """Hand the conversation to teammate `to` (`cairn.agents.handoff`); returns `halt`.

@@ -108,7 +108,10 @@ def show_status(console: Console, status: JSON) -> None:
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
         usage = agent.get("usage") or {}
-        table.add_row(agent["name"], styled(agent["status"]), step, _spent(usage),
+        name = agent["name"]
+        if agent.get("spawned_by"):
+            name += f" (spawned by {agent['spawned_by']})"
+        table.add_row(name, styled(agent["status"]), step, _spent(usage),
                       _spent(usage.get("replayed") or {}))  # fmt: skip
     console.print(table)
     usage = status.get("usage") or {}
@@ -144,7 +147,7 @@ def _spent(usage: JSON) -> str:
 
 
 def show_diff(console: Console, found: JSON) -> None:
-    """Per agent the messages and tool calls added; the files added, removed and changed."""
+    """Per agent the messages and tool calls added; who joined or left; the files changed."""
     found = plain(found)
     a, b = found["a"], found["b"]
     console.print(
@@ -156,6 +159,12 @@ def show_diff(console: Console, found: JSON) -> None:
         calls = ", ".join(str(c["tool"]) for c in agent["tool_calls_added"])
         table.add_row(name, str(len(agent["messages_added"])), calls)
     console.print(table)
+    members = found.get("members") or {}
+    for name, parent in (members.get("joined") or {}).items():
+        by = f" (spawned by {parent})" if parent else ""
+        console.print(f"joined: {name}{by}", markup=False, highlight=False)
+    for name in members.get("left") or []:
+        console.print(f"left: {name}", markup=False, highlight=False)
     files = found["files"]
     for mark, paths in (("+", files["added"]), ("-", files["removed"])):
         for path in paths:
@@ -199,7 +208,10 @@ def show_checkpoint(console: Console, gc: JSON) -> None:
     members = Table("agent", "status", "step", "local checkpoint")
     for agent in gc["agents"]:
         step = "" if agent["step"] is None else str(agent["step"])
-        members.add_row(agent["name"], styled(agent["status"]), step, agent["lc_id"])
+        name = agent["name"]
+        if agent.get("spawned_by"):
+            name += f" (spawned by {agent['spawned_by']})"
+        members.add_row(name, styled(agent["status"]), step, agent["lc_id"])
     console.print(members)
     files = Table("file", "sha256")
     for path, sha in gc["files"].items():
@@ -214,6 +226,8 @@ def show_trace(console: Console, rows: Sequence[JSON]) -> None:
     table = Table("superstep", "agent", "step", "call", "ms", "result")
     for row in plain(rows):
         call = row["tool"] or "model"
+        if call in ("spawn_agent", "spawn") and isinstance(row["arguments"].get("name"), str):
+            call = f"{call} {row['arguments']['name']}"  # who it spawned
         if row.get("compacted") is not None:  # a compaction's summary (or its marker)
             call = f"compaction ({row['compacted']} messages)"
         outcome = f"[red]{_short(row['error'])}[/]" if row["error"] else _short(row["result"])

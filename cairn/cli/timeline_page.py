@@ -251,6 +251,17 @@ def _retry(timeline: Timeline, cell: StepCell, scale: _Scale) -> str:
     return f'{lost}<span class="badge" style="{_pos(start)}">↻{cell.attempt}</span>'
 
 
+def _who(timeline: Timeline, agent: str) -> str:
+    """An agent's name, and who spawned it if one did."""
+    parent = timeline.spawned.get(agent)
+    return agent if parent is None else f"{agent}, spawned by {parent}"
+
+
+def _by(timeline: Timeline, agent: str) -> str:
+    parent = timeline.spawned.get(agent)
+    return "" if parent is None else f'<div class="tools">spawned by {_e(parent)}</div>'
+
+
 def _lanes(timeline: Timeline, scale: _Scale) -> str:
     rows = []
     for agent in timeline.agents:
@@ -258,7 +269,7 @@ def _lanes(timeline: Timeline, scale: _Scale) -> str:
         bars = "".join(_bar(timeline, c, scale) for c in cells)
         retries = "".join(_retry(timeline, c, scale) for c in cells if c.attempt > 1)
         rows.append(
-            f'<div class="label lane-label" title="{_e(agent)}">{_e(agent)}</div>'
+            f'<div class="label lane-label" title="{_e(_who(timeline, agent))}">{_e(agent)}</div>'
             f'<div class="track lane" data-agent="{_e(agent)}">{retries}{bars}</div>'
         )
     return "".join(rows)
@@ -325,7 +336,8 @@ def _cell(cell: StepCell | None) -> str:
 def _grid(timeline: Timeline) -> str:
     head = "".join(f"<th>{superstep}</th>" for superstep in timeline.supersteps)
     body = "".join(
-        f'<tr data-agent="{_e(agent)}"><th>{_e(agent)}</th>'
+        f'<tr data-agent="{_e(agent)}"><th title="{_e(_who(timeline, agent))}">{_e(agent)}'
+        f"{_by(timeline, agent)}</th>"
         f"{''.join(_cell(timeline.cell(agent, s)) for s in timeline.supersteps)}</tr>"
         for agent in timeline.agents
     )

@@ -44,6 +44,8 @@ from cairn.storage.records import (
     LocalCheckpoint,
     Message,
     Role,
+    Spawned,
+    SpawnRequest,
     ToolCall,
     TraceRecord,
     Usage,
@@ -278,6 +280,13 @@ def build_delta_lc(
             counted_at=len(parent.messages) + 1,
         ),
         result=AgentResult(value={"sites": 90, "cairns": [4, 0, 6]}, superstep=1),
+        spawns=[
+            SpawnRequest(
+                name="dave",
+                spec={"name": "dave", "model": "scripted", "tools": ["read_file", "finish"]},
+                brief="Check the fallen cairns of sites 2 and 5.",
+            )
+        ],
         outbox=[
             InboxMessage(
                 id="01942a3c-2e01-7000-8000-00000000b002",
@@ -304,6 +313,13 @@ def build_gc(head: LCRef, outbox: list[InboxMessage], manifest_id: str) -> Globa
         workspace=manifest_id,
         inbox=[m.model_copy(update={"seq": 2}) for m in outbox],
         delivered={TEAMMATE: 2},
+        spawned={
+            AGENT: Spawned(
+                parent=TEAMMATE,
+                superstep=0,
+                spec={"name": AGENT, "model": "scripted", "system": "You are alice, a surveyor."},
+            )
+        },
         created_at=at(65),
         committed_at=at(65.5),
     )

@@ -201,7 +201,8 @@
     summary.replaceChildren();
     parts.forEach(function (p) { summary.append(p); });
     fill(document.querySelector("#agents tbody"), s.agents.map(function (a) {
-      return el("tr", { "data-agent": a.name }, el("td", { text: a.name }), el("td", {}, state(a.status)),
+      var who = a.spawned_by ? a.name + " (spawned by " + a.spawned_by + ")" : a.name;
+      return el("tr", { "data-agent": a.name }, el("td", { text: who }), el("td", {}, state(a.status)),
         el("td", { text: a.step === null ? "?" : a.step }), el("td", { text: tokens(a.usage) }),
         el("td", { text: tokens(a.usage.replayed) }));
     }), "no agents yet", 5);
@@ -280,6 +281,12 @@
       if (!agent.messages_added.length && !agent.tool_calls_added.length) box.appendChild(el("p", { className: "meta", text: "nothing added" }));
       out.appendChild(box);
     });
+    var members = d.members || { joined: {}, left: [] };
+    Object.keys(members.joined).forEach(function (name) {
+      var by = members.joined[name];
+      out.appendChild(el("p", { text: "joined: " + name + (by ? " (spawned by " + by + ")" : "") }));
+    });
+    if (members.left.length) out.appendChild(el("p", { text: "left: " + members.left.join(", ") }));
     var files = d.files;
     out.appendChild(el("h3", { text: "Files" }));
     if (files.added.length) out.appendChild(el("p", { text: "added: " + files.added.join(", ") }));

@@ -1,0 +1,92 @@
+"""Members who join at a barrier: the spawns a superstep's steps recorded, made real.
+
+`join` takes a barrier's GC and the spawns its steps recorded (`cairn.agents.spawn`),
+in team order, and for each one it admits writes the new member's first LC (fenced
+under the barrier's epoch, as a step's LC is) and names it in the GC, with its spec and
+its spawner (`GlobalCheckpoint.spawned`); it is runnable in the next superstep. A spawn
+whose name another member took first (in this superstep too), or past the task's
+`member_limit`, is refused: its spawner gets a message saying why. The commit of the GC
+is what makes a member a member: a GC that is not committed leaves its first LC an
+orphan, swept as any tentative LC.
+"""
+
+from __future__ import annotations
+
+from cairn.agents.barrier import SYSTEM_SENDER, Barrier
+from cairn.agents.kinds import kind_of
+from cairn.agents.logs import get_logger
+from cairn.agents.spawn import first_messages
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.storage.chain import WorkingState
+from cairn.storage.ids import new_id
+from cairn.storage.records import AgentState, InboxMessage, LCRef, Spawned, SpawnRequest
+from cairn.storage.redact import redact
+from cairn.storage.store import CheckpointStore
+
+log = get_logger(__name__)
+
+
+def join(store: CheckpointStore, barrier: Barrier, record: TaskRecord) -> Barrier:
+    """`barrier` with the members its steps spawned admitted into its GC (see the module)."""
+    if not barrier.spawns:
+        return barrier
+    gc = barrier.gc
+    members, statuses = dict(gc.members), dict(gc.statuses)
+    spawned, refusals = dict(gc.spawned), []
+    for parent, request in barrier.spawns:
+        why = _refusal(request, members, record.member_limit)
+        if why is not None:
+            refusals.append(
+                _message(parent, gc.superstep, f"Spawn of {request.name} refused: {why}")
+            )
+            log.info("spawn refused", task=gc.task, parent=parent, member=request.name, why=why)
+            continue
+        spec = AgentSpec.model_validate(request.spec)  # checked when the step recorded it
+        members[request.name] = _first_lc(store, gc.task, gc.epoch, gc.superstep, gc.workspace,
+                                          spec, parent, request)  # fmt: skip
+        statuses[request.name] = AgentState.ACTIVE
+        spawned[request.name] = Spawned(parent=parent, superstep=gc.superstep, spec=request.spec)
+        log.info("member joined", task=gc.task, parent=parent, member=request.name)
+    inbox, delivered = list(gc.inbox), dict(gc.delivered)
+    for message in refusals:
+        seq = delivered.get(message.recipient, 0) + 1
+        delivered[message.recipient] = seq
+        inbox.append(message.model_copy(update={"seq": seq}))
+    joined = gc.model_copy(update={"members": members, "statuses": statuses,
+                                   "spawned": spawned, "inbox": inbox,
+                                   "delivered": delivered})  # fmt: skip
+    return Barrier(joined, barrier.conflicts, barrier.spawns)
+
+
+def _refusal(request: SpawnRequest, members: dict[str, LCRef], limit: int) -> str | None:
+    """Why the barrier refuses `request`, or None to admit it."""
+    if request.name in members:
+        return f"the name {request.name!r} was taken first (in this superstep)"
+    if len(members) >= limit:
+        return f"the task holds at most {limit} members (max_agents), and holds {len(members)}"
+    return None
+
+
+def _first_lc(
+    store: CheckpointStore,
+    task: str,
+    epoch: int,
+    superstep: int,
+    workspace: str,
+    spec: AgentSpec,
+    parent: str,
+    request: SpawnRequest,
+) -> LCRef:
+    """Write a spawned member's first LC, in the barrier's superstep and epoch."""
+    messages = first_messages(spec, parent, redact(request.brief))
+    state = WorkingState(task=task, agent=spec.name, epoch=epoch, superstep=superstep,
+                         messages=messages, workspace_before=workspace,
+                         workspace_after=workspace,
+                         kind_state=kind_of(spec).initial_state(spec))  # fmt: skip
+    store.hot.begin_attempt(task, spec.name, superstep, 1, epoch=epoch)
+    return store.write_lc(state)
+
+
+def _message(recipient: str, superstep: int, content: str) -> InboxMessage:
+    return InboxMessage(id=new_id(), seq=0, sender=SYSTEM_SENDER, recipient=recipient,
+                        superstep=superstep, content=content)  # fmt: skip
