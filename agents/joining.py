@@ -16,7 +16,7 @@ from cairn.agents.barrier import SYSTEM_SENDER, Barrier
 from cairn.agents.kinds import kind_of
 from cairn.agents.logs import get_logger
 from cairn.agents.spawn import first_messages
-from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.spec import LLM_KIND, AgentSpec, TaskRecord
 from cairn.storage.chain import WorkingState
 from cairn.storage.ids import new_id
 from cairn.storage.records import AgentState, InboxMessage, LCRef, Spawned, SpawnRequest
@@ -82,7 +82,8 @@ def _first_lc(
     state = WorkingState(task=task, agent=spec.name, epoch=epoch, superstep=superstep,
                          messages=messages, workspace_before=workspace,
                          workspace_after=workspace,
-                         kind_state=kind_of(spec).initial_state(spec))  # fmt: skip
+                         kind_state=kind_of(spec).initial_state(spec)
+                         if spec.kind == LLM_KIND else {})  # fmt: skip
     store.hot.begin_attempt(task, spec.name, superstep, 1, epoch=epoch)
     return store.write_lc(state)
 

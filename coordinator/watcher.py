@@ -17,6 +17,7 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from cairn.agents.barrier import StepOutputs, read_outputs
+from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.jobstate import JobState, backoff, step_failure
@@ -143,7 +144,7 @@ class Watcher:
         if kind == "refused":  # a rollback would send the same request, unchanged
             ctx.finisher.give_up(task, run, why, rollback=False)
             return False
-        if kind == "fatal" or step.attempt > ctx.docs.record(task).agent(agent).max_retries:
+        if kind == "fatal" or step.attempt > self._max_retries(task, agent):
             ctx.finisher.give_up(task, run, why)
             return False
         # Fence the failed attempt first: whatever it does from now on is refused.
@@ -159,6 +160,16 @@ class Watcher:
         metrics.STEP_RETRIES.inc()
         log.info("step retried", task=task, agent=agent, attempt=retry.attempt, why=message)
         return True
+
+    def _max_retries(self, task: str, agent: str) -> int:
+        """The retries `agent`'s spec allows: the record's, or the one it was spawned with."""
+        record = self.ctx.docs.record(task)
+        if any(spec.name == agent for spec in record.agents):
+            return record.agent(agent).max_retries
+        gc = self.ctx.store.latest_gc(task)  # a member spawned at run time: its GC says
+        if gc is None:
+            return record.agent(agent).max_retries  # raises InvalidSpec, naming the agent
+        return member_spec(record, gc, agent).max_retries
 
     def forget(self, task: str) -> None:
         """Drop what was kept of a task that ended."""

@@ -21,7 +21,9 @@ def _member(kind: cairn.CodeAgent, name: str, ctx: AgentContext, says: str) -> A
     """A member of `kind` thinking with the orchestrator's model (`says`: a script's line)."""
     model = ctx.spec.model
     script = [{"say": says}] if model == "scripted" else []
-    return kind.spec(name, model=model, script=script, tools=["read_file", "write_file"])
+    return kind.spec(
+        name, model=model, script=script, tools=["read_file", "write_file", "list_files"]
+    )
 
 
 @cairn.agent
