@@ -1,0 +1,69 @@
+"""Other frameworks' agents as Cairn agent kinds, for tests/test_adapters.py's workers.
+
+Workers load this module as a user's (`CAIRN_TOOLS=tests.adapter_agents`). Each adapted
+agent has a tool of its own framework, `note`, that records its text in a ledger outside
+the workspace (`ADAPTERS_DIR`) and, once, when marker file `die-<kind>` is there, kills
+its worker in the middle of the step. `feeder`, an agent in code, asks the adapted agent
+one question a superstep, three in all, so the adapted agent's history grows over
+several global checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+from pydantic_ai import Agent as PydanticAgent
+
+import cairn
+from cairn import AgentContext
+from cairn.agents.adapters import pydantic_ai as pydantic_ai_adapter
+
+QUESTIONS = 3
+
+
+def _outside() -> Path:
+    return Path(os.environ["ADAPTERS_DIR"])
+
+
+def note(framework: str, text: str) -> str:
+    """Record `text` in the ledger; kill the worker once if `die-<framework>` is there."""
+    with (_outside() / "ledger.jsonl").open("a") as ledger:
+        ledger.write(json.dumps({"framework": framework, "text": text}) + "\n")
+    try:
+        (_outside() / f"die-{framework}").unlink()
+    except FileNotFoundError:
+        return f"noted {text}"
+    os.kill(os.getpid(), signal.SIGKILL)  # the worker dies mid-step, as a killed one does
+    raise AssertionError("unreachable")
+
+
+@cairn.agent
+def feeder(ctx: AgentContext) -> str:
+    """Sends the other member one question a superstep; finishes after the last."""
+    sent = ctx.state.get("sent", 0)
+    if sent >= QUESTIONS:
+        return ctx.finish()
+    [other] = [member for member in ctx.team if member != ctx.name]
+    ctx.send(other, f"Question {sent + 1}?")
+    ctx.state["sent"] = sent + 1
+    return "continue"
+
+
+helper = PydanticAgent(instructions="Answer your teammates' questions.", name="helper")
+
+
+@helper.tool_plain
+def note_pydantic(text: str) -> str:
+    """Note `text` down.
+
+    Args:
+        text: what to note.
+
+    """
+    return note("pydantic_ai", text)
+
+
+pydantic_helper = pydantic_ai_adapter.kind(helper, name="pydantic_helper")

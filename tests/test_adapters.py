@@ -1,0 +1,166 @@
+"""Other frameworks' agents as Cairn agent kinds (cairn.agents.adapters), on real workers.
+
+Each adapted agent answers a feeder's questions over several supersteps, its model
+Cairn's scripted one, so every model call of the framework goes through `ctx.converse`:
+counted, traced, journaled. For each adapter: a run end to end; a worker killed in the
+middle of a step (inside the framework's own tool) retries to the same end as a run
+without the fault, paying for no model call twice; a restore to an earlier global
+checkpoint rewinds the framework's own history with everything else.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+import cairn
+from cairn.storage.chain import WorkingState
+from tests import adapter_agents
+from tests.cluster import Cluster
+
+VARYING = frozenset({"timestamp", "request_timestamp", "duration", "run_id", "conversation_id"})
+ANSWERS = ["Answer one.", "Answer two.", "Answer three."]
+
+
+@dataclass(frozen=True)
+class Adapted:
+    """One adapter under test: its kind, and its framework's tool that notes."""
+
+    kind: str
+    framework: str
+    tool: str
+
+
+ADAPTERS = [Adapted("pydantic_helper", "pydantic_ai", "note_pydantic")]
+
+
+@pytest.fixture
+def outside(tmp_path: Path) -> Path:
+    """The world outside the workspace: the note ledger and the fault markers."""
+    path = tmp_path / "outside"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def cluster(cluster: Cluster, outside: Path) -> Cluster:
+    """The conftest cluster; its workers load the adapted agents as a user's module."""
+    cluster.env.update({"CAIRN_TOOLS": "tests.adapter_agents", "ADAPTERS_DIR": str(outside)})
+    return cluster
+
+
+def team(adapted: Adapted, **fields: Any) -> cairn.Team:
+    """The feeder and the adapted agent, whose scripted model notes the goal, then answers."""
+    script = [
+        {"tools": [{"name": adapted.tool, "args": {"text": "the goal"}}]},
+        {"say": "Ready for questions."},
+        *({"say": answer} for answer in ANSWERS),
+    ]
+    member = {"name": adapted.kind, "kind": adapted.kind, "model": "scripted", "script": script}
+    feeder = adapter_agents.feeder.spec(tools=["send_message"])
+    return cairn.Team("Answer the questions.", [feeder, member], **fields)
+
+
+def run(cluster: Cluster, spec: cairn.TaskSpec, workers: int = 1) -> str:
+    """Start the workers, submit, drive the task to its end; its id."""
+    for _ in range(workers):
+        cluster.start_worker()
+    cluster.wait_for_workers(workers)
+    task = cluster.tasks.submit(spec)
+    cluster.drive(task, timeout=90)
+    return task
+
+
+def state_at(cluster: Cluster, task: str, agent: str, number: int | None = None) -> WorkingState:
+    """The agent's state at the task's GC `number` (the latest when None)."""
+    gc = cluster.store.latest_gc(task) if number is None else cluster.store.read_gc(task, number)
+    assert gc is not None
+    ref = gc.members[agent]
+    return cluster.store.read_state(task, agent, ref.id, ref.checksum)
+
+
+def steady(value: Any) -> Any:
+    """A framework's history without what differs between two runs (times, run ids)."""
+    if isinstance(value, dict):
+        return {k: steady(v) for k, v in value.items() if k not in VARYING}
+    if isinstance(value, list):
+        return [steady(v) for v in value]
+    return value
+
+
+def own(state: WorkingState) -> dict[str, Any]:
+    """The adapted agent's own state (`ctx.state`), as its last step left it."""
+    kept = state.kind_state["state"]
+    assert isinstance(kept, dict)
+    return kept
+
+
+def model_calls(state: WorkingState) -> list[object]:
+    """What each model call of the agent's trace answered."""
+    return [row.result for row in state.trace if row.tool is None]
+
+
+def notes(outside: Path) -> list[str]:
+    """The texts the frameworks' `note` tools recorded, in order."""
+    path = outside / "ledger.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["text"] for line in lines]
+
+
+@pytest.mark.parametrize("adapted", ADAPTERS, ids=lambda a: a.framework)
+def test_an_adapted_agent_runs_its_framework_through_cairns_model(
+    cluster: Cluster, outside: Path, adapted: Adapted
+) -> None:
+    """Each model call is traced with its usage; each run's output is kept; history grows."""
+    task = run(cluster, team(adapted))
+    status = cluster.status(task)
+    assert "succeeded" == status["status"], (status, cluster.worker_logs())
+    state = state_at(cluster, task, adapted.kind)
+    assert [None, "Ready for questions.", *ANSWERS] == model_calls(state)
+    calls = [row for row in state.trace if row.tool is None]
+    assert all(row.usage is not None and row.usage.prompt_tokens > 0 for row in calls)
+    assert "Answer three." == own(state)["output"]
+    said = json.dumps(own(state)["history"])
+    assert all(f"Question {n}?" in said for n in (1, 2, 3))
+    assert all(answer in said for answer in ANSWERS)
+    assert ["the goal"] == notes(outside)
+
+
+@pytest.mark.parametrize("adapted", ADAPTERS, ids=lambda a: a.framework)
+def test_a_worker_killed_in_the_frameworks_tool_retries_to_the_same_end(
+    cluster: Cluster, outside: Path, adapted: Adapted
+) -> None:
+    """The model call before the kill is replayed from the journal; the tool runs again."""
+    spec = team(adapted, checkpoints={"model_reply": True})
+    clean = run(cluster, spec)
+    (outside / "ledger.jsonl").unlink()
+    (outside / f"die-{adapted.framework}").touch()
+    faulted = run(cluster, spec, workers=2)  # one dies; the other takes the retry
+    assert not (outside / f"die-{adapted.framework}").exists()  # the fault fired
+    status = cluster.status(faulted)
+    assert "succeeded" == status["status"], cluster.worker_logs()
+    a, b = (state_at(cluster, task, adapted.kind) for task in (clean, faulted))
+    assert steady(a.kind_state) == steady(b.kind_state)
+    assert model_calls(a) == model_calls(b)
+    assert ["the goal", "the goal"] == notes(outside)  # the framework's own tool ran again
+    [agent] = [row for row in status["agents"] if row["name"] == adapted.kind]  # type: ignore[attr-defined]
+    assert 0 == agent["usage"]["replayed"]["prompt_tokens"]  # no model call paid twice
+
+
+@pytest.mark.parametrize("adapted", ADAPTERS, ids=lambda a: a.framework)
+def test_a_restore_rewinds_the_frameworks_own_history(cluster: Cluster, adapted: Adapted) -> None:
+    """Restored to GC 2, the adapted agent's history is GC 2's; it ends as it did before."""
+    task = run(cluster, team(adapted))
+    ended = state_at(cluster, task, adapted.kind)
+    at_two = state_at(cluster, task, adapted.kind, 2)
+    assert len(own(at_two)["history"]) < len(own(ended)["history"])
+    cluster.coordinator.restorer.restore(task, to=2)
+    assert at_two.kind_state == state_at(cluster, task, adapted.kind).kind_state
+    assert "succeeded" == cluster.drive(task, timeout=90)["status"], cluster.worker_logs()
+    again = state_at(cluster, task, adapted.kind)
+    assert steady(ended.kind_state) == steady(again.kind_state)
+    assert model_calls(ended) == model_calls(again)[: len(model_calls(ended))]
