@@ -6,13 +6,19 @@ the workspace (`ADAPTERS_DIR`) and, once, when marker file `die-<kind>` is there
 its worker in the middle of the step. `feeder`, an agent in code, asks the adapted agent
 one question a superstep, three in all, so the adapted agent's history grows over
 several global checkpoints.
+
+The OpenAI Agents SDK's package is `agents`, which a checkout's own `agents/` folder
+shadows while the repository's root is on `sys.path` (as it is for tests and their
+workers; an installed Cairn has no such folder): `beside_checkout` imports it first.
 """
 
 from __future__ import annotations
 
+import importlib
 import json
 import os
 import signal
+import sys
 from pathlib import Path
 
 from pydantic_ai import Agent as PydanticAgent
@@ -22,6 +28,29 @@ from cairn import AgentContext
 from cairn.agents.adapters import pydantic_ai as pydantic_ai_adapter
 
 QUESTIONS = 3
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def beside_checkout(package: str) -> None:
+    """Import top-level `package` with the checkout's root off `sys.path` for the while."""
+    kept = sys.path[:]
+    sys.path[:] = [p for p in kept if Path(p or ".").resolve() != ROOT]
+    try:
+        importlib.import_module(package)
+    finally:
+        sys.path[:] = kept
+
+
+beside_checkout("agents")  # from here on, `agents` is the SDK's (sys.modules has it)
+
+from agents.models.chatcmpl_converter import Converter  # noqa: E402
+
+from agents import Agent as SdkAgent  # noqa: E402 - after `beside_checkout`
+from agents import function_tool  # noqa: E402
+from cairn.agents.adapters import openai_agents as openai_agents_adapter  # noqa: E402
+
+__all__ = ["Converter", "feeder", "note_sdk", "openai_agents_adapter", "pydantic_ai_adapter",
+           "pydantic_helper", "sdk_helper"]  # fmt: skip
 
 
 def _outside() -> Path:
@@ -67,3 +96,19 @@ def note_pydantic(text: str) -> str:
 
 
 pydantic_helper = pydantic_ai_adapter.kind(helper, name="pydantic_helper")
+
+
+@function_tool  # type: ignore[untyped-decorator] # the SDK is Any to mypy (pyproject.toml)
+def note_sdk(text: str) -> str:
+    """Note `text` down.
+
+    Args:
+        text: what to note.
+
+    """
+    return note("openai_agents", text)
+
+
+triager = SdkAgent(name="triager", instructions="Answer your teammates' questions.",
+                   tools=[note_sdk])  # fmt: skip
+sdk_helper = openai_agents_adapter.kind(triager, name="sdk_helper")

@@ -16,9 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
+from pydantic_ai import messages as pm
+from pydantic_ai.tools import ToolDefinition
 
 import cairn
+from cairn.agents.models.base import ModelReply, ToolSchema
 from cairn.storage.chain import WorkingState
+from cairn.storage.records import Role, ToolCall, Usage
 from tests import adapter_agents
 from tests.cluster import Cluster
 
@@ -35,7 +40,10 @@ class Adapted:
     tool: str
 
 
-ADAPTERS = [Adapted("pydantic_helper", "pydantic_ai", "note_pydantic")]
+ADAPTERS = [
+    Adapted("pydantic_helper", "pydantic_ai", "note_pydantic"),
+    Adapted("sdk_helper", "openai_agents", "note_sdk"),
+]
 
 
 @pytest.fixture
@@ -164,3 +172,84 @@ def test_a_restore_rewinds_the_frameworks_own_history(cluster: Cluster, adapted:
     again = state_at(cluster, task, adapted.kind)
     assert steady(ended.kind_state) == steady(again.kind_state)
     assert model_calls(ended) == model_calls(again)[: len(model_calls(ended))]
+
+
+def test_pydantic_ai_history_and_replies_convert_as_its_own_types_say() -> None:
+    """PydanticAI's messages become chat messages; a reply its `ModelResponse`, usage kept."""
+    convert = adapter_agents.pydantic_ai_adapter
+    history: list[pm.ModelMessage] = [
+        pm.ModelRequest(parts=[pm.SystemPromptPart("Be brief."), pm.UserPromptPart("Hi?")]),
+        pm.ModelResponse(
+            parts=[pm.TextPart("Looking."), pm.ToolCallPart("look", {"q": "x"}, "c1")]
+        ),
+        pm.ModelRequest(
+            parts=[
+                pm.ToolReturnPart("look", "found", "c1"),
+                pm.ToolReturnPart("look", "bad args", "c2", outcome="retried"),
+            ]
+        ),
+    ]
+    sent = convert.to_messages(history, "Answer questions.")
+    assert [
+        (Role.SYSTEM, "Answer questions.", [], None),
+        (Role.SYSTEM, "Be brief.", [], None),
+        (Role.USER, "Hi?", [], None),
+        (Role.ASSISTANT, "Looking.", [ToolCall(id="c1", name="look", args={"q": "x"})], None),
+        (Role.TOOL, "found", [], "c1"),
+    ] == [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in sent[:5]]
+    assert (Role.TOOL, "c2", True) == (sent[5].role, sent[5].tool_call_id, sent[5].error)
+    assert "bad args" in (sent[5].content or "")
+    tool = ToolDefinition(
+        name="look", description="Look.", parameters_json_schema={"type": "object"}
+    )
+    assert [ToolSchema("look", "Look.", {"type": "object"})] == convert.to_schemas([tool])
+    used = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+    calls = [ToolCall(id="c3", name="look", args={"q": "y"})]
+    response = convert.to_response(ModelReply("Again.", calls, used), "scripted")
+    [text, call] = response.parts
+    assert isinstance(text, pm.TextPart)
+    assert "Again." == text.content
+    assert isinstance(call, pm.ToolCallPart)
+    assert ("look", {"q": "y"}, "c3") == (call.tool_name, call.args_as_dict(), call.tool_call_id)
+    assert (10, 3, 4) == (
+        response.usage.input_tokens,
+        response.usage.output_tokens,
+        response.usage.cache_read_tokens,
+    )
+    kept = pm.ModelMessagesTypeAdapter.dump_json([*history, response])  # what the state keeps
+    assert [*history, response] == pm.ModelMessagesTypeAdapter.validate_json(kept)
+
+
+def test_openai_agents_items_and_replies_convert_as_its_own_types_say() -> None:
+    """The SDK's Responses items become chat messages; a reply its output items and usage."""
+    convert = adapter_agents.openai_agents_adapter
+    converter = adapter_agents.Converter  # the SDK's own, imported beside the checkout
+    items: list[Any] = [
+        {"role": "user", "content": "Hi?"},
+        {"type": "function_call", "call_id": "c1", "name": "look", "arguments": '{"q": "x"}'},
+        {"type": "function_call_output", "call_id": "c1", "output": "found"},
+    ]
+    sent = convert.to_messages("Be brief.", converter.items_to_messages(items))
+    assert [
+        (Role.SYSTEM, "Be brief.", [], None),
+        (Role.USER, "Hi?", [], None),
+        (Role.ASSISTANT, None, [ToolCall(id="c1", name="look", args={"q": "x"})], None),
+        (Role.TOOL, "found", [], "c1"),
+    ] == [(m.role, m.content, m.tool_calls, m.tool_call_id) for m in sent]
+    schema = convert.to_schema(converter.tool_to_openai(adapter_agents.note_sdk))
+    assert ("note_sdk", ["text"]) == (schema.name, schema.parameters["required"])
+    used = Usage(prompt_tokens=10, completion_tokens=3, cached_tokens=4)
+    calls = [ToolCall(id="c2", name="look", args={"q": "y"})]
+    response = convert.to_response(ModelReply("Again.", calls, used))
+    [message, call] = response.output
+    assert isinstance(message, ResponseOutputMessage)
+    assert "Again." == message.content[0].text  # type: ignore[union-attr]
+    assert isinstance(call, ResponseFunctionToolCall)
+    assert ("c2", "look", {"q": "y"}) == (call.call_id, call.name, json.loads(call.arguments))
+    usage = response.usage
+    assert (10, 3, 13, 4) == (
+        usage.input_tokens,
+        usage.output_tokens,
+        usage.total_tokens,
+        usage.input_tokens_details.cached_tokens,
+    )

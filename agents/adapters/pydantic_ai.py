@@ -155,10 +155,10 @@ def _request_part(part: object) -> list[Message]:
             )
         return [Message(role=Role.USER, content=content)]
     if isinstance(part, ToolReturnPart):
-        text = part.model_response_str()
+        text, failed = part.model_response_str(), part.outcome != "success"
         return [Message(role=Role.TOOL, tool_call_id=part.tool_call_id, name=part.tool_name,
-                        content=text)]  # fmt: skip
-    if isinstance(part, RetryPromptPart):  # a tool's retry, or output the agent refused
+                        content=text, error=failed)]  # fmt: skip
+    if isinstance(part, RetryPromptPart):  # a direct caller's, unprepared (the agent's are not)
         if part.tool_name is None:
             return [Message(role=Role.USER, content=part.model_response())]
         return [Message(role=Role.TOOL, tool_call_id=part.tool_call_id, name=part.tool_name,
