@@ -14,17 +14,26 @@ workers; an installed Cairn has no such folder): `beside_checkout` imports it fi
 
 from __future__ import annotations
 
+import base64
 import importlib
 import json
 import os
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
+from langchain_core.messages import BaseMessage
+from langchain_core.tools import tool
+from langgraph.checkpoint.serde.jsonplus import JsonPlusSerializer
+from langgraph.graph import START, MessagesState, StateGraph
+from langgraph.graph.state import CompiledStateGraph
+from langgraph.prebuilt import ToolNode, tools_condition
 from pydantic_ai import Agent as PydanticAgent
 
 import cairn
 from cairn import AgentContext
+from cairn.agents.adapters import langgraph as langgraph_adapter
 from cairn.agents.adapters import pydantic_ai as pydantic_ai_adapter
 
 QUESTIONS = 3
@@ -49,8 +58,18 @@ from agents import Agent as SdkAgent  # noqa: E402 - after `beside_checkout`
 from agents import function_tool  # noqa: E402
 from cairn.agents.adapters import openai_agents as openai_agents_adapter  # noqa: E402
 
-__all__ = ["Converter", "feeder", "note_sdk", "openai_agents_adapter", "pydantic_ai_adapter",
-           "pydantic_helper", "sdk_helper"]  # fmt: skip
+__all__ = [
+    "Converter",
+    "feeder",
+    "graph_helper",
+    "graph_messages",
+    "langgraph_adapter",
+    "note_sdk",
+    "openai_agents_adapter",
+    "pydantic_ai_adapter",
+    "pydantic_helper",
+    "sdk_helper",
+]
 
 
 def _outside() -> Path:
@@ -112,3 +131,44 @@ def note_sdk(text: str) -> str:
 triager = SdkAgent(name="triager", instructions="Answer your teammates' questions.",
                    tools=[note_sdk])  # fmt: skip
 sdk_helper = openai_agents_adapter.kind(triager, name="sdk_helper")
+
+
+@tool
+def note_graph(text: str) -> str:
+    """Note `text` down.
+
+    Args:
+        text: what to note.
+
+    """
+    return note("langgraph", text)
+
+
+def _answer(state: MessagesState) -> dict[str, list[BaseMessage]]:
+    """The graph's model node: Cairn's model, the note tool on offer."""
+    model = langgraph_adapter.CairnChatModel().bind_tools([note_graph])
+    return {"messages": [model.invoke(state["messages"])]}
+
+
+def _graph() -> CompiledStateGraph[MessagesState, None, MessagesState, MessagesState]:
+    """A model-and-tools loop, as LangGraph's guides build one."""
+    builder = StateGraph(MessagesState)
+    builder.add_node("answer", _answer)
+    builder.add_node("tools", ToolNode([note_graph]))
+    builder.add_edge(START, "answer")
+    builder.add_conditional_edges("answer", tools_condition)
+    builder.add_edge("tools", "answer")
+    return builder.compile()
+
+
+graph_helper = langgraph_adapter.kind(_graph(), name="graph_helper")
+
+
+def graph_messages(kept: dict[str, Any]) -> list[tuple[str, str, list[str]]]:
+    """The messages of a graph's thread an adapted graph's state keeps: kind, text, calls."""
+    kind, data = kept["checkpoint"]
+    checkpoint = JsonPlusSerializer().loads_typed((kind, base64.b64decode(data)))
+    return [
+        (m.type, str(m.content), [c["name"] for c in getattr(m, "tool_calls", [])])
+        for m in checkpoint["channel_values"]["messages"]
+    ]

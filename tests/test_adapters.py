@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from langchain_core.messages import AIMessage, HumanMessage, SystemMessage, ToolMessage
 from openai.types.responses import ResponseFunctionToolCall, ResponseOutputMessage
 from pydantic_ai import messages as pm
 from pydantic_ai.tools import ToolDefinition
@@ -39,10 +40,18 @@ class Adapted:
     framework: str
     tool: str
 
+    def history(self, state: WorkingState) -> Any:
+        """The framework's history the agent's state keeps, without what differs per run."""
+        kept = own(state)["history"]
+        if self.framework == "langgraph":
+            return adapter_agents.graph_messages(kept)
+        return steady(kept)
+
 
 ADAPTERS = [
     Adapted("pydantic_helper", "pydantic_ai", "note_pydantic"),
     Adapted("sdk_helper", "openai_agents", "note_sdk"),
+    Adapted("graph_helper", "langgraph", "note_graph"),
 ]
 
 
@@ -132,7 +141,7 @@ def test_an_adapted_agent_runs_its_framework_through_cairns_model(
     calls = [row for row in state.trace if row.tool is None]
     assert all(row.usage is not None and row.usage.prompt_tokens > 0 for row in calls)
     assert "Answer three." == own(state)["output"]
-    said = json.dumps(own(state)["history"])
+    said = json.dumps(adapted.history(state))
     assert all(f"Question {n}?" in said for n in (1, 2, 3))
     assert all(answer in said for answer in ANSWERS)
     assert ["the goal"] == notes(outside)
@@ -152,7 +161,8 @@ def test_a_worker_killed_in_the_frameworks_tool_retries_to_the_same_end(
     status = cluster.status(faulted)
     assert "succeeded" == status["status"], cluster.worker_logs()
     a, b = (state_at(cluster, task, adapted.kind) for task in (clean, faulted))
-    assert steady(a.kind_state) == steady(b.kind_state)
+    assert adapted.history(a) == adapted.history(b)
+    assert own(a)["output"] == own(b)["output"]
     assert model_calls(a) == model_calls(b)
     assert ["the goal", "the goal"] == notes(outside)  # the framework's own tool ran again
     [agent] = [row for row in status["agents"] if row["name"] == adapted.kind]  # type: ignore[attr-defined]
@@ -165,12 +175,13 @@ def test_a_restore_rewinds_the_frameworks_own_history(cluster: Cluster, adapted:
     task = run(cluster, team(adapted))
     ended = state_at(cluster, task, adapted.kind)
     at_two = state_at(cluster, task, adapted.kind, 2)
-    assert len(own(at_two)["history"]) < len(own(ended)["history"])
+    assert len(adapted.history(at_two)) < len(adapted.history(ended))
     cluster.coordinator.restorer.restore(task, to=2)
     assert at_two.kind_state == state_at(cluster, task, adapted.kind).kind_state
     assert "succeeded" == cluster.drive(task, timeout=90)["status"], cluster.worker_logs()
     again = state_at(cluster, task, adapted.kind)
-    assert steady(ended.kind_state) == steady(again.kind_state)
+    assert adapted.history(ended) == adapted.history(again)
+    assert own(ended)["output"] == own(again)["output"]
     assert model_calls(ended) == model_calls(again)[: len(model_calls(ended))]
 
 
@@ -252,4 +263,39 @@ def test_openai_agents_items_and_replies_convert_as_its_own_types_say() -> None:
         usage.output_tokens,
         usage.total_tokens,
         usage.input_tokens_details.cached_tokens,
+    )
+
+
+def test_langchain_messages_and_replies_convert_as_its_own_types_say() -> None:
+    """LangChain's messages become chat messages; a reply its `AIMessage`, usage kept."""
+    convert = adapter_agents.langgraph_adapter
+    history = [
+        SystemMessage("Be brief."),
+        HumanMessage("Hi?"),
+        AIMessage("", tool_calls=[{"id": "c1", "name": "look", "args": {"q": "x"}}]),
+        ToolMessage("found", tool_call_id="c1", name="look"),
+        ToolMessage("no such page", tool_call_id="c2", name="look", status="error"),
+    ]
+    assert [
+        (Role.SYSTEM, "Be brief.", [], None, False),
+        (Role.USER, "Hi?", [], None, False),
+        (Role.ASSISTANT, None, [ToolCall(id="c1", name="look", args={"q": "x"})], None, False),
+        (Role.TOOL, "found", [], "c1", False),
+        (Role.TOOL, "no such page", [], "c2", True),
+    ] == [
+        (m.role, m.content, m.tool_calls, m.tool_call_id, m.error)
+        for m in convert.to_messages(history)
+    ]
+    used = Usage(prompt_tokens=10, completion_tokens=3)
+    calls = [ToolCall(id="c3", name="look", args={"q": "y"})]
+    made = convert.to_ai_message(ModelReply("Again.", calls, used))
+    assert "Again." == made.content
+    assert [
+        {"id": "c3", "name": "look", "args": {"q": "y"}, "type": "tool_call"}
+    ] == made.tool_calls
+    assert made.usage_metadata is not None
+    assert (10, 3, 13) == (
+        made.usage_metadata["input_tokens"],
+        made.usage_metadata["output_tokens"],
+        made.usage_metadata["total_tokens"],
     )
