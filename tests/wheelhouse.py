@@ -2,8 +2,8 @@
 
 `make test` runs this when the pins change: it downloads Cairn's dependencies (at
 constraints.txt's versions), a setuptools that builds the wheel, and `openai-agents` with
-its own dependencies (unconstrained: the SDK pins a websockets older than Cairn's tests
-use), into `.venv/wheelhouse/`. Tests never download.
+its own dependencies (unconstrained: what a user's pip picks beside Cairn's wheel), into
+`.venv/wheelhouse/`. Tests never download.
 """
 
 from __future__ import annotations

@@ -175,6 +175,8 @@ class AgentContext:
             return _reply_of(entry)
         reply = self._engine(self._step.converse, sent, list(tools))
         self._journal.record("converse", args, reply=_dump_reply(reply))
+        if self._step.policy.triggers.model_reply:  # as `ask`: a crash does not pay again
+            self._engine(self._step.checkpoint)
         return reply
 
     def run_calls(self, reply: Reply | None = None) -> None:
