@@ -63,6 +63,38 @@ class Budget(BaseModel):
         return over_tokens or (self.cost_usd is not None and cost_usd >= self.cost_usd)
 
 
+@public
+class MemberBudget(BaseModel):
+    """How much one member and the members it spawned may spend: tokens, dollars, steps.
+
+    The limit holds for the member's subtree (itself and every member it spawned, theirs
+    too): once reached, the subtree takes no more steps, while the rest of the team goes on.
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, frozen=True)
+
+    tokens: int | None = Field(default=None, ge=1)
+    cost_usd: float | None = Field(default=None, gt=0)
+    steps: int | None = Field(default=None, ge=1)
+
+    @model_validator(mode="after")
+    def _some_limit(self) -> MemberBudget:
+        if self.tokens is None and self.cost_usd is None and self.steps is None:
+            raise ValueError("give tokens, cost_usd, steps or some of them")
+        return self
+
+    def over(self, usage: Usage, steps: int) -> str | None:
+        """What of this budget `usage` and `steps` have reached ("" parts joined), or None."""
+        parts = []
+        if self.tokens is not None and usage.tokens >= self.tokens:
+            parts.append(f"{usage.tokens} of {self.tokens} tokens")
+        if self.cost_usd is not None and usage.cost_usd >= self.cost_usd:
+            parts.append(f"${usage.cost_usd:.4f} of ${self.cost_usd:.4f}")
+        if self.steps is not None and steps >= self.steps:
+            parts.append(f"{steps} of {self.steps} steps")
+        return " and ".join(parts) or None
+
+
 def cost(usage: Usage, price: Price | None) -> float:
     """What a call that used `usage` cost at `price`, in US dollars (0 without a price)."""
     if price is None:

@@ -22,7 +22,7 @@ from pydantic import (
     model_validator,
 )
 
-from cairn.agents.accounting import Price
+from cairn.agents.accounting import MemberBudget, Price
 from cairn.agents.mcp.names import MCP_REF
 from cairn.agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
 from cairn.agents.userfiles import load_yaml
@@ -175,6 +175,8 @@ class AgentSpec(Strict):
     approve: list[str] = Field(default_factory=list)
     max_retries: int = Field(default=3, ge=0, le=100)
     context: ContextPolicy = Field(default_factory=ContextPolicy)
+    # What this member and the members it spawns may spend (coordinator/budgets.py).
+    budget: MemberBudget | None = None
 
     @field_validator("name")
     @classmethod

@@ -24,7 +24,7 @@ import typing as _typing
 from cairn import errors
 
 if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__` imports each name
-    from cairn.agents.accounting import Budget, Price
+    from cairn.agents.accounting import Budget, MemberBudget, Price
     from cairn.agents.kinds.code import AgentContext, Outcome, Reply
     from cairn.agents.kinds.python import CodeAgent, agent
     from cairn.agents.live import LiveCall, LiveReply
@@ -78,6 +78,7 @@ _HOMES = {
     "Export": "cairn.coordinator.views",
     "GCStatus": "cairn.storage.records",
     "Lineage": "cairn.coordinator.views",
+    "MemberBudget": "cairn.agents.accounting",
     "LiveCall": "cairn.agents.live",
     "LiveReply": "cairn.agents.live",
     "PendingCall": "cairn.coordinator.views",
@@ -116,6 +117,7 @@ __all__ = [
     "Lineage",
     "LiveCall",
     "LiveReply",
+    "MemberBudget",
     "Outcome",
     "PendingCall",
     "Price",

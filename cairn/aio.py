@@ -38,7 +38,7 @@ from typing import Concatenate, ParamSpec, TypeVar, overload
 
 from pydantic import JsonValue
 
-from cairn.agents.accounting import Budget
+from cairn.agents.accounting import Budget, MemberBudget
 from cairn.agents.live import LiveReply
 from cairn.client import OUTAGE, WAIT_POLL, Client, M, SpecSource, Task, Waiting, configure
 from cairn.coordinator.diff import Diff
@@ -330,6 +330,18 @@ class AsyncTask:
     async def budget(self, *, tokens: int | None = None, cost_usd: float | None = None) -> Budget:
         """Set the budget (the limits given; the others kept); return it (`Task.budget`)."""
         return await self._call(Task.budget, tokens=tokens, cost_usd=cost_usd)
+
+    async def member_budget(
+        self,
+        agent: str,
+        *,
+        tokens: int | None = None,
+        cost_usd: float | None = None,
+        steps: int | None = None,
+    ) -> MemberBudget:
+        """Set the budget of `agent`'s subtree; return it (`Task.member_budget`)."""
+        return await self._call(Task.member_budget, agent, tokens=tokens, cost_usd=cost_usd,
+                                steps=steps)  # fmt: skip
 
     async def cancel(self) -> TaskStatus:
         """End the task now (its running steps are fenced); return the status."""

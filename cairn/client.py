@@ -19,7 +19,7 @@ from typing import Any, ParamSpec, TypeVar, overload
 import redis
 from pydantic import BaseModel, JsonValue
 
-from cairn.agents.accounting import Budget, load_prices
+from cairn.agents.accounting import Budget, MemberBudget, load_prices
 from cairn.agents.live import LiveReply, read_live
 from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
@@ -438,6 +438,23 @@ class Task:
         spent stays spent through retries and restores.
         """
         return self.client._control.budget(self.id, tokens, cost_usd)
+
+    @_redis_errors
+    def member_budget(
+        self,
+        agent: str,
+        *,
+        tokens: int | None = None,
+        cost_usd: float | None = None,
+        steps: int | None = None,
+    ) -> MemberBudget:
+        """Set the budget of `agent` and the members it spawned (the limits given); return it.
+
+        Checked at every barrier: a subtree at its budget takes no more steps while the
+        rest of the team goes on; when only it has work left, the task pauses (`resume`
+        goes on once the budget is raised). Replayed spend counts (docs/teams.md).
+        """
+        return self.client._control.member_budget(self.id, agent, tokens, cost_usd, steps)
 
     @_redis_errors
     def cancel(self) -> TaskStatus:

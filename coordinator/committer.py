@@ -10,7 +10,6 @@ agent is runnable, the task's verify command is judged, run on a worker (`Verifi
 from __future__ import annotations
 
 import time
-from typing import cast
 
 import redis
 
@@ -144,14 +143,26 @@ class Committer:
             if run.get("status") != TaskState.RUNNING.value:
                 return []
             budget = run["budget"].encode() if "budget" in run else None
-            if budget_of(budget, limits) is not None:
-                spend = cast(dict[bytes, bytes], ctx.redis.hgetall(keys.spend(task)))
+            raised: dict[str, str] = {}
+            if budget_of(budget, limits) is not None or self._budgeted(task, gc):
+                pipe = ctx.redis.pipeline(transaction=False)
+                pipe.hgetall(keys.spend(task))
+                pipe.hgetall(keys.member_budgets(task))
+                spend, kept = pipe.execute()
                 spent = parse_spend(spend)[0]
-            barrier = Barrier(True, gc.epoch, False, budget, spent)
+                raised = {k.decode(): v.decode() for k, v in kept.items()}
+            barrier = Barrier(True, gc.epoch, False, budget, spent, raised)
             return list(ctx.launcher.plan(task, gc, barrier).agents)
         except (CairnError, redis.RedisError) as exc:  # a state unread: the commit goes alone
             log.info("next superstep not begun with the commit", task=task, why=str(exc))
             return []
+
+    def _budgeted(self, task: str, gc: GlobalCheckpoint) -> bool:
+        """Whether a member of `gc` may have a budget: its spec gives one, or one was raised."""
+        record = self.ctx.docs.record(task)
+        if any(spec.budget is not None for spec in record.agents) or gc.spawned:
+            return True
+        return bool(self.ctx.redis.exists(keys.member_budgets(task)))
 
     def after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
         """Close the superstep whose GC is committed and start the next one at once.

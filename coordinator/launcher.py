@@ -11,6 +11,7 @@ from __future__ import annotations
 from rq import Queue
 
 from cairn.agents.barrier import runnable
+from cairn.coordinator.budgets import held
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.jobs import STEP_JOB
 from cairn.coordinator.numbering import restore_from_archive
@@ -57,7 +58,8 @@ class Launcher:
         elif plan.then is Then.FAIL:
             ctx.finisher.finish(task, TaskState.FAILED, plan.reason, gc)
         elif plan.then is Then.PAUSE:
-            ctx.runs.write(task, {"status": TaskState.PAUSED, "reason": BUDGET_REASON})
+            reason = f"{BUDGET_REASON}: {plan.reason}" if plan.held else BUDGET_REASON
+            ctx.runs.write(task, {"status": TaskState.PAUSED, "reason": reason})
             log.info("task paused: budget reached", task=task, spent=plan.reason)
 
     def plan(self, task: str, gc: GlobalCheckpoint, barrier: Barrier) -> Plan:
@@ -74,6 +76,13 @@ class Launcher:
         why = budget_reached(budget_of(barrier.budget, limits), barrier.spent)
         if why is not None:
             return Plan(then=Then.PAUSE, reason=why)
+        record = self.ctx.docs.record(task)
+        over = held(self.ctx.store, record, gc, barrier.raised, barrier.spent)
+        if over:  # a subtree over its budget rests; the rest of the team goes on
+            resting = frozenset().union(*(h.members for h in over))
+            agents = [agent for agent in agents if agent not in resting]
+            if not agents:
+                return Plan(then=Then.PAUSE, reason="; ".join(h.reason for h in over), held=True)
         return Plan(tuple(agents))
 
     def launch(

@@ -6,7 +6,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from enum import Enum
 
 import redis
@@ -26,6 +26,7 @@ class Barrier:
     restoring: bool  # a restore holds the task's lock
     budget: bytes | None  # the budget last set (`Tasks.budget`), if any
     spent: dict[str, Usage]  # agent → what its model calls spent
+    raised: dict[str, str] = field(default_factory=dict)  # member → its budget as last raised
 
     @classmethod
     def read(cls, client: redis.Redis, task: str) -> Barrier:
@@ -35,9 +36,12 @@ class Barrier:
         pipe.get(keys.epoch(task))
         pipe.exists(keys.restore_lock(task))
         pipe.hgetall(keys.spend(task))
-        (status, budget), epoch, locked, spend = pipe.execute()
+        pipe.hgetall(keys.member_budgets(task))
+        (status, budget), epoch, locked, spend, raised = pipe.execute()
         running = status == TaskState.RUNNING.value.encode()
-        return cls(running, int(epoch or 0), bool(locked), budget, parse_spend(spend)[0])
+        members = {k.decode(): v.decode() for k, v in raised.items()}
+        return cls(running, int(epoch or 0), bool(locked), budget, parse_spend(spend)[0],
+                   members)  # fmt: skip
 
     def may_begin(self, latest: GlobalCheckpoint) -> bool:
         """Say whether the superstep after `latest` may begin now.
@@ -55,7 +59,7 @@ class Then(str, Enum):
     VERIFY = "verify"  # every agent rests: run the task's verify command
     WAIT = "wait"  # an agent's tool call waits for a person's approval
     FAIL = "fail"  # past max_supersteps
-    PAUSE = "pause"  # the budget is reached
+    PAUSE = "pause"  # the budget is reached (the task's, or its runnable members')
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,3 +69,4 @@ class Plan:
     agents: tuple[str, ...] = ()
     then: Then | None = None
     reason: str = ""
+    held: bool = False  # paused because only members over their budgets have work

@@ -16,10 +16,11 @@ from typing import cast
 
 import redis
 
-from cairn.agents.accounting import Budget
+from cairn.agents.accounting import Budget, MemberBudget
 from cairn.agents.logs import get_logger
-from cairn.agents.spec import parse_model
+from cairn.agents.spec import TaskRecord, parse_model
 from cairn.agents.task import start_task
+from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.fork import fork_task
@@ -33,6 +34,7 @@ from cairn.errors import InvalidSpec, TaskNotFound
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport, archive_gc
 from cairn.storage.ids import new_id
+from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import GCStatus
 from cairn.storage.store import CheckpointStore
 
@@ -132,6 +134,41 @@ class Tasks:
         new = parse_model(Budget, {**kept, **given}, "budget")
         self.runs.write(task, {"budget": new.model_dump_json()})
         log.info("budget set", task=task, tokens=new.tokens, cost_usd=new.cost_usd)
+        return new
+
+    def member_budget(
+        self,
+        task: str,
+        agent: str,
+        tokens: int | None = None,
+        cost_usd: float | None = None,
+        steps: int | None = None,
+    ) -> MemberBudget:
+        """Set the budget of member `agent`'s subtree: the limits given, the others kept.
+
+        Over the spec's (or the last one set); read at each barrier (coordinator/budgets.py).
+        Raises `InvalidSpec` when no limit is given or one is not positive, or the latest
+        GC has no such member; `TaskNotFound` for an unknown task.
+        """
+        given = {k: v for k, v in (("tokens", tokens), ("cost_usd", cost_usd), ("steps", steps))
+                 if v is not None}  # fmt: skip
+        if not given:
+            raise InvalidSpec("budget: give tokens, cost_usd, steps or some of them")
+        self.require(task)
+        gc = self.store.latest_gc(task)
+        if gc is None or agent not in gc.members:
+            raise InvalidSpec(f"task {task} has no member {agent!r}")
+        kept = self.redis.hget(keys.member_budgets(task), agent)
+        old: MemberBudget | None
+        if kept is not None:
+            old = MemberBudget.model_validate_json(cast(bytes, kept))
+        else:
+            record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
+            old = member_spec(record, gc, agent).budget
+        base = {} if old is None else old.model_dump()
+        new = parse_model(MemberBudget, {**base, **given}, "budget")
+        self.redis.hset(keys.member_budgets(task), agent, new.model_dump_json())
+        log.info("member budget set", task=task, agent=agent, **new.model_dump())
         return new
 
     def cancel(self, task: str) -> None:

@@ -26,6 +26,7 @@ from cairn.agents.spec import TaskRecord
 from cairn.agents.team import spawned_by
 from cairn.agents.team import team as team_at
 from cairn.agents.workspace import check_path, directories, tree_clashes
+from cairn.coordinator.budgets import held_members
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
 from cairn.errors import CairnError, InvalidSpec, NoResult, TaskNotFound, ToolError
@@ -95,6 +96,8 @@ class AgentStatus(View):
     usage: Spending = Field(default_factory=Spending)
     # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
     spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
+    # Why it takes no step: its subtree's budget is reached (coordinator/budgets.py).
+    held: str | None = Field(default=None, exclude_if=lambda why: why is None)
 
 
 @public
@@ -213,6 +216,8 @@ class CheckpointMember(View):
     step: int | None  # None when its local checkpoint is gone (an aborted checkpoint's)
     # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
     spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
+    # Why it takes no step: its subtree's budget is reached (coordinator/budgets.py).
+    held: str | None = Field(default=None, exclude_if=lambda why: why is None)
 
 
 @public
@@ -299,6 +304,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
             error = str(exc)
         usage = _spending(client, store, task, run, gc, members)
         parents = spawned_by(gc)
+        holding = held_members(client, store, task, gc)
         agents = [
             AgentStatus(
                 name=agent,
@@ -306,6 +312,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
                 step=members[agent].step if agent in members else None,
                 usage=usage[agent],
                 spawned_by=parents.get(agent),
+                held=holding.get(agent),
             )
             for agent in gc.members
         ]

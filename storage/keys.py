@@ -131,6 +131,11 @@ def doc(task: str, name: str) -> str:
     return f"{task_prefix(task)}doc:{check_name('document', name)}"
 
 
+def member_budgets(task: str) -> str:
+    """Hash member → its budget as last raised (`MemberBudget` JSON), over its spec's."""
+    return task_prefix(task) + "member-budgets"
+
+
 def run(task: str) -> str:
     """Hash: the coordinator's view of a running task (status, superstep in flight, …)."""
     return task_prefix(task) + "run"

@@ -110,3 +110,32 @@ def triage(ctx: AgentContext) -> cairn.Outcome:
     """Looks at the case with its model, then hands the conversation to the specialist."""
     ctx.ask()
     return ctx.handoff("specialist", "The refund needs a specialist: take it from here.")
+
+
+@cairn.agent
+def runaway(ctx: AgentContext) -> str:
+    """Asks its model every step and goes on; finishes at its third step."""
+    ctx.ask("More, please.")
+    if ctx.state.get("steps", 0) >= 2:
+        return ctx.finish({"steps": 3})
+    ctx.state["steps"] = ctx.state.get("steps", 0) + 1
+    return "continue"
+
+
+@cairn.agent
+def spawner(ctx: AgentContext) -> str:
+    """Spawns `runaway` (with the budget its own state's brief says) once; then rests."""
+    if ctx.superstep == 1:
+        child = ctx.spec.budget is None  # a spawner without a budget gives its child one
+        budget = {"steps": 2} if child else None
+        spec = runaway.spec(model="scripted", budget=budget, tools=["read_file"])
+        ctx.spawn("runaway", spec, "Work until you are stopped.")
+        return "halt"
+    return ctx.finish() if any(m.name == "runaway" for m in ctx.inbox()) else "halt"
+
+
+@cairn.agent
+def steady(ctx: AgentContext) -> str:
+    """Works five steps, then finishes: a member no budget holds."""
+    ctx.state["steps"] = ctx.state.get("steps", 0) + 1
+    return "finish" if ctx.state["steps"] >= 5 else "continue"

@@ -30,7 +30,7 @@ from pydantic import JsonValue
 from cairn.agents.context import StepContext
 from cairn.agents.kinds.code import AgentContext, Outcome, Waiting
 from cairn.agents.kinds.journal import Journal
-from cairn.agents.spec import KIND_PATTERN, LLM_KIND, AgentSpec
+from cairn.agents.spec import KIND_PATTERN, LLM_KIND, AgentSpec, parse_model
 from cairn.errors import AgentCodeError, InvalidState
 from cairn.storage.public import public
 from cairn.storage.records import AgentState
@@ -63,9 +63,12 @@ class CodeAgent:
         return self.func(ctx)
 
     def spec(self, name: str | None = None, **fields: object) -> AgentSpec:
-        """A member of this kind for a team declared in Python: `AgentSpec` fields by name."""
+        """A member of this kind for a team declared in Python: `AgentSpec` fields by name.
+
+        Raises `InvalidSpec` naming the first bad field.
+        """
         data = {"name": name or self.name, "kind": self.name, **fields}
-        return AgentSpec.model_validate(data)
+        return parse_model(AgentSpec, data, f"agent {data['name']}")
 
     def initial_state(self, spec: AgentSpec) -> dict[str, JsonValue]:
         """An empty state: the function fills `ctx.state` as it goes."""

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from rich.console import Console
 from rich.live import Live
 
+from cairn.agents.accounting import Budget, MemberBudget
 from cairn.agents.mcp.config import load_mcp_config
 from cairn.agents.toolkit import load_tools
 from cairn.cli import render
@@ -297,13 +298,24 @@ def lifecycle(args: argparse.Namespace, session: Session) -> int:
 def budget(args: argparse.Namespace, session: Session) -> int:
     """Set a task's budget (tokens, US dollars); a task paused for it goes on once resumed."""
     task = session.task(args.task)
-    limit = task.budget(tokens=args.tokens, cost_usd=args.cost_usd)
-    if args.json:
-        render.emit_json({"task_id": task.id, "budget": limit})
+    if args.agent is None and args.steps is not None:
+        raise InvalidSpec("--steps is a member's budget: name the member with --agent")
+    limit: Budget | MemberBudget
+    if args.agent is None:
+        limit = task.budget(tokens=args.tokens, cost_usd=args.cost_usd)
     else:
+        limit = task.member_budget(args.agent, tokens=args.tokens, cost_usd=args.cost_usd,
+                                   steps=args.steps)  # fmt: skip
+    if args.json:
+        shown = {"task_id": task.id, "budget": limit}
+        render.emit_json(shown if args.agent is None else {**shown, "agent": args.agent})
+    else:
+        steps = getattr(limit, "steps", None)
         parts = [f"{limit.tokens} tokens" if limit.tokens is not None else "",
-                 f"${limit.cost_usd:g}" if limit.cost_usd is not None else ""]  # fmt: skip
-        session.console.print(f"{task.id}: budget {' and '.join(p for p in parts if p)}")
+                 f"${limit.cost_usd:g}" if limit.cost_usd is not None else "",
+                 f"{steps} steps" if steps is not None else ""]  # fmt: skip
+        whose = task.id if args.agent is None else f"{task.id} {args.agent}'s subtree"
+        session.console.print(f"{whose}: budget {' and '.join(p for p in parts if p)}")
     return Exit.OK
 
 

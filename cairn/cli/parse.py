@@ -197,6 +197,8 @@ def _lineage_options(
     budget.add_argument("task")
     budget.add_argument("--tokens", type=int, help="prompt + completion tokens")
     budget.add_argument("--cost-usd", type=float, help="US dollars, at the task's prices")
+    budget.add_argument("--agent", help="a member: the budget of it and the members it spawned")
+    budget.add_argument("--steps", type=int, help="steps (a member's budget only)")
 
 
 def _people_options(approvals: argparse.ArgumentParser, console: argparse.ArgumentParser) -> None:

@@ -111,7 +111,8 @@ def show_status(console: Console, status: JSON) -> None:
         name = agent["name"]
         if agent.get("spawned_by"):
             name += f" (spawned by {agent['spawned_by']})"
-        table.add_row(name, styled(agent["status"]), step, _spent(usage),
+        state = styled(agent["status"]) + (" (held: budget)" if agent.get("held") else "")
+        table.add_row(name, state, step, _spent(usage),
                       _spent(usage.get("replayed") or {}))  # fmt: skip
     console.print(table)
     usage = status.get("usage") or {}
