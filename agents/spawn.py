@@ -87,7 +87,7 @@ def spawn_from_args(ctx: StepContext, args: dict[str, JsonValue]) -> str:
     `name` and `goal` (its brief) are required; `system` (its system prompt), `model` (of
     the spawner's provider; default the spawner's) and `tools` (some of the spawner's;
     default all of them but `spawn_agent`) are not. Everything else (base URL, key,
-    parameters, limits) is the spawner's. A `scripted` member takes a `script` too, for
+    parameters, limits) is the spawner's, but its budget (which covers the new member). A `scripted` member takes a `script` too, for
     tests and demos. Raises `SpawnRefused` as `spawn` does, and for arguments of the
     wrong type or a model or tool the spawner may not give.
     """
@@ -97,7 +97,8 @@ def spawn_from_args(ctx: StepContext, args: dict[str, JsonValue]) -> str:
     model = _model(parent.model, _string(args, "model", parent.model))
     tools = _tools(parent.tools, args.get("tools"))
     data: dict[str, JsonValue] = {
-        **parent.model_dump(mode="json", exclude={"script"}),
+        # Not its budget: the spawner's covers its subtree, the new member included.
+        **parent.model_dump(mode="json", exclude={"script", "budget"}),
         "name": name,
         "system": system,
         "model": model,
