@@ -87,9 +87,10 @@ def spawn_from_args(ctx: StepContext, args: dict[str, JsonValue]) -> str:
     `name` and `goal` (its brief) are required; `system` (its system prompt), `model` (of
     the spawner's provider; default the spawner's) and `tools` (some of the spawner's;
     default all of them but `spawn_agent`) are not. Everything else (base URL, key,
-    parameters, limits) is the spawner's, but its budget (which covers the new member). A `scripted` member takes a `script` too, for
-    tests and demos. Raises `SpawnRefused` as `spawn` does, and for arguments of the
-    wrong type or a model or tool the spawner may not give.
+    parameters, limits) is the spawner's, but its budget (which covers the new member).
+    A `scripted` member takes a `script` too, for tests and demos. Raises `SpawnRefused`
+    as `spawn` does, and for arguments of the wrong type or a model or tool the spawner
+    may not give.
     """
     parent = ctx.spec
     name, goal = _string(args, "name"), _string(args, "goal")

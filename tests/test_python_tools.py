@@ -56,16 +56,21 @@ def tool_package(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     (info / "METADATA").write_text(
         f"Metadata-Version: 2.1\nName: {project['name']}\nVersion: {project['version']}\n"
     )
-    points = project["entry-points"]["cairn.tools"]
+    groups = project["entry-points"]
     (info / "entry_points.txt").write_text(
-        "[cairn.tools]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
+        "".join(
+            f"[{group}]\n" + "".join(f"{name} = {value}\n" for name, value in points.items())
+            for group, points in groups.items()
+        )
     )
-    shutil.copy(TOOLPKG / "cairn_test_tools.py", site)
+    for module in ("cairn_test_tools.py", "cairn_test_agents.py"):
+        shutil.copy(TOOLPKG / module, site)
     sys.path.insert(0, str(site))
     importlib.invalidate_caches()
     yield site
     sys.path.remove(str(site))
     sys.modules.pop("cairn_test_tools", None)
+    sys.modules.pop("cairn_test_agents", None)
     importlib.invalidate_caches()
 
 
@@ -358,6 +363,9 @@ def test_entry_points_and_named_modules_give_a_worker_its_tools(
     assert Effects.WORKSPACE == named["tally"].effects
     assert "shout" not in load_tools((), entry_points=False)
     assert "HI!" == named["shout"].run(ctx, {"text": "hi"})
+    # An agent kind in the `cairn.agents` group, as a worker's (`kind: echoer` in a spec).
+    assert "echoer" == found.kinds["echoer"].name
+    assert "echoer" not in load_tools((), entry_points=False).kinds
 
 
 def test_what_cannot_be_a_workers_tools_is_refused_naming_it(
