@@ -2,8 +2,9 @@
 
 `join` takes a barrier's GC and the spawns its steps recorded (`cairn.agents.spawn`),
 in team order, and for each one it admits writes the new member's first LC (fenced
-under the barrier's epoch, as a step's LC is) and names it in the GC, with its spec and
-its spawner (`GlobalCheckpoint.spawned`); it is runnable in the next superstep. A spawn
+under the barrier's epoch, as a step's LC is; all of them in one round trip) and names
+it in the GC, with its spec and its spawner (`GlobalCheckpoint.spawned`); it is
+runnable in the next superstep. A spawn
 whose name another member took first (in this superstep too), or past the task's
 `member_limit`, is refused: its spawner gets a message saying why. The commit of the GC
 is what makes a member a member: a GC that is not committed leaves its first LC an
@@ -19,7 +20,13 @@ from cairn.agents.spawn import first_messages
 from cairn.agents.spec import LLM_KIND, AgentSpec, TaskRecord
 from cairn.storage.chain import WorkingState
 from cairn.storage.ids import new_id
-from cairn.storage.records import AgentState, InboxMessage, LCRef, Spawned, SpawnRequest
+from cairn.storage.records import (
+    AgentState,
+    GlobalCheckpoint,
+    InboxMessage,
+    Spawned,
+    SpawnRequest,
+)
 from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore
 
@@ -32,9 +39,10 @@ def join(store: CheckpointStore, barrier: Barrier, record: TaskRecord) -> Barrie
         return barrier
     gc = barrier.gc
     members, statuses = dict(gc.members), dict(gc.statuses)
-    spawned, refusals = dict(gc.spawned), []
+    spawned, refusals, first = dict(gc.spawned), [], []
+    taken = set(members)
     for parent, request in barrier.spawns:
-        why = _refusal(request, members, record.member_limit)
+        why = _refusal(request, taken, record.member_limit)
         if why is not None:
             refusals.append(
                 _message(parent, gc.superstep, f"Spawn of {request.name} refused: {why}")
@@ -42,11 +50,15 @@ def join(store: CheckpointStore, barrier: Barrier, record: TaskRecord) -> Barrie
             log.info("spawn refused", task=gc.task, parent=parent, member=request.name, why=why)
             continue
         spec = AgentSpec.model_validate(request.spec)  # checked when the step recorded it
-        members[request.name] = _first_lc(store, gc.task, gc.epoch, gc.superstep, gc.workspace,
-                                          spec, parent, request)  # fmt: skip
+        first.append(_first_state(gc, spec, parent, request))
+        taken.add(request.name)
         statuses[request.name] = AgentState.ACTIVE
         spawned[request.name] = Spawned(parent=parent, superstep=gc.superstep, spec=request.spec)
-        log.info("member joined", task=gc.task, parent=parent, member=request.name)
+    if first:  # every first LC in one round trip, and one log line, however many join
+        refs = store.write_first_lcs(first)
+        members.update((state.agent, ref) for state, ref in zip(first, refs, strict=True))
+        parents = {state.agent: spawned[state.agent].parent for state in first}
+        log.info("members joined", task=gc.task, superstep=gc.superstep, spawned_by=parents)
     inbox, delivered = list(gc.inbox), dict(gc.delivered)
     for message in refusals:
         seq = delivered.get(message.recipient, 0) + 1
@@ -58,34 +70,25 @@ def join(store: CheckpointStore, barrier: Barrier, record: TaskRecord) -> Barrie
     return Barrier(joined, barrier.conflicts, barrier.spawns)
 
 
-def _refusal(request: SpawnRequest, members: dict[str, LCRef], limit: int) -> str | None:
-    """Why the barrier refuses `request`, or None to admit it."""
-    if request.name in members:
+def _refusal(request: SpawnRequest, taken: set[str], limit: int) -> str | None:
+    """Why the barrier refuses `request` when `taken` are the members so far, or None."""
+    if request.name in taken:
         return f"the name {request.name!r} was taken first (in this superstep)"
-    if len(members) >= limit:
-        return f"the task holds at most {limit} members (max_agents), and holds {len(members)}"
+    if len(taken) >= limit:
+        return f"the task holds at most {limit} members (max_agents), and holds {len(taken)}"
     return None
 
 
-def _first_lc(
-    store: CheckpointStore,
-    task: str,
-    epoch: int,
-    superstep: int,
-    workspace: str,
-    spec: AgentSpec,
-    parent: str,
-    request: SpawnRequest,
-) -> LCRef:
-    """Write a spawned member's first LC, in the barrier's superstep and epoch."""
+def _first_state(
+    gc: GlobalCheckpoint, spec: AgentSpec, parent: str, request: SpawnRequest
+) -> WorkingState:
+    """A spawned member's first state, in the barrier's superstep and epoch (attempt 1)."""
     messages = first_messages(spec, parent, redact(request.brief))
-    state = WorkingState(task=task, agent=spec.name, epoch=epoch, superstep=superstep,
-                         messages=messages, workspace_before=workspace,
-                         workspace_after=workspace,
-                         kind_state=kind_of(spec).initial_state(spec)
-                         if spec.kind == LLM_KIND else {})  # fmt: skip
-    store.hot.begin_attempt(task, spec.name, superstep, 1, epoch=epoch)
-    return store.write_lc(state)
+    return WorkingState(task=gc.task, agent=spec.name, epoch=gc.epoch, superstep=gc.superstep,
+                        messages=messages, workspace_before=gc.workspace,
+                        workspace_after=gc.workspace,
+                        kind_state=kind_of(spec).initial_state(spec)
+                        if spec.kind == LLM_KIND else {})  # fmt: skip
 
 
 def _message(recipient: str, superstep: int, content: str) -> InboxMessage:

@@ -35,6 +35,7 @@ PARTS = (
     "storage",
     "agents",
     "coordinator",
+    "spawning",
     "langgraph",
     "peer",
     "scale",

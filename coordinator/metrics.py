@@ -179,6 +179,13 @@ class MeteredHotStore(RedisHotStore):
         super().write_lc(entry, vote=vote)
         LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
 
+    def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:
+        """Write as Redis does, then observe each LC's sealed bytes' length."""
+        entries = list(entries)
+        super().write_first_lcs(entries)
+        for entry in entries:
+            LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
+
     def send_spend(
         self,
         task: str,

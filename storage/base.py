@@ -134,6 +134,15 @@ class HotStore(Protocol):
         blobs' times refreshed), so a retried command is harmless.
         """
 
+    def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:
+        """Begin each LC's attempt (`begin_attempt` in its epoch), then write it: all at once.
+
+        The first LCs of members who join at a barrier, in one round trip however many
+        join. Each LC is written as `write_lc` writes it, and refused as it refuses; the
+        first refusal is raised (`FencedWrite`); an LC written meanwhile is tentative, swept
+        unless a GC names it. Each part is idempotent as it is alone.
+        """
+
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
         """Return sealed LCs from `lc_id` back through parents, newest first.
 

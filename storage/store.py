@@ -169,6 +169,24 @@ class CheckpointStore:
             state.base = base_after_write(lc, state)
         return LCRef(id=lc.id, checksum=sealed.checksum)
 
+    def write_first_lcs(self, states: Iterable[WorkingState]) -> list[LCRef]:
+        """Store the first step-level LC of each new member's `state`, in one round trip.
+
+        Each state's attempt (its epoch, superstep and attempt) is begun and its LC written
+        as `write_lc` writes it (`HotStore.write_first_lcs`): the members a barrier admits.
+        Returns their refs in order; raises `FencedWrite` as `write_lc` does.
+        """
+        states = list(states)
+        lcs = [cut_lc(state, Level.STEP, self.full_every) for state in states]
+        sealed = [self.codec.encode(lc, Place.lc(lc.task, lc.agent, lc.id)) for lc in lcs]
+        self.hot.write_first_lcs([LCEntry(lc, s) for lc, s in zip(lcs, sealed, strict=True)])
+        refs = []
+        for state, lc, s in zip(states, lcs, sealed, strict=True):
+            lc.checksum = s.checksum
+            state.base = base_after_write(lc, state)
+            refs.append(LCRef(id=lc.id, checksum=s.checksum))
+        return refs
+
     def load_chain(
         self, task: str, agent: str, lc_id: str, checksum: str | None = None
     ) -> list[LoadedLC]:

@@ -11,9 +11,17 @@ from cairn.errors import CommitRefused, FencedWrite, InvalidName, RecordNotFound
 from cairn.storage.backends.memory import MemoryArchive, MemoryHotStore
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.base import ColdArchive, HotStore, LCEntry, NextSuperstep
-from cairn.storage.chain import cut_lc
+from cairn.storage.chain import WorkingState, cut_lc
 from cairn.storage.codec import canonical_bytes
-from cairn.storage.records import GCStatus, LCRef, Level, WorkspaceManifest, sha256_hex
+from cairn.storage.records import (
+    GCStatus,
+    LCRef,
+    Level,
+    Message,
+    Role,
+    WorkspaceManifest,
+    sha256_hex,
+)
 from cairn.storage.store import CheckpointStore
 from tests.factories import make_gc, manifest, new_agent, next_superstep, take_step
 
@@ -611,3 +619,43 @@ def test_a_refused_commit_begins_nothing(store: CheckpointStore) -> None:
         store.commit_and_begin(gc, {"coder": 1}, owner=7)
     assert [(1, GCStatus.PREPARING)] == [(g.number, g.status) for g in store.hot.list_gcs(TASK)]
     assert store.hot.latest_gc(TASK) is None
+
+
+def test_first_lcs_of_joining_members_are_fenced_and_written_at_once(
+    store: CheckpointStore,
+) -> None:
+    """`write_first_lcs` begins each new member's attempt and writes its LC, or refuses.
+
+    Each LC reads back as written and its attempt is the current one (an older one is
+    fenced out); the same call again (a lost reply) is a no-op; a stale epoch writes
+    nothing and raises `FencedWrite`, as `write_lc` would.
+    """
+    store.hot.init_task(TASK)
+
+    def first(name: str) -> WorkingState:
+        said = [Message(role=Role.SYSTEM, content=f"You are {name}.")]
+        return WorkingState(task=TASK, agent=name, epoch=1, superstep=3, messages=said)
+
+    states = [first("m0"), first("m1")]
+    refs = store.write_first_lcs(states)
+    for state, ref in zip(states, refs, strict=True):
+        assert state.base is not None
+        assert ref.id == state.base.id
+        again = store.read_state(TASK, state.agent, ref.id, ref.checksum)
+        assert (state.messages, 3) == (again.messages, again.superstep)
+    with pytest.raises(FencedWrite, match="older"):
+        store.hot.begin_attempt(TASK, "m0", 2, 1, epoch=1)
+    lcs = [cut_lc(first(name), Level.STEP) for name in ("m2", "m3")]
+    entries = [LCEntry(lc, store.codec.encode(lc)) for lc in lcs]
+    for _ in range(2):
+        store.hot.write_first_lcs(entries)
+    assert [[e.sealed.data] for e in entries] == [
+        store.hot.read_chain(TASK, lc.id, 10) for lc in lcs
+    ]
+    store.hot.raise_epoch(TASK, 2)
+    with pytest.raises(FencedWrite, match="stale epoch"):
+        store.write_first_lcs([first("m4")])
+    late = cut_lc(first("m5"), Level.STEP)
+    with pytest.raises(FencedWrite, match="stale epoch"):
+        store.hot.write_first_lcs([LCEntry(late, store.codec.encode(late))])
+    assert [] == store.hot.read_chain(TASK, late.id, 10)

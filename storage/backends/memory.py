@@ -97,6 +97,12 @@ class MemoryHotStore:
         for agent, attempt in attempts.items():
             self.begin_attempt(task, agent, superstep, attempt, epoch=epoch)
 
+    def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:
+        for entry in entries:
+            lc = entry.record
+            self.begin_attempt(lc.task, lc.agent, lc.superstep, lc.attempt, epoch=lc.epoch)
+            self.write_lc(entry)
+
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
         check_name("task", lc.task)

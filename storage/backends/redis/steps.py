@@ -7,12 +7,21 @@ spend), the chains of LCs a restore walks, and the task's documents.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import cast
+
+import redis
 
 from cairn.storage import keys
 from cairn.storage.backends.redis.base import RedisRecords
-from cairn.storage.backends.redis.scripts import batch, owner_token, translating
+from cairn.storage.backends.redis.scripts import (
+    Lua,
+    batch,
+    owner_token,
+    pipelined,
+    translated,
+    translating,
+)
 from cairn.storage.base import LCEntry, LCLink, StepStart
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import LCRef, Usage
@@ -64,37 +73,58 @@ class StepRecords(RedisRecords):
         )
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
+        translating(lambda: self._write_lc.run(self._held(), self._write_command(entry, vote)))
+
+    def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:
+        # A pipeline, not a transaction: each write runs after its own fence, and is
+        # refused by the same checks when that fence was (a stale epoch).
+        for reply in pipelined(self._held(), list(self._first_lc_scripts(entries))):
+            if isinstance(reply, redis.ResponseError):
+                raise translated(reply)
+
+    def _first_lc_scripts(
+        self, entries: Iterable[LCEntry]
+    ) -> Iterator[tuple[Lua, tuple[object, ...]]]:
+        """Each entry's `begin_attempt` then its `write_lc`, as scripts to send."""
+        flag = self._audit_flag
+        for entry in entries:
+            lc = entry.record
+            fence = (keys.attempts(lc.task), keys.epoch(lc.task), keys.audit(lc.task))
+            args = [lc.agent, lc.superstep, lc.attempt, flag, lc.epoch]
+            yield self._begin_attempt, self._begin_attempt.command(fence, args)
+            yield self._write_lc, self._write_command(entry, vote=False)
+
+    def _write_command(self, entry: LCEntry, vote: bool) -> tuple[object, ...]:
+        """The write_lc.lua call that stores `entry` (and votes with it)."""
         lc = entry.record
         t = lc.task
-        translating(
-            lambda: self._write_lc(
-                keys=[
-                    keys.epoch(t),
-                    keys.attempts(t),
-                    keys.lc(t, lc.id),
-                    keys.superstep_lcs(t, lc.epoch, lc.superstep),
-                    keys.votes(t, lc.epoch, lc.superstep),
-                    keys.progress(t, lc.epoch, lc.superstep),
-                    keys.audit(t),
-                    keys.blobs(t),
-                    *(keys.blob(t, sha) for sha in entry.blobs),
-                ],
-                args=[
-                    lc.epoch,
-                    lc.agent,
-                    f"{lc.epoch}:{lc.superstep}:{lc.attempt}",
-                    lc.id,
-                    entry.sealed.checksum,
-                    entry.sealed.data,
-                    lc.parent_id or "",
-                    "1" if lc.full else "0",
-                    lc.level.value,
-                    "1" if vote else "0",
-                    self._audit_flag,
-                    time.time(),
-                    *(part for blob in entry.blobs.items() for part in blob),
-                ],
-            )
+        return self._write_lc.command(
+            keys=[
+                keys.epoch(t),
+                keys.attempts(t),
+                keys.lc(t, lc.id),
+                keys.superstep_lcs(t, lc.epoch, lc.superstep),
+                keys.votes(t, lc.epoch, lc.superstep),
+                keys.progress(t, lc.epoch, lc.superstep),
+                keys.audit(t),
+                keys.blobs(t),
+                *(keys.blob(t, sha) for sha in entry.blobs),
+            ],
+            args=[
+                lc.epoch,
+                lc.agent,
+                f"{lc.epoch}:{lc.superstep}:{lc.attempt}",
+                lc.id,
+                entry.sealed.checksum,
+                entry.sealed.data,
+                lc.parent_id or "",
+                "1" if lc.full else "0",
+                lc.level.value,
+                "1" if vote else "0",
+                self._audit_flag,
+                time.time(),
+                *(part for blob in entry.blobs.items() for part in blob),
+            ],
         )
 
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
