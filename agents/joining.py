@@ -1,10 +1,11 @@
 """Members who join at a barrier: the spawns a superstep's steps recorded, made real.
 
 `join` takes a barrier's GC and the spawns its steps recorded (`cairn.agents.spawn`),
-in team order, and for each one it admits writes the new member's first LC (fenced
-under the barrier's epoch, as a step's LC is; all of them in one round trip) and names
-it in the GC, with its spec and its spawner (`GlobalCheckpoint.spawned`); it is
-runnable in the next superstep. A spawn
+in team order, and for each one it admits names the new member's first LC in the GC,
+with its spec and its spawner (`GlobalCheckpoint.spawned`); it is runnable in the next
+superstep. The spawning step wrote that LC before it voted, as every step writes its
+own; for a request without one (recorded by code that wrote none) the barrier writes
+it, fenced under its epoch, all of them in one round trip. A spawn
 whose name another member took first (in this superstep too), or past the task's
 `member_limit`, is refused: its spawner gets a message saying why. The commit of the GC
 is what makes a member a member: a GC that is not committed leaves its first LC an
@@ -14,20 +15,16 @@ orphan, swept as any tentative LC.
 from __future__ import annotations
 
 from cairn.agents.barrier import SYSTEM_SENDER, Barrier
-from cairn.agents.kinds import kind_of
 from cairn.agents.logs import get_logger
-from cairn.agents.spawn import first_messages
-from cairn.agents.spec import LLM_KIND, AgentSpec, TaskRecord
-from cairn.storage.chain import WorkingState
+from cairn.agents.spawn import first_state
+from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     AgentState,
-    GlobalCheckpoint,
     InboxMessage,
     Spawned,
     SpawnRequest,
 )
-from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -49,15 +46,20 @@ def join(store: CheckpointStore, barrier: Barrier, record: TaskRecord) -> Barrie
             )
             log.info("spawn refused", task=gc.task, parent=parent, member=request.name, why=why)
             continue
-        spec = AgentSpec.model_validate(request.spec)  # checked when the step recorded it
-        first.append(_first_state(gc, spec, parent, request))
+        if request.lc is not None:  # the spawning step wrote it: named, not written
+            members[request.name] = request.lc
+        else:
+            spec = AgentSpec.model_validate(request.spec)  # checked when the step recorded it
+            first.append(first_state(gc.task, gc.epoch, gc.superstep, gc.workspace, spec,
+                                     parent, request.brief))  # fmt: skip
         taken.add(request.name)
         statuses[request.name] = AgentState.ACTIVE
         spawned[request.name] = Spawned(parent=parent, superstep=gc.superstep, spec=request.spec)
-    if first:  # every first LC in one round trip, and one log line, however many join
+    if first:  # every first LC left to write in one round trip
         refs = store.write_first_lcs(first)
         members.update((state.agent, ref) for state, ref in zip(first, refs, strict=True))
-        parents = {state.agent: spawned[state.agent].parent for state in first}
+    parents = {name: joined.parent for name, joined in spawned.items() if name not in gc.spawned}
+    if parents:  # one log line, however many join
         log.info("members joined", task=gc.task, superstep=gc.superstep, spawned_by=parents)
     inbox, delivered = list(gc.inbox), dict(gc.delivered)
     for message in refusals:
@@ -77,18 +79,6 @@ def _refusal(request: SpawnRequest, taken: set[str], limit: int) -> str | None:
     if len(taken) >= limit:
         return f"the task holds at most {limit} members (max_agents), and holds {len(taken)}"
     return None
-
-
-def _first_state(
-    gc: GlobalCheckpoint, spec: AgentSpec, parent: str, request: SpawnRequest
-) -> WorkingState:
-    """A spawned member's first state, in the barrier's superstep and epoch (attempt 1)."""
-    messages = first_messages(spec, parent, redact(request.brief))
-    return WorkingState(task=gc.task, agent=spec.name, epoch=gc.epoch, superstep=gc.superstep,
-                        messages=messages, workspace_before=gc.workspace,
-                        workspace_after=gc.workspace,
-                        kind_state=kind_of(spec).initial_state(spec)
-                        if spec.kind == LLM_KIND else {})  # fmt: skip
 
 
 def _message(recipient: str, superstep: int, content: str) -> InboxMessage:

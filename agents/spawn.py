@@ -29,16 +29,18 @@ from pydantic import JsonValue
 
 from cairn.agents.barrier import SYSTEM_SENDER
 from cairn.agents.models.base import json_size
-from cairn.agents.spec import AgentSpec, parse_model
+from cairn.agents.spec import LLM_KIND, AgentSpec, parse_model
 from cairn.errors import InvalidName, InvalidSpec, SpawnRefused
+from cairn.storage.chain import WorkingState
 from cairn.storage.ids import new_id
 from cairn.storage.keys import check_name
 from cairn.storage.records import InboxMessage, Message, Role, SpawnRequest
+from cairn.storage.redact import redact
 
 if TYPE_CHECKING:
     from cairn.agents.context import StepContext
-    from cairn.storage.chain import WorkingState
     from cairn.storage.records import GlobalCheckpoint
+    from cairn.storage.store import CheckpointStore
 
 SPAWN_TOOL = "spawn_agent"
 MAX_BRIEF = 100 * 1024  # bytes of a brief, as of a message `send_message` sends
@@ -111,6 +113,46 @@ def spawn_from_args(ctx: StepContext, args: dict[str, JsonValue]) -> str:
             raise SpawnRefused("script is for a scripted member only")
         data["script"] = args["script"]
     return spawn(ctx, name, _parsed(data, name), goal)
+
+
+def prepare_first_lcs(store: CheckpointStore, state: WorkingState, workspace: str) -> None:
+    """Write the first LC of each member `state`'s step spawned; name it in its request.
+
+    Called as the step ends, before its own LC and vote: the LCs are in the superstep's
+    epoch and superstep (attempt 1 of the new member), so the barrier only names them, as
+    a commit names the LCs its steps wrote. A spawn the barrier refuses leaves its LC an
+    orphan, swept as any tentative LC; so does a step that fails after writing them.
+    """
+    waiting = [request for request in state.spawns if request.lc is None]
+    if not waiting:
+        return
+    firsts = [
+        first_state(state.task, state.epoch, state.superstep, workspace,
+                    AgentSpec.model_validate(request.spec), state.agent, request.brief)
+        for request in waiting
+    ]  # fmt: skip
+    refs = dict(zip((r.name for r in waiting), store.write_first_lcs(firsts), strict=True))
+    state.spawns = [
+        request if request.lc is not None else request.model_copy(update={"lc": refs[request.name]})
+        for request in state.spawns
+    ]
+
+
+def first_state(
+    task: str, epoch: int, superstep: int, workspace: str | None, spec: AgentSpec,
+    parent: str, brief: str,
+) -> WorkingState:  # fmt: skip
+    """A spawned member's first state: its system prompt and its spawner's brief, no step yet.
+
+    A kind in code starts with an empty state: the coordinator never loads users' code.
+    """
+    from cairn.agents.kinds import kind_of  # noqa: PLC0415 - kinds import the step's context, which imports this
+
+    messages = first_messages(spec, parent, redact(brief))
+    initial = kind_of(spec).initial_state(spec) if spec.kind == LLM_KIND else {}
+    return WorkingState(task=task, agent=spec.name, epoch=epoch, superstep=superstep,
+                        messages=messages, workspace_before=workspace,
+                        workspace_after=workspace, kind_state=initial)  # fmt: skip
 
 
 def first_messages(spec: AgentSpec, parent: str, brief: str) -> list[Message]:

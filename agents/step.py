@@ -32,7 +32,7 @@ from cairn.agents.mcp.tools import agent_tools
 from cairn.agents.models import registry
 from cairn.agents.models.base import Model
 from cairn.agents.results import finish_tool
-from cairn.agents.spawn import report_finish
+from cairn.agents.spawn import prepare_first_lcs, report_finish
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.team import member_spec, team
 from cairn.agents.toolkit import ToolRegistry, installed_tools
@@ -299,6 +299,9 @@ class _Step:
         state.workspace_after, manifest = manifest_blob(files)
         self.warm.keep_manifest(task, state.workspace_after, files)
         # One fenced write: the LC, its vote, the files it changed and its manifest.
+        # The members it spawned get their first LCs now, so its vote names them and
+        # the barrier has none to write (`cairn.agents.spawn`).
+        prepare_first_lcs(self.store, state, self.gc.workspace)
         named = set(state.changes.values())
         again = [content for sha, content in self.stored.items() if sha in named]
         blobs = [*again, *self.unstored.values(), manifest]

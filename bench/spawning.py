@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 from unittest import mock
 
 from bench.report import Samples, Target, duration, now_ns, pick, private_store, ratio, table
+from cairn.agents.spawn import prepare_first_lcs
 from cairn.agents.spec import AgentSpec
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.runs import Look
@@ -119,6 +120,8 @@ def vote(
         Message(role=Role.ASSISTANT, content="ok", tool_calls=[call]),
         Message(role=Role.TOOL, tool_call_id=call.id, name=call.name, content="ok"),
     ]
+    # As a step ends: the members it spawned get their first LCs before its vote.
+    prepare_first_lcs(store, state, state.workspace_before or "")
     return store.write_lc(state, vote=True)
 
 
@@ -226,7 +229,8 @@ def run() -> list[Target]:
         print(
             "(last vote→commit: the watcher reads the last vote's LC (the earlier ones were "
             "read as they arrived), the committer builds the GC, admits the spawned members "
-            "(each one's first LC written, fenced as a step's) and commits it with the next "
+            "(naming the first LCs the spawning step wrote before its vote) and commits it "
+            "with the next "
             "superstep begun, in one write. whole advance: that and the next superstep's "
             f"jobs enqueued. The spawn task is fresh each run: {TEAM + 1} members after)"
         )

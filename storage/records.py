@@ -255,6 +255,8 @@ class SpawnRequest(BaseModel):
 
     `spec` is the new member's agent spec as JSON (`cairn.agents.spec.AgentSpec`),
     checked when the step recorded it; `brief` is its first message, from the spawner.
+    `lc` is the new member's first LC, which the spawning step wrote before its vote (as
+    every step writes its own LC before the commit), so the barrier only names it.
     """
 
     model_config = STRICT
@@ -262,6 +264,8 @@ class SpawnRequest(BaseModel):
     name: str
     spec: dict[str, JsonValue]
     brief: str
+    # None in a step's tool-level LCs, and in records of code that wrote none.
+    lc: LCRef | None = Field(default=None, exclude_if=lambda ref: ref is None)
 
 
 class Spawned(BaseModel):
