@@ -28,6 +28,9 @@ KINDS = {
     "failover": "SIGKILL the Redis primary; Sentinel promotes a replica, every process follows",
     "split_primary": "promote a replica while the old primary answers on; every process leaves it",
     "poison_task": "a second task whose every try of one phase raises for a while: it alone waits",
+    "kill_at_spawn": "SIGKILL the worker running a spawning step or a spawned member's first",
+    "restore_across_spawn": "`cairn restore` to a checkpoint from before a member was spawned",
+    "fork_after_spawn": "`cairn fork` at a checkpoint after a spawn; the fork ends as the run",
 }
 # The faults that move the primary: a run on replicas has exactly one of them.
 PRIMARY_MOVES = ("failover", "split_primary")
