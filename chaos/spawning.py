@@ -44,11 +44,15 @@ def running(run: ChaosRun) -> dict[int, str]:
 def kill_at_spawn(run: ChaosRun, fault: Fault) -> dict[str, object] | None:
     """SIGKILL the worker running a spawning step or a spawned member's first step.
 
-    Waits up to `SPAWN_WAIT` s for one to run (a restore to before a spawn runs both
-    again), then lets it run `fault.value * KILL_WITHIN` s first, so some kills fall
-    before the spawn is recorded in the step and some after, before its LC.
+    `fault.value` picks which of those steps, in superstep order (or any after it, when
+    the run is past it), and how far into it the kill lands (up to `KILL_WITHIN` s), so
+    some kills fall before the spawn is recorded in the step and some after, before its
+    LC. Waits up to `SPAWN_WAIT` s for one to run (a restore to before a spawn runs them
+    again).
     """
-    wanted = spawn_steps()
+    ordered = sorted(spawn_steps(), key=lambda step: (step[1], step[0]))
+    pick = fault.value * len(ordered)
+    wanted, into = set(ordered[int(pick) :]), (pick % 1) * KILL_WITHIN
     deadline = time.monotonic() + SPAWN_WAIT
     while time.monotonic() < deadline and not run.done.is_set():
         superstep = int(run.run_state().get("superstep", "0"))
@@ -58,10 +62,10 @@ def kill_at_spawn(run: ChaosRun, fault: Fault) -> dict[str, object] | None:
                 if (m, superstep) in wanted and pid in live]  # fmt: skip
         if hits:
             pid, member = run.rng.choice(sorted(hits))
-            time.sleep(fault.value * KILL_WITHIN)
+            time.sleep(into)
             live[pid].kill()
             return {"pid": pid, "agent": member, "superstep": superstep,
-                    "after_s": round(fault.value * KILL_WITHIN, 3)}  # fmt: skip
+                    "after_s": round(into, 3)}  # fmt: skip
         time.sleep(0.01)
     return None
 
