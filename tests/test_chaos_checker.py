@@ -16,7 +16,7 @@ import redis
 
 from cairn.testing.redis_server import RedisServer
 from chaos.checker import INVARIANTS, check
-from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, draw
+from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, SPAWN_SHARE, draw
 from chaos.ledger import record
 from chaos.observe import (
     ForkSeen,
@@ -343,6 +343,11 @@ def test_a_seed_draws_one_schedule() -> None:
                                              if f.kind in PRIMARY_MOVES}  # fmt: skip
     assert not {f.kind for p in on_replicas for f in p.faults} & set(SINGLE_REDIS)
     assert all(p.replicas for p in plans if p.durability == "replicated")
+    spawns = {"kill_at_spawn", "restore_across_spawn", "fork_after_spawn"}
+    assert spawns <= kinds
+    assert spawns <= {f.kind for p in on_replicas for f in p.faults}
+    early = 0.5 + (8.0 - 0.5) * SPAWN_SHARE  # when the team spawns
+    assert all(f.at <= early for p in plans for f in p.faults if f.kind == "kill_at_spawn")
 
 
 def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path) -> None:
