@@ -1,8 +1,10 @@
-"""The eight invariants a chaos run must keep, checked on what was recorded and stored.
+"""The ten invariants a chaos run must keep, checked on what was recorded and stored.
 
-1. `mixed_restore`: a restore leaves every agent at the one GC it restored to: each member
-   of the GC it wrote is a state of its epoch, at the target's superstep, whose history
-   is the target member's history (plus the restore note), over the target's workspace.
+1. `mixed_restore`: a restore leaves every agent at the one GC it restored to: the GC it
+   wrote has the target's members, and the target's spawned members with the same
+   spawners, superstep and specs; each member is a state of its epoch, at the target's
+   superstep, whose history is the target member's history (plus the restore note), over
+   the target's workspace.
 2. `lost_commit`: every GC acknowledged as committed stays restorable: it reads back whole
    (every member's state, the manifest, every file). Under `durability: sync` the
    acknowledgement is the archive's (a GC committed but not yet archived may go with a
@@ -17,8 +19,8 @@
    epoch then current and its agent's attempt then current. And every GC member written
    in the GC's own superstep carries the GC's epoch and the attempt the coordinator last
    launched for that step.
-4. `diverged`: the final workspace and every agent's history (restore notes aside) equal
-   the fault-free run's.
+4. `diverged`: the final workspace, the final team (its members, and who spawned whom)
+   and every agent's history (restore notes aside) equal the fault-free run's.
 5. `effect_not_once`: the ledger applied each committed side effect exactly once: its
    applied keys are exactly the idempotency keys of the `run_command` calls in the final
    histories, each once, and the same keys as the fault-free run's.
@@ -32,6 +34,16 @@
    (the `poison_task` fault) held up nothing: the run's task is judged by the invariants
    above as in any run, and the second task, once the fault is lifted (and, if it was
    paused for it, resumed), ends `succeeded` too.
+9. `membership`: membership is part of a GC. Every GC's spawned members are members of
+   it, spawned by a member of it, at a superstep no later than the GC's, and neither the
+   member's LC nor its spawner's predates that superstep; no GC of an epoch names a member
+   before the superstep that epoch's GCs say it joined at. No step of a spawned member is
+   launched after a GC of its epoch that does not name it (at the superstep before), and
+   no LC of one is accepted at an epoch and superstep whose GC does not name it and whose
+   previous GC does not either: a member a restore removed is fenced for good.
+10. `fork`: a fork made at a GC after a spawn starts with that GC's members and spawned
+   members (specs and spawners), and ends `succeeded` with the fault-free run's files,
+   team and histories.
 """
 
 from __future__ import annotations
@@ -40,7 +52,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from chaos.observe import GCView, History, Observed, Turn
+from chaos.observe import ForkSeen, GCView, History, Observed, Turn
 
 INVARIANTS = {
     "mixed_restore": "a restore left agents from different GCs",
@@ -51,6 +63,8 @@ INVARIANTS = {
     "stuck": "the task did not end succeeded within the bound",
     "process_quit": "a worker or coordinator exited that no fault killed",
     "isolation": "a task that failed in one phase did not run on once the fault was lifted",
+    "membership": "a GC's membership, or a write or launch, disagrees with who joined when",
+    "fork": "a fork after a spawn lost its members or did not end as the fault-free run",
 }
 
 
@@ -70,11 +84,13 @@ def check(
     ended: bool,
     quits: Sequence[str] = (),
     stranded: Sequence[str] = (),
+    forks: Sequence[ForkSeen] = (),
 ) -> list[Violation]:
-    """Every violation of the eight invariants in one run (none: the run passed).
+    """Every violation of the ten invariants in one run (none: the run passed).
 
     `quits` says which processes exited on their own (not killed by a fault), and how;
-    `stranded`, which second tasks a `poison_task` fault left unfinished, and how.
+    `stranded`, which second tasks a `poison_task` fault left unfinished, and how;
+    `forks`, the forks the harness made of the task, and how they ended.
     """
     found: list[Violation] = [Violation("process_quit", said) for said in quits]
     found += [Violation("isolation", said) for said in stranded]
@@ -86,6 +102,8 @@ def check(
     else:
         found += _outcome(observed, reference)
     found += _effects(observed, reference)
+    found += membership(history, observed)
+    found += [v for seen in forks for v in _fork(seen, reference)]
     return found
 
 
@@ -112,6 +130,8 @@ def _same(view: GCView, epoch: int) -> bool:
 def _mixed(restored: GCView, target: GCView, epoch: int) -> str | None:
     if restored.members.keys() != target.members.keys():
         return f"members {sorted(restored.members)} ≠ {sorted(target.members)}"
+    if restored.spawned != target.spawned:
+        return f"spawned {_team(restored)} ≠ {_team(target)}"
     if restored.workspace != target.workspace:
         return "workspace differs from the target's"
     for agent, member in restored.members.items():
@@ -227,6 +247,16 @@ def _fencing(history: History, observed: Observed) -> list[Violation]:
         for agent, member in view.members.items():
             if member.superstep != view.superstep:
                 continue  # carried over from an earlier GC: the agent did not step
+            joined = view.spawned.get(agent)
+            if joined is not None and joined.superstep == view.superstep:
+                # Its first LC, which the barrier wrote as it joined: attempt 1, no launch.
+                if (member.epoch, member.attempt) != (view.epoch, 1):
+                    found.append(Violation(
+                        "fenced_write",
+                        f"GC {number}: {agent} joined with an LC of epoch {member.epoch} "
+                        f"attempt {member.attempt}, not epoch {view.epoch} attempt 1",
+                    ))  # fmt: skip
+                continue
             current = history.current((view.epoch, view.superstep, agent))
             if member.epoch != view.epoch or member.attempt not in current:
                 found.append(Violation(
@@ -247,6 +277,9 @@ def _outcome(observed: Observed, reference: Observed) -> list[Violation]:
         )  # fmt: skip
         found.append(Violation("diverged", f"files differ: {differ[:5]}"))
     latest, want = _final(observed), _final(reference)
+    team, team_wanted = _team(_last(observed)), _team(_last(reference))
+    if team != team_wanted:
+        found.append(Violation("diverged", f"the team is {team}, not {team_wanted}"))
     found += [
         Violation("diverged", f"{agent}'s history differs")
         for agent in sorted(latest.keys() | want.keys())
@@ -255,12 +288,22 @@ def _outcome(observed: Observed, reference: Observed) -> list[Violation]:
     return found
 
 
-def _final(observed: Observed) -> dict[str, list[Turn]]:
+def _last(observed: Observed) -> GCView | None:
     readable = [v for v in observed.gcs.values() if not v.error]
-    if not readable:
+    return max(readable, key=lambda v: v.number) if readable else None
+
+
+def _team(view: GCView | None) -> dict[str, str | None]:
+    """Member → who spawned it (None: the spec named it)."""
+    if view is None:
         return {}
-    last = max(readable, key=lambda v: v.number)
-    return {agent: m.messages for agent, m in last.members.items()}
+    return {m: (view.spawned[m].parent if m in view.spawned else None)
+            for m in sorted(view.members)}  # fmt: skip
+
+
+def _final(observed: Observed) -> dict[str, list[Turn]]:
+    last = _last(observed)
+    return {} if last is None else {agent: m.messages for agent, m in last.members.items()}
 
 
 def _effects(observed: Observed, reference: Observed) -> list[Violation]:
@@ -287,3 +330,90 @@ def _committed_keys(observed: Observed) -> set[str]:
         return set()
     last = max(readable, key=lambda v: v.number)
     return {key for member in last.members.values() for key in member.keys}
+
+
+def membership(history: History, observed: Observed) -> list[Violation]:
+    """Invariant 9: who is a member, per GC, agrees with who joined when, and who ran."""
+    found: list[Violation] = []
+    readable = [v for v in observed.gcs.values() if not v.error]
+    at: dict[tuple[int, int], list[GCView]] = {}  # (epoch, superstep) → its GCs
+    joined: dict[tuple[int, str], int] = {}  # (epoch, member) → superstep it joined at
+    for view in readable:
+        at.setdefault((view.epoch, view.superstep), []).append(view)
+        for name, j in view.spawned.items():
+            key = (view.epoch, name)
+            joined[key] = min(joined.get(key, j.superstep), j.superstep)
+            found += [Violation("membership", f"GC {view.number}: {why}")
+                      for why in _joined_badly(view, name)]  # fmt: skip
+    spawned = {name for _, name in joined}
+    for view in readable:
+        early = [m for m in view.members if joined.get((view.epoch, m), 0) > view.superstep]
+        found += [Violation("membership", f"GC {view.number} (superstep {view.superstep}) "
+                            f"names {m}, who joined at superstep {joined[(view.epoch, m)]}")
+                  for m in early]  # fmt: skip
+    for epoch, superstep, agent in sorted(history.launched):
+        before = at.get((epoch, superstep - 1), [])
+        if agent in spawned and before and not any(agent in v.members for v in before):
+            found.append(Violation(
+                "membership",
+                f"{agent}'s step of superstep {superstep} was launched at epoch {epoch}, "
+                f"after GC {before[0].number}, which does not name it",
+            ))  # fmt: skip
+    for kind, agent, fence, lc in observed.audit:
+        if kind != "lc" or agent not in spawned:
+            continue
+        epoch, superstep = (int(x) for x in fence.split(":")[:2])
+        views = at.get((epoch, superstep - 1), []) + at.get((epoch, superstep), [])
+        if at.get((epoch, superstep)) and not any(agent in v.members for v in views):
+            found.append(Violation(
+                "membership",
+                f"LC {lc} of {agent} was accepted at epoch {epoch}, superstep {superstep}, "
+                "where no GC names it: a member the restore removed wrote again",
+            ))  # fmt: skip
+    return found
+
+
+def _joined_badly(view: GCView, name: str) -> list[str]:
+    """Why GC `view`'s record of spawned member `name` cannot be (none: it can)."""
+    j = view.spawned[name]
+    member, parent = view.members.get(name), view.members.get(j.parent)
+    why = []
+    if member is None:
+        why.append(f"{name} is spawned but no member")
+    elif member.superstep < j.superstep:
+        why.append(f"{name}'s LC is of superstep {member.superstep}, "
+                   f"before it joined ({j.superstep})")  # fmt: skip
+    if parent is None:
+        why.append(f"{name}'s spawner {j.parent} is no member")
+    elif parent.superstep < j.superstep:
+        why.append(f"{name}'s spawner {j.parent} is at superstep {parent.superstep}, before "
+                   f"the step that spawned {name} ({j.superstep})")  # fmt: skip
+    if j.superstep > view.superstep:
+        why.append(f"{name} joined at superstep {j.superstep}, after the GC's {view.superstep}")
+    return why
+
+
+def _fork(seen: ForkSeen, reference: Observed) -> list[Violation]:
+    """Invariant 10: the fork starts with its source GC's team and ends as the reference."""
+    found = []
+    start = seen.observed.gcs.get(0)
+    name = f"fork {seen.fork}"
+    if seen.source.error:
+        found.append(Violation("fork", f"{name}: source GC {seen.at}: {seen.source.error}"))
+    elif start is None or start.error:
+        found.append(Violation("fork", f"{name}: its GC 0 does not read back"))
+    elif start.members.keys() != seen.source.members.keys() or start.spawned != seen.source.spawned:
+        found.append(Violation(
+            "fork",
+            f"fork {seen.fork} starts with {_team(start)}, GC {seen.at} has {_team(seen.source)}"
+            + ("" if start.spawned == seen.source.spawned else " (or other specs)"),
+        ))  # fmt: skip
+    if not seen.ended or seen.observed.status != "succeeded":
+        ended = seen.observed.status or "never"
+        found.append(Violation(
+            "fork", f"{name} (at GC {seen.at}) ended {ended}: {seen.observed.reason}"
+        ))  # fmt: skip
+    else:
+        found += [Violation("fork", f"fork {seen.fork}: {v.detail}")
+                  for v in _outcome(seen.observed, reference)]  # fmt: skip
+    return found

@@ -28,6 +28,9 @@ KINDS = {
     "failover": "SIGKILL the Redis primary; Sentinel promotes a replica, every process follows",
     "split_primary": "promote a replica while the old primary answers on; every process leaves it",
     "poison_task": "a second task whose every try of one phase raises for a while: it alone waits",
+    "kill_at_spawn": "SIGKILL the worker running a spawning step or a spawned member's first",
+    "restore_across_spawn": "`cairn restore` to a checkpoint from before a member was spawned",
+    "fork_after_spawn": "`cairn fork` at a checkpoint after a spawn; the fork ends as the run",
 }
 # The faults that move the primary: a run on replicas has exactly one of them.
 PRIMARY_MOVES = ("failover", "split_primary")
@@ -38,6 +41,9 @@ ALWAYS_POSSIBLE = tuple(k for k in KINDS if k not in ("flushall", "full_archive"
 # address), and restarting, flushing or filling a primary is a fault of its own there.
 SINGLE_REDIS = ("restart_redis", "flushall", "slow_redis", "partition_worker", "maxmemory")
 WITH_REPLICAS = tuple(k for k in ALWAYS_POSSIBLE if k not in SINGLE_REDIS)
+# Of the horizon, where a `kill_at_spawn` lands: the team's spawning steps and the spawned
+# members' first steps run in its first supersteps (chaos/team.py, `SPAWNS`).
+SPAWN_SHARE = 0.4
 REPLICA_SHARE = 0.25  # of the seeds run on replicas, with one `failover` (startup: ~7 s)
 
 
@@ -71,7 +77,8 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
 
     Half the seeds run their workers at concurrency 2 or 4 (several steps in one process,
     so one kill or pause hits them all), drawn last so the rest of a schedule is the one
-    the seed always drew. `flushall` only under `durability: sync` (under async a GC not
+    the seed always drew. A `kill_at_spawn` lands within the first `SPAWN_SHARE` of the
+    horizon, when the team spawns. `flushall` only under `durability: sync` (under async a GC not
     yet archived may be lost with Redis, as documented); `full_archive` only when a small
     filesystem can be mounted (root). A share of the seeds run on replicas: exactly one
     of their faults moves the primary, the others are among `WITH_REPLICAS`, and their
@@ -92,6 +99,8 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
     for _ in range(rng.randint(2, 5) - len(faults)):
         kind = rng.choice(kinds)
         at = round(rng.uniform(0.5, horizon), 2)
+        if kind == "kill_at_spawn":  # the team spawns early: within its first supersteps
+            at = round(0.5 + (at - 0.5) * SPAWN_SHARE, 2)
         value = {
             "pause_worker": rng.uniform(2.0, 8.0),  # seconds stopped at most
             "restart_redis": rng.uniform(0.2, 1.5),  # seconds down

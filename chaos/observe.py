@@ -133,6 +133,15 @@ class MemberView:
     keys: list[str]  # idempotency keys of the side-effecting calls it ran, task id cut
 
 
+@dataclass(frozen=True, slots=True)
+class Joined:
+    """How a member spawned at run time joined, as a GC keeps it (`GlobalCheckpoint.spawned`)."""
+
+    parent: str
+    superstep: int  # the superstep whose barrier it joined at
+    spec: str  # its spec as canonical JSON
+
+
 @dataclass
 class GCView:
     """One committed GC as read back; `error` when it could not be read whole."""
@@ -144,6 +153,7 @@ class GCView:
     members: dict[str, MemberView] = field(default_factory=dict)
     error: str | None = None
     corrupt: bool = False  # the error was a detected corruption
+    spawned: dict[str, Joined] = field(default_factory=dict)  # member spawned → how it joined
 
 
 @dataclass
@@ -159,6 +169,17 @@ class Observed:
     audit: list[Audit] = field(default_factory=list)  # Redis's order of fences and writes
 
 
+@dataclass
+class ForkSeen:
+    """A fork the harness made of the run's task at GC `at`, and how it ended."""
+
+    fork: str
+    at: int
+    source: GCView  # the run's GC `at`, as read back once the run ended
+    observed: Observed  # the fork's own checkpoints and end
+    ended: bool  # it ended within its bound
+
+
 def turns(messages: list[Message]) -> list[Turn]:
     """A history as compared across runs: restore notes (from `cairn`) left out."""
     return [
@@ -169,7 +190,8 @@ def turns(messages: list[Message]) -> list[Turn]:
     ]  # fmt: skip
 
 
-def _view(store: CheckpointStore, task: str, number: int) -> GCView:
+def view_gc(store: CheckpointStore, task: str, number: int) -> GCView:
+    """GC `number` of `task` read back whole (hot, else archived), or why it could not be."""
     try:
         gc = store.read_gc(task, number)
         if gc.status is not GCStatus.COMMITTED:
@@ -189,7 +211,9 @@ def _view(store: CheckpointStore, task: str, number: int) -> GCView:
         store.get_blobs(task, manifest.files.values())
     except CairnError as exc:
         return GCView(number, error=str(exc), corrupt=isinstance(exc, CorruptCheckpoint))
-    return GCView(number, gc.superstep, gc.epoch, gc.workspace, members)
+    spawned = {name: Joined(j.parent, j.superstep, json.dumps(j.spec, sort_keys=True))
+               for name, j in gc.spawned.items()}  # fmt: skip
+    return GCView(number, gc.superstep, gc.epoch, gc.workspace, members, spawned=spawned)
 
 
 def read_audit(client: redis.Redis, task: str) -> list[Audit]:
@@ -205,7 +229,7 @@ def observe(
 ) -> Observed:
     """Read the task's end, every GC it has (hot or cold), its files, audit and ledger."""
     numbers = {info.number for info in store.hot.list_gcs(task)} | set(store.cold.list_gcs(task))
-    gcs = {n: _view(store, task, n) for n in sorted(numbers)}
+    gcs = {n: view_gc(store, task, n) for n in sorted(numbers)}
     files: dict[str, bytes] = {}
     try:
         latest = store.latest_gc(task)

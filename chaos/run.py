@@ -44,7 +44,9 @@ from chaos.checker import Violation, check
 from chaos.faults import Fault, Plan
 from chaos.observe import History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
-from chaos.team import AGENTS, team, victim
+from chaos.spawning import fork_after_spawn, forks_seen, kill_at_spawn, restore_across_spawn
+from chaos.spawning import running as running_steps
+from chaos.team import team, victim
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
@@ -130,6 +132,7 @@ class ChaosRun:
         # Coordinators whose phases a `poison_task` fault can make raise, where it may come.
         self.poisonable = any(f.kind == "poison_task" for f in plan.faults)
         self.victims: dict[str, str] = {}  # second task → the phase poisoned for it
+        self.forks: dict[str, int] = {}  # fork of the task → the GC it was forked at
         self._spawned = 0
 
     # the run ------------------------------------------------------------------------------
@@ -149,7 +152,7 @@ class ChaosRun:
             self._calm()
             # A restore under way as the task ended runs it again from the restored GC: the
             # end that counts is the one after the last fault.
-            if ended and self._run_state().get("status") not in TERMINAL:
+            if ended and self.run_state().get("status") not in TERMINAL:
                 ended = self._wait()
                 seconds = time.monotonic() - self.started
             return self._verdict(reference, ended, seconds)
@@ -219,7 +222,7 @@ class ChaosRun:
         """True once `process` has exited; noted in `quits` unless the harness killed it.
 
         A worker started while Redis does not answer or refuses writes exits with
-        `UNAVAILABLE` by design, for its supervisor (here, `_supervise`) to start it again.
+        `UNAVAILABLE` by design, for its supervisor (here, `supervise`) to start it again.
         """
         code = process.poll()
         if code is None:
@@ -256,7 +259,7 @@ class ChaosRun:
         self.links[worker.pid] = link
         return worker
 
-    def _cairn(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
+    def cairn(self, *args: str, timeout: float = 120.0) -> subprocess.CompletedProcess[str]:
         """Run a `cairn` command as a person would, its log lines kept with the others."""
         self._spawned += 1
         env = self._env(f"cli-{self._spawned}")
@@ -269,12 +272,13 @@ class ChaosRun:
     def _submit(self, name: str = "team", spec_of: dict[str, JsonValue] | None = None) -> str:
         spec = self.dir / f"{name}.yaml"
         spec.write_text(yaml.safe_dump(spec_of or team(self.ledger, self.plan.durability)))
-        done = self._cairn("submit", str(spec), "--json")
+        done = self.cairn("submit", str(spec), "--json")
         if done.returncode != 0:
             raise RuntimeError(f"cairn submit failed ({done.returncode}): see {self.logs}")
         return str(json.loads(done.stdout)["task_id"])
 
-    def _run_state(self, task: str | None = None) -> dict[str, str]:
+    def run_state(self, task: str | None = None) -> dict[str, str]:
+        """The run record of `task` (default: the run's), empty while Redis does not answer."""
         assert self.client is not None
         try:
             raw = cast(dict[bytes, bytes], self.client.hgetall(keys.run(task or self.task)))
@@ -292,13 +296,13 @@ class ChaosRun:
         deadline = self.started + self.timeout
         while time.monotonic() < deadline:
             settled = not self.moving.is_set() and time.monotonic() >= self.settled_by
-            if settled and self._run_state().get("status") in TERMINAL:
+            if settled and self.run_state().get("status") in TERMINAL:
                 return True
-            self._supervise()
+            self.supervise()
             time.sleep(0.1)
         return False
 
-    def _supervise(self) -> None:
+    def supervise(self) -> None:
         """Start a worker for each that died, and a standby when fewer than two coordinate."""
         for n, worker in enumerate(self.workers):
             if self._exited(worker):
@@ -330,14 +334,16 @@ class ChaosRun:
     def _verdict(self, reference: Observed | None, ended: bool, seconds: float) -> RunResult:
         assert self.client is not None
         store = open_store(self.settings, self.client)
-        observed = observe(store, self.client, self.task, self._run_state(), self.ledger)
+        observed = observe(store, self.client, self.task, self.run_state(), self.ledger)
         history = read_history(self.logs, self.task)
         result = RunResult(self.plan, self.task, seconds, history, observed, skipped=self.skipped)
         stranded = self._stranded()
         for process in [*self.workers, *self.coordinators.values()]:
-            self._exited(process)  # since the last look of `_supervise`
+            self._exited(process)  # since the last look of `supervise`
+        forks = forks_seen(self, TERMINAL)
         result.violations = check(history, observed, reference or observed,
-                                  self.plan.durability, ended, self.quits, stranded)  # fmt: skip
+                                  self.plan.durability, ended, self.quits, stranded,
+                                  forks)  # fmt: skip
         return result
 
     def _stranded(self) -> list[str]:
@@ -346,10 +352,10 @@ class ChaosRun:
         stranded = []
         for task, phase in self.victims.items():
             while True:
-                run = self._run_state(task)
+                run = self.run_state(task)
                 if run.get("status") in TERMINAL or time.monotonic() > deadline:
                     break
-                self._supervise()
+                self.supervise()
                 time.sleep(0.1)
             if run.get("status") != "succeeded":
                 ended = run.get("status") or "never"
@@ -408,15 +414,9 @@ class ChaosRun:
         Between supersteps no step runs for a moment: it waits up to `BUSY_WAIT` s for one.
         With none running by then, any live worker, and None for the agent.
         """
-        assert self.client is not None
         deadline = time.monotonic() + BUSY_WAIT
         while True:
-            beats = cast(
-                list[bytes | None],
-                self.client.mget([keys.heartbeat(self.task, a) for a in AGENTS]),
-            )
-            running = {int(b.decode().split(":")[1]): a for a, b in zip(AGENTS, beats, strict=True)
-                       if b is not None}  # fmt: skip
+            running = running_steps(self)
             live = [w for w in self.workers
                     if w.poll() is None and w.pid not in self.paused | self.cut]  # fmt: skip
             busy = [w for w in live if w.pid in running]
@@ -439,7 +439,7 @@ class ChaosRun:
         """Arm the compaction's fault point: the next worker past one SIGKILLs itself there.
 
         Past the compaction's checkpoint, so the step's retry must go on from it without
-        paying for the summary again; `_supervise` starts a worker in its place.
+        paying for the summary again; `supervise` starts a worker in its place.
         """
         flag = self.dir / "kill-after-compaction"
         flag.touch()
@@ -507,7 +507,7 @@ class ChaosRun:
         assert self.client is not None
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not self.done.is_set():
-            run = self._run_state()
+            run = self.run_state()
             superstep = int(run.get("superstep", "0"))
             if superstep:
                 steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps(self.task)))
@@ -578,15 +578,15 @@ class ChaosRun:
         # disk before an epoch is used), as a person reading the one-line error would.
         deadline, tries = time.monotonic() + FLUSHALL_RESTORE_FOR, 0
         while True:
-            done = self._cairn("restore", self.task, "--json")
+            done = self.cairn("restore", self.task, "--json")
             tries += 1
             if done.returncode == 0 or time.monotonic() > deadline or self.done.is_set():
                 break
             time.sleep(1.0)
         # Every other task Redis lost too, as an operator restores them all.
-        for other in self.victims:
+        for other in [*self.victims, *self.forks]:
             for _ in range(int(FLUSHALL_RESTORE_FOR)):
-                if self._cairn("restore", other, "--json").returncode == 0:
+                if self.cairn("restore", other, "--json").returncode == 0:
                     break
                 time.sleep(1.0)
         return {"restore_exit": done.returncode, "tries": tries, "flushed_at": flushed_at}
@@ -646,7 +646,7 @@ class ChaosRun:
             g.number for g in store.hot.list_gcs(self.task) if g.status.value == "committed"
         ]
         to = [] if fault.value < 0.5 or not committed else ["--to", str(self.rng.choice(committed))]
-        done = self._cairn("restore", self.task, *to, "--json")
+        done = self.cairn("restore", self.task, *to, "--json")
         return {"to": to[1] if to else "latest", "exit": done.returncode}
 
     def _partition_worker(self, fault: Fault) -> dict[str, object] | None:
@@ -692,6 +692,15 @@ class ChaosRun:
                 self.client.delete(MEMORY_FILLER)
                 self.client.config_set("maxmemory", 0)
 
+    def _kill_at_spawn(self, fault: Fault) -> dict[str, object] | None:
+        return kill_at_spawn(self, fault)
+
+    def _restore_across_spawn(self, fault: Fault) -> dict[str, object] | None:
+        return restore_across_spawn(self, fault)
+
+    def _fork_after_spawn(self, fault: Fault) -> dict[str, object] | None:
+        return fork_after_spawn(self, fault)
+
     def _poison_task(self, fault: Fault) -> dict[str, object] | None:
         """Submit a second task and make one phase raise for it for `POISON_FOR` s.
 
@@ -720,8 +729,8 @@ class ChaosRun:
             with contextlib.suppress(redis.RedisError):
                 cure(client, task)
                 time.sleep(1.0)  # a try that failed before the cure may still pause it
-                if self._run_state(task).get("status") == "paused":
-                    self._cairn("resume", task)
+                if self.run_state(task).get("status") == "paused":
+                    self.cairn("resume", task)
 
         threading.Timer(POISON_FOR, lift).start()
         return {"victim": task, "phase": phase, "seconds": POISON_FOR}

@@ -4,9 +4,11 @@ Every agent works for `TURNS` supersteps, each turn writing a file of its own, r
 an effect in the ledger outside the workspace (through `run_command`, with the call's
 idempotency key), and passing a note to the next agent; two agents write one shared file
 in the same superstep (a conflict the barrier resolves by team order); every few turns what
-its model is sent is compacted (`CONTEXT`). The scripts are fixed, so the final workspace,
-every agent's history and the ledger of a run with faults must equal those of a run
-without.
+its model is sent is compacted (`CONTEXT`). Two of them spawn a member early (`SPAWNS`, with
+`spawn_agent`): it works a few turns as they do (a file and a ledger effect each) and
+finishes, and its spawner reads its report. The scripts are fixed, so the final workspace,
+the team, every agent's history and the ledger of a run with faults must equal those of a
+run without.
 """
 
 from __future__ import annotations
@@ -24,6 +26,45 @@ LEDGER_SCRIPT = Path(__file__).with_name("ledger.py")
 # around compactions, and restores cross them): a small budget, and notes in every turn.
 CONTEXT: dict[str, JsonValue] = {"max_tokens": 1_000, "keep_last": 2}
 NOTES = "I keep notes of what I did and why. " * 30
+# spawned member → (its spawner, the spawner's turn that spawns it): early, so kills,
+# restores and forks fall across the spawns, and a spawning step runs in superstep turn + 1.
+SPAWNS = {"scout": ("planner", 0), "fixer": ("coder", 2)}
+SPAWNED_TURNS = 3  # turns a spawned member works, the last one also calling `finish`
+SPAWNER_TOOLS = ["write_file", "run_command", "send_message", "finish", "spawn_agent"]
+MEMBERS = (*AGENTS, *SPAWNS)  # every member the team ends with
+
+
+def spawn_steps() -> set[tuple[str, int]]:
+    """(agent, superstep) of each step that spawns a member, or is a spawned one's first."""
+    steps = set()
+    for name, (parent, turn) in SPAWNS.items():
+        steps |= {(parent, turn + 1), (name, turn + 2)}
+    return steps
+
+
+def _ledger_call(effect: str, ledger: Path) -> dict[str, JsonValue]:
+    return {"name": "run_command",
+            "args": {"command": f'{sys.executable} {LEDGER_SCRIPT} {ledger} '
+                                f'"$CAIRN_IDEMPOTENCY_KEY" {effect}'}}  # fmt: skip
+
+
+def _spawn_call(name: str, parent: str, ledger: Path) -> dict[str, JsonValue]:
+    """`parent`'s call spawning `name`: it writes a part and records an effect each turn."""
+    script: list[JsonValue] = []
+    for turn in range(SPAWNED_TURNS):
+        tools: list[JsonValue] = [
+            {"name": "write_file",
+             "args": {"path": f"{name}/part{turn}.txt", "content": f"{name} wrote part {turn}\n"}},
+            _ledger_call(f"{name}-{turn}", ledger),
+        ]  # fmt: skip
+        if turn == SPAWNED_TURNS - 1:
+            tools.append({"name": "finish", "args": {"summary": f"{name}'s parts are in"}})
+        script.append({"say": f"{name}, turn {turn}.", "latency": LATENCY, "tools": tools})
+    return {"name": "spawn_agent", "args": {
+        "name": name, "goal": f"Write {name}'s parts for {parent}.",
+        "system": f"You are {name}, spawned by the {parent}.",
+        "tools": ["write_file", "run_command", "finish"], "script": script,
+    }}  # fmt: skip
 
 
 def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
@@ -32,9 +73,7 @@ def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
     tools: list[JsonValue] = [
         {"name": "write_file",
          "args": {"path": f"{agent}/part{turn}.txt", "content": f"{agent} wrote part {turn}\n"}},
-        {"name": "run_command",
-         "args": {"command": f'{sys.executable} {LEDGER_SCRIPT} {ledger} '
-                             f'"$CAIRN_IDEMPOTENCY_KEY" {effect}'}},
+        _ledger_call(effect, ledger),
         {"name": "send_message",
          "args": {"to": after, "content": f"{agent} finished part {turn}."}},
     ]  # fmt: skip
@@ -43,6 +82,8 @@ def _turn(agent: str, turn: int, ledger: Path) -> dict[str, JsonValue]:
         tools.append(
             {"name": "write_file", "args": {"path": "STATUS.md", "content": f"{agent} was here\n"}}
         )
+    tools += [_spawn_call(name, agent, ledger) for name, (parent, at) in SPAWNS.items()
+              if (parent, at) == (agent, turn)]  # fmt: skip
     say = f"{agent}, turn {turn}. " + NOTES  # long enough that the context compacts
     return {"say": say, "latency": LATENCY, "tools": tools}
 
@@ -56,16 +97,22 @@ def team(ledger: Path, durability: str) -> dict[str, JsonValue]:
         if agent == "reviewer":
             last["tools"] = [{"name": "finish", "args": {"summary": "all parts are in"}}]
         script.append(last)
-        agents.append(
-            {
-                "name": agent,
-                "model": "scripted",
-                "system": f"You are the {agent}.",
-                "script": script,
-                "context": dict(CONTEXT),  # a copy each: the spec is YAML, with no aliases
-            }
-        )
-    parts = " ".join(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS))
+        spec: dict[str, JsonValue] = {
+            "name": agent,
+            "model": "scripted",
+            "system": f"You are the {agent}.",
+            "script": script,
+            "context": dict(CONTEXT),  # a copy each: the spec is YAML, with no aliases
+        }
+        if any(parent == agent for parent, _ in SPAWNS.values()):
+            spec["tools"] = list(SPAWNER_TOOLS)
+        agents.append(spec)
+    parts = " ".join(
+        [
+            *(f"{a}/part{t}.txt" for a in AGENTS for t in range(TURNS)),
+            *(f"{a}/part{t}.txt" for a in SPAWNS for t in range(SPAWNED_TURNS)),
+        ]
+    )
     return {
         "name": "chaos team",
         "goal": "Every agent writes its parts and records each in the ledger.",

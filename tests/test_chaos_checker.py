@@ -16,9 +16,18 @@ import redis
 
 from cairn.testing.redis_server import RedisServer
 from chaos.checker import INVARIANTS, check
-from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, draw
+from chaos.faults import PRIMARY_MOVES, SINGLE_REDIS, SPAWN_SHARE, draw
 from chaos.ledger import record
-from chaos.observe import GCView, History, MemberView, Observed, Restore, read_history
+from chaos.observe import (
+    ForkSeen,
+    GCView,
+    History,
+    Joined,
+    MemberView,
+    Observed,
+    Restore,
+    read_history,
+)
 from chaos.proxy import DelayProxy
 
 
@@ -263,7 +272,7 @@ def test_a_second_task_left_unfinished_is_caught() -> None:
 def test_every_invariant_has_a_way_to_fail() -> None:
     """Each invariant listed in the table was shown failing above."""
     shown = {"mixed_restore", "lost_commit", "fenced_write", "diverged", "effect_not_once",
-             "stuck", "process_quit", "isolation"}  # fmt: skip
+             "stuck", "process_quit", "isolation", "membership", "fork"}  # fmt: skip
     assert shown == set(INVARIANTS)
 
 
@@ -334,6 +343,11 @@ def test_a_seed_draws_one_schedule() -> None:
                                              if f.kind in PRIMARY_MOVES}  # fmt: skip
     assert not {f.kind for p in on_replicas for f in p.faults} & set(SINGLE_REDIS)
     assert all(p.replicas for p in plans if p.durability == "replicated")
+    spawns = {"kill_at_spawn", "restore_across_spawn", "fork_after_spawn"}
+    assert spawns <= kinds
+    assert spawns <= {f.kind for p in on_replicas for f in p.faults}
+    early = 0.5 + (8.0 - 0.5) * SPAWN_SHARE  # when the team spawns
+    assert all(f.at <= early for p in plans for f in p.faults if f.kind == "kill_at_spawn")
 
 
 def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path) -> None:
@@ -353,3 +367,142 @@ def test_the_proxy_forwards_and_drops_clients_when_redis_is_down(tmp_path: Path)
     finally:
         proxy.close()
         server.kill()
+
+
+# A spawning team ------------------------------------------------------------------------
+
+
+def gc(number: int, superstep: int, epoch: int, members: dict[str, MemberView],
+       spawned: dict[str, Joined] | None = None) -> GCView:  # fmt: skip
+    return GCView(number, superstep, epoch, f"w{superstep}", members, spawned=spawned or {})
+
+
+def team_at(superstep: int, epoch: int, spawned: bool) -> dict[str, MemberView]:
+    """Agents a and b at `superstep`, and s when `spawned` (it joins at superstep 1)."""
+    keys = [f"a:{n}:0" for n in range(1, superstep + 1)]
+    members = {"a": member(epoch, 1, superstep, f"a{superstep}", keys),
+               "b": member(epoch, 1, superstep, f"b{superstep}", [])}  # fmt: skip
+    if spawned:
+        members["s"] = member(epoch, 1, superstep, f"s{superstep}", [])
+    return members
+
+
+SCOUT = {"s": Joined("a", 1, '{"model": "scripted"}')}
+
+
+def spawning() -> tuple[History, Observed]:
+    """Agent a spawns s in superstep 1; a restore to GC 0 removes s; a spawns it again, to the end.
+
+    GCs 0-2 at epoch 1 (s joins at 1, steps at 2), GC 3 the restore to GC 0 at epoch 2,
+    GCs 4-5 the same supersteps again. The audit stream has s's fences and LCs.
+    """
+    history = History(restores=[Restore("t3", 0, 1, 3, 2)])
+    for epoch in (1, 2):
+        for superstep in (1, 2):
+            history.launched |= {(epoch, superstep, "a"): 1, (epoch, superstep, "b"): 1}
+        history.launched[(epoch, 2, "s")] = 1
+    history.commits = [("t0", 0, 1), ("t1", 1, 1), ("t2", 2, 1), ("t3", 3, 2), ("t4", 4, 2),
+                       ("t5", 5, 2)]  # fmt: skip
+    history.archives = [("t5.1", 5)]
+    gcs = [gc(0, 0, 1, team_at(0, 1, False)), gc(3, 0, 2, team_at(0, 2, False))]
+    gcs += [gc(n, n - epoch * 3 + 3, epoch, team_at(n - epoch * 3 + 3, epoch, True), SCOUT)
+            for epoch, n in ((1, 1), (1, 2), (2, 4), (2, 5))]  # fmt: skip
+    audit = [("fence", "s", "1:1:1", ""), ("lc", "s", "1:1:1", "s1"),
+             ("fence", "s", "1:2:1", ""), ("lc", "s", "1:2:1", "s2"), ("epoch", "", "2", ""),
+             ("fence", "s", "2:1:1", ""), ("lc", "s", "2:1:1", "s3"),
+             ("fence", "s", "2:2:1", ""), ("lc", "s", "2:2:1", "s4")]  # fmt: skip
+    observed = Observed("succeeded", "verify passed", {g.number: g for g in gcs}, {"f": b"x"},
+                        ["a:1:0", "a:2:0"], 4, audit)  # fmt: skip
+    return history, observed
+
+
+def broken(history: History, observed: Observed, forks: list[ForkSeen] | None = None) -> set[str]:
+    _, reference = spawning()
+    said = check(history, observed, reference, "async", ended=True, forks=forks or [])
+    return {v.invariant for v in said}
+
+
+def test_a_clean_spawning_history_passes() -> None:
+    """Joining, a restore that removes the member, joining again: no violation."""
+    assert set() == broken(*spawning())
+
+
+def test_a_gc_whose_spawned_member_or_spawner_is_no_member_is_caught() -> None:
+    history, observed = spawning()
+    del observed.gcs[2].members["s"]
+    assert {"membership"} == broken(history, observed)
+    history, observed = spawning()
+    observed.gcs[2].spawned = {"s": Joined("z", 1, "{}")}  # a spawner that is not there
+    assert {"membership"} == broken(history, observed)
+
+
+def test_a_restore_that_keeps_the_spawned_map_of_another_gc_is_caught() -> None:
+    """After a restore to GC 0 (no spawns), GC 3 still records s as spawned; or keeps s."""
+    history, observed = spawning()
+    observed.gcs[3].spawned = dict(SCOUT)
+    assert "mixed_restore" in broken(history, observed)
+    history, observed = spawning()
+    observed.gcs[3].members["s"] = member(2, 1, 0, "s1", [])
+    assert "mixed_restore" in broken(history, observed)
+
+
+def test_a_member_named_before_its_spawners_step_committed_is_caught() -> None:
+    """In GC 1, a's LC predates the step that spawned s; or s is in GC 0 of its epoch."""
+    history, observed = spawning()
+    observed.gcs[1].members["a"] = member(1, 1, 0, "a0", [])
+    assert {"membership"} == broken(history, observed)
+    history, observed = spawning()
+    observed.gcs[1].spawned = {"s": Joined("a", 2, "{}")}  # joined after the GC's superstep
+    assert "membership" in broken(history, observed)
+    history, observed = spawning()
+    observed.gcs[0].members["s"] = member(1, 1, 0, "s0", [])  # before it joined, at epoch 1
+    assert "membership" in broken(history, observed)
+
+
+def test_a_member_removed_by_a_restore_that_runs_or_writes_again_is_caught() -> None:
+    """After the restore to GC 0 (epoch 2), s is launched, or an LC of s is accepted."""
+    history, observed = spawning()
+    history.launched[(2, 1, "s")] = 1  # launched after GC 3, which does not name it
+    assert {"membership"} == broken(history, observed)
+    history, observed = spawning()
+    at = observed.audit.index(("epoch", "", "2", "")) + 1
+    observed.audit[at:at] = [("fence", "s", "2:0:1", ""), ("lc", "s", "2:0:1", "zombie")]
+    assert {"membership"} == broken(history, observed)
+
+
+def test_a_joined_members_first_lc_of_another_attempt_or_epoch_is_caught() -> None:
+    history, observed = spawning()
+    observed.gcs[1].members["s"].attempt = 2
+    assert {"fenced_write"} == broken(history, observed)
+
+
+def test_a_final_team_other_than_the_fault_free_runs_is_caught() -> None:
+    history, observed = spawning()
+    observed.gcs[5].spawned = {"s": Joined("b", 1, '{"model": "scripted"}')}  # b spawned it
+    assert {"diverged"} == broken(history, observed)
+
+
+def fork_of(observed: Observed) -> ForkSeen:
+    """A fork at GC 2 that starts as GC 2 and ends as GC 5 does."""
+    start = gc(0, 2, 1, team_at(2, 1, True), SCOUT)
+    end = gc(1, 2, 1, team_at(2, 1, True), SCOUT)
+    end.members = observed.gcs[5].members
+    ended = Observed("succeeded", "verify passed", {0: start, 1: end}, {"f": b"x"}, [], 0)
+    return ForkSeen("f", 2, observed.gcs[2], ended, True)
+
+
+def test_a_fork_that_lost_a_spawned_member_or_its_end_is_caught() -> None:
+    history, observed = spawning()
+    assert set() == broken(history, observed, [fork_of(observed)])
+    seen = fork_of(observed)
+    del seen.observed.gcs[0].members["s"]
+    assert {"fork"} == broken(history, observed, [seen])
+    seen = fork_of(observed)
+    seen.observed.gcs[0].spawned = {"s": Joined("a", 1, '{"model": "other"}')}  # another spec
+    assert {"fork"} == broken(history, observed, [seen])
+    seen = fork_of(observed)
+    seen.observed.files = {"f": b"y"}
+    assert {"fork"} == broken(history, observed, [seen])
+    seen = fork_of(observed)
+    seen.observed.status, seen.ended = "running", False
+    assert {"fork"} == broken(history, observed, [seen])

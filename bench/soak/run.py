@@ -297,7 +297,7 @@ class Soak(ChaosRun):
                         injector = threading.Thread(target=self._fault, args=(kind, fault),
                                                     name="soak-fault", daemon=True)  # fmt: skip
                         injector.start()
-                    self._supervise()
+                    self.supervise()
                     self._look()
                     if now >= sampled + SAMPLE_EVERY * self.minute_s / 60:
                         self._sample()
