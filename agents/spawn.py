@@ -119,8 +119,9 @@ def prepare_first_lcs(store: CheckpointStore, state: WorkingState, workspace: st
     """Write the first LC of each member `state`'s step spawned; name it in its request.
 
     Called as the step ends, before its own LC and vote: the LCs are in the superstep's
-    epoch and superstep (attempt 1 of the new member), so the barrier only names them, as
-    a commit names the LCs its steps wrote. A spawn the barrier refuses leaves its LC an
+    epoch and superstep (attempt 1 of the new member), fenced by the step's own attempt
+    (a zombie step writes none), so the barrier only names them, as a commit names the
+    LCs its steps wrote. A spawn the barrier refuses leaves its LC an
     orphan, swept as any tentative LC; so does a step that fails after writing them.
     """
     waiting = [request for request in state.spawns if request.lc is None]
@@ -131,7 +132,8 @@ def prepare_first_lcs(store: CheckpointStore, state: WorkingState, workspace: st
                     AgentSpec.model_validate(request.spec), state.agent, request.brief)
         for request in waiting
     ]  # fmt: skip
-    refs = dict(zip((r.name for r in waiting), store.write_first_lcs(firsts), strict=True))
+    written = store.write_first_lcs(firsts, spawner=(state.agent, state.attempt))
+    refs = dict(zip((r.name for r in waiting), written, strict=True))
     state.spawns = [
         request if request.lc is not None else request.model_copy(update={"lc": refs[request.name]})
         for request in state.spawns

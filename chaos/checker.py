@@ -249,7 +249,7 @@ def _fencing(history: History, observed: Observed) -> list[Violation]:
                 continue  # carried over from an earlier GC: the agent did not step
             joined = view.spawned.get(agent)
             if joined is not None and joined.superstep == view.superstep:
-                # Its first LC, which the barrier wrote as it joined: attempt 1, no launch.
+                # Its first LC, which its spawner's step wrote: attempt 1, no launch of its own.
                 if (member.epoch, member.attempt) != (view.epoch, 1):
                     found.append(Violation(
                         "fenced_write",

@@ -186,6 +186,13 @@ class MeteredHotStore(RedisHotStore):
         for entry in entries:
             LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
 
+    def write_spawned_lcs(self, entries: Iterable[LCEntry], spawner: str, attempt: int) -> None:
+        """Write as Redis does, then observe each LC's sealed bytes' length."""
+        entries = list(entries)
+        super().write_spawned_lcs(entries, spawner, attempt)
+        for entry in entries:
+            LC_WRITE_BYTES.labels(entry.record.level.value).observe(entry.sealed.size)
+
     def send_spend(
         self,
         task: str,

@@ -143,6 +143,15 @@ class HotStore(Protocol):
         unless a GC names it. Each part is idempotent as it is alone.
         """
 
+    def write_spawned_lcs(self, entries: Iterable[LCEntry], spawner: str, attempt: int) -> None:
+        """Write the first LCs of members `spawner` spawned in its step, all at once.
+
+        Fenced by the spawner's attempt (`attempt` of the LCs' epoch and superstep), as
+        its own LC is: a zombie spawner writes none. The members get no attempt (the next
+        superstep's begin fences their first step). Each LC is tentative until a GC names
+        it; the first refusal is raised (`FencedWrite`); each write is idempotent.
+        """
+
     def read_chain(self, task: str, lc_id: str, max_links: int) -> list[bytes]:
         """Return sealed LCs from `lc_id` back through parents, newest first.
 

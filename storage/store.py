@@ -169,17 +169,24 @@ class CheckpointStore:
             state.base = base_after_write(lc, state)
         return LCRef(id=lc.id, checksum=sealed.checksum)
 
-    def write_first_lcs(self, states: Iterable[WorkingState]) -> list[LCRef]:
+    def write_first_lcs(
+        self, states: Iterable[WorkingState], spawner: tuple[str, int] | None = None
+    ) -> list[LCRef]:
         """Store the first step-level LC of each new member's `state`, in one round trip.
 
-        Each state's attempt (its epoch, superstep and attempt) is begun and its LC written
-        as `write_lc` writes it (`HotStore.write_first_lcs`): the members a barrier admits.
+        Written by the step that spawned them, `spawner` (its agent and attempt): fenced by
+        that attempt (`HotStore.write_spawned_lcs`). Else by a barrier: each state's attempt
+        is begun and its LC written as `write_lc` writes it (`HotStore.write_first_lcs`).
         Returns their refs in order; raises `FencedWrite` as `write_lc` does.
         """
         states = list(states)
         lcs = [cut_lc(state, Level.STEP, self.full_every) for state in states]
         sealed = [self.codec.encode(lc, Place.lc(lc.task, lc.agent, lc.id)) for lc in lcs]
-        self.hot.write_first_lcs([LCEntry(lc, s) for lc, s in zip(lcs, sealed, strict=True)])
+        entries = [LCEntry(lc, s) for lc, s in zip(lcs, sealed, strict=True)]
+        if spawner is None:
+            self.hot.write_first_lcs(entries)
+        else:
+            self.hot.write_spawned_lcs(entries, *spawner)
         refs = []
         for state, lc, s in zip(states, lcs, sealed, strict=True):
             lc.checksum = s.checksum

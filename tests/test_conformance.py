@@ -659,3 +659,38 @@ def test_first_lcs_of_joining_members_are_fenced_and_written_at_once(
     with pytest.raises(FencedWrite, match="stale epoch"):
         store.hot.write_first_lcs([LCEntry(late, store.codec.encode(late))])
     assert [] == store.hot.read_chain(TASK, late.id, 10)
+
+
+def test_a_spawning_steps_first_lcs_are_fenced_by_its_own_attempt(
+    store: CheckpointStore,
+) -> None:
+    """The spawner's current attempt writes its members' first LCs; a zombie writes none.
+
+    They read back as written, a lost reply's second send is a no-op, and they are
+    tentative in the spawner's superstep (what a commit checks its members against).
+    """
+    store.hot.init_task(TASK)
+    store.hot.begin_attempt(TASK, "lead", 3, 1, epoch=1)
+
+    def first(name: str) -> WorkingState:
+        said = [Message(role=Role.SYSTEM, content=f"You are {name}.")]
+        return WorkingState(task=TASK, agent=name, epoch=1, superstep=3, messages=said)
+
+    states = [first("m0"), first("m1")]
+    refs = store.write_first_lcs(states, spawner=("lead", 1))
+    for state, ref in zip(states, refs, strict=True):
+        again = store.read_state(TASK, state.agent, ref.id, ref.checksum)
+        assert (state.messages, 3, 1) == (again.messages, again.superstep, again.epoch)
+    lc = cut_lc(first("m2"), Level.STEP)
+    entry = LCEntry(lc, store.codec.encode(lc))
+    for _ in range(2):
+        store.hot.write_spawned_lcs([entry], "lead", 1)
+    assert [[entry.sealed.data]] == [store.hot.read_chain(TASK, lc.id, 10)]
+    store.hot.begin_attempt(TASK, "lead", 3, 2, epoch=1)  # attempt 1 is a zombie now
+    late = cut_lc(first("m3"), Level.STEP)
+    with pytest.raises(FencedWrite, match="stale attempt"):
+        store.hot.write_spawned_lcs([LCEntry(late, store.codec.encode(late))], "lead", 1)
+    assert [] == store.hot.read_chain(TASK, late.id, 10)
+    store.hot.raise_epoch(TASK, 2)
+    with pytest.raises(FencedWrite, match="stale epoch"):
+        store.write_first_lcs([first("m4")], spawner=("lead", 2))

@@ -103,6 +103,27 @@ class MemoryHotStore:
             self.begin_attempt(lc.task, lc.agent, lc.superstep, lc.attempt, epoch=lc.epoch)
             self.write_lc(entry)
 
+    def write_spawned_lcs(self, entries: Iterable[LCEntry], spawner: str, attempt: int) -> None:
+        for entry in entries:
+            lc = entry.record
+            with self._lock:
+                epoch = self._epochs.get(lc.task, 0)
+                if epoch != lc.epoch:
+                    raise FencedWrite(f"stale epoch {lc.epoch} (task is at {epoch})")
+                current = self._attempts.get((lc.task, spawner))
+                if current != (lc.epoch, lc.superstep, attempt):
+                    raise FencedWrite(f"stale attempt {lc.epoch}:{lc.superstep}:{attempt} "
+                                      f"(current {current})")  # fmt: skip
+                old = self._lcs.get((lc.task, lc.id))
+                if old is not None and old.entry.sealed.checksum != entry.sealed.checksum:
+                    raise FencedWrite(f"LC {lc.id} exists with another checksum")
+                if old is None:
+                    self._lcs[(lc.task, lc.id)] = _HotLC(entry)
+                    tentative = self._superstep_lcs.setdefault(
+                        (lc.task, lc.epoch, lc.superstep), {}
+                    )
+                    tentative[lc.id] = ""
+
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
         lc = entry.record
         check_name("task", lc.task)

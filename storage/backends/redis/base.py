@@ -29,6 +29,7 @@ class RedisRecords:
         self.audit = audit
         self._audit_flag = "1" if self.audit else "0"
         self._write_lc = Lua(self._held, "write_lc")
+        self._write_spawned_lc = Lua(self._held, "write_spawned_lc")
         self._read_chain = Lua(self._held, "read_chain")
         self._walk_chains = Lua(self._held, "walk_chains")
         self._prepare_gc = Lua(self._held, "prepare_gc")

@@ -82,6 +82,22 @@ class StepRecords(RedisRecords):
             if isinstance(reply, redis.ResponseError):
                 raise translated(reply)
 
+    def write_spawned_lcs(self, entries: Iterable[LCEntry], spawner: str, attempt: int) -> None:
+        scripts = []
+        for entry in entries:
+            lc, t = entry.record, entry.record.task
+            at = f"{lc.epoch}:{lc.superstep}:{attempt}"
+            command = self._write_spawned_lc.command(
+                keys=[keys.epoch(t), keys.attempts(t), keys.lc(t, lc.id),
+                      keys.superstep_lcs(t, lc.epoch, lc.superstep), keys.audit(t)],
+                args=[lc.epoch, spawner, at, lc.agent, lc.id, entry.sealed.checksum,
+                      entry.sealed.data, lc.level.value, self._audit_flag],
+            )  # fmt: skip
+            scripts.append((self._write_spawned_lc, command))
+        for reply in pipelined(self._held(), scripts):
+            if isinstance(reply, redis.ResponseError):
+                raise translated(reply)
+
     def _first_lc_scripts(
         self, entries: Iterable[LCEntry]
     ) -> Iterator[tuple[Lua, tuple[object, ...]]]:
