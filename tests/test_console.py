@@ -30,6 +30,7 @@ from cairn.coordinator.spec import TaskSpec
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import cairn, spawn, stop
 from tests.cluster import Cluster, files_and_histories, team_spec
+from tests.test_spawn import WORKERS, orchestrator
 
 ROOT = Path(__file__).resolve().parents[1]
 EVIL = "<img src=x onerror=alert(1)>"  # no quotes: JSON shows it as it is
@@ -328,6 +329,20 @@ def test_a_restore_to_gc_1_made_on_the_page_puts_the_task_back(
     assert after["epoch"] > before["epoch"]
     expect(tab.locator("#epoch")).to_have_text(str(after["epoch"]), timeout=WAIT_S * 1000)
     assert "succeeded" == stack.wait_for(task, "succeeded", "failed")["status"]
+    assert [] == seen.errors
+
+
+def test_the_task_page_shows_who_spawned_whom(stack: Stack, page: tuple[Page, Seen]) -> None:
+    """A lead that spawns three workers: each worker's row names its spawner."""
+    tab, seen = page
+    task = stack.submit(orchestrator())
+    stack.wait_for(task, "succeeded")
+    tab.goto(f"{stack.url}/tasks/{task}")
+    live(tab)
+    for name in WORKERS:
+        row = tab.locator(f'#agents tr[data-agent="{name}"] td').first
+        expect(row).to_have_text(f"{name} (spawned by lead)", timeout=WAIT_S * 1000)
+    expect(tab.locator('#agents tr[data-agent="lead"] td').first).to_have_text("lead")
     assert [] == seen.errors
 
 

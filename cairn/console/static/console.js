@@ -202,7 +202,8 @@
     parts.forEach(function (p) { summary.append(p); });
     fill(document.querySelector("#agents tbody"), s.agents.map(function (a) {
       var who = a.spawned_by ? a.name + " (spawned by " + a.spawned_by + ")" : a.name;
-      return el("tr", { "data-agent": a.name }, el("td", { text: who }), el("td", {}, state(a.status)),
+      var held = a.held ? el("span", { className: "reason", title: a.held, text: " (held: budget)" }) : "";
+      return el("tr", { "data-agent": a.name }, el("td", { text: who }), el("td", {}, state(a.status), held),
         el("td", { text: a.step === null ? "?" : a.step }), el("td", { text: tokens(a.usage) }),
         el("td", { text: tokens(a.usage.replayed) }));
     }), "no agents yet", 5);
