@@ -25,7 +25,8 @@ redis.call('HSET', KEYS[3], 'data', ARGV[7], 'sum', ARGV[6], 'agent', ARGV[4],
   'parent', '', 'full', '1', 'level', ARGV[8])
 redis.call('HSET', KEYS[4], ARGV[5], '\t' .. ARGV[6] .. '\t' .. ARGV[4])
 if ARGV[9] == '1' then
-  redis.call('XADD', KEYS[5], 'MAXLEN', '~', '100000', '*', 'kind', 'lc', 'agent', ARGV[4],
-    'at', ARGV[3], 'lc', ARGV[5])
+  -- The write is the spawner's, under its fence; `member` says whose LC it is.
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', '100000', '*', 'kind', 'lc', 'agent', ARGV[2],
+    'at', ARGV[3], 'lc', ARGV[5], 'member', ARGV[4])
 end
 return 'OK'

@@ -65,7 +65,8 @@ class RedisRecords:
         """The task's audit stream, oldest first (empty unless some writer audited).
 
         Each entry has `kind` (epoch, fence or lc) and `at`, and `agent` and `lc` where
-        they apply.
+        they apply; an LC a step wrote for a member it spawned names the spawner as its
+        `agent` (whose fence it passed) and the member as its `member`.
         """
         entries = cast(list[tuple[bytes, dict[bytes, bytes]]], self.redis.xrange(keys.audit(task)))
         return [{k.decode(): v.decode() for k, v in fields.items()} for _, fields in entries]
