@@ -23,7 +23,7 @@ from cairn.agents.accounting import Budget, MemberBudget, load_prices
 from cairn.agents.live import LiveReply, read_live
 from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
-from cairn.coordinator import views
+from cairn.coordinator import export, views
 from cairn.coordinator.diff import Diff, diff
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.settings import Settings, display_url, load_settings, open_store
@@ -350,7 +350,7 @@ class Task:
     @_redis_errors
     def workspace(self, checkpoint: int | None = None) -> dict[str, bytes]:
         """The files of a checkpoint (default: the latest committed): path → contents."""
-        return views.workspace_files(self.client._store, self.id, checkpoint)
+        return export.workspace_files(self.client._store, self.id, checkpoint)
 
     @_redis_errors
     def export(
@@ -367,7 +367,7 @@ class Task:
         runs what a repository's config and hooks name. A checkpoint whose files are not
         a tree is `InvalidSpec`.
         """
-        return views.export_workspace(
+        return export.export_workspace(
             self.client._store, self.id, checkpoint, Path(out_dir), include_git=include_git
         )
 

@@ -33,8 +33,8 @@ from cairn.agents.workspace import (
     replace_file,
     tree_clashes,
 )
+from cairn.coordinator.export import export_workspace
 from cairn.coordinator.spec import TaskSpec
-from cairn.coordinator.views import export_workspace
 from cairn.errors import InvalidSpec, InvalidWorkspace, ToolError
 from cairn.storage.records import GlobalCheckpoint, Role, WorkspaceManifest
 from cairn.storage.store import CheckpointStore
