@@ -42,7 +42,7 @@ from cairn.testing.redis_server import RedisServer
 from cairn.testing.replicas import ReplicaSet
 from chaos.checker import Violation, check
 from chaos.faults import Fault, Plan
-from chaos.observe import History, Observed, observe, read_history
+from chaos.observe import GCView, History, Observed, observe, read_history
 from chaos.proxy import DelayProxy
 from chaos.spawning import fork_after_spawn, forks_seen, kill_at_spawn, restore_across_spawn
 from chaos.spawning import running as running_steps
@@ -133,6 +133,7 @@ class ChaosRun:
         self.poisonable = any(f.kind == "poison_task" for f in plan.faults)
         self.victims: dict[str, str] = {}  # second task → the phase poisoned for it
         self.forks: dict[str, int] = {}  # fork of the task → the GC it was forked at
+        self.fork_sources: dict[str, GCView] = {}  # fork → its source GC, read as it was made
         self._spawned = 0
 
     # the run ------------------------------------------------------------------------------

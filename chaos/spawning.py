@@ -114,11 +114,16 @@ def fork_after_spawn(run: ChaosRun, fault: Fault) -> dict[str, object] | None:
     latest = _latest_spawned(run)
     if latest is None:
         return None
+    assert run.client is not None
+    # The source GC as the fork reads it, read now: a later fault may damage its archived
+    # copy (corrupt_archive), which says nothing of the fork made before.
+    source = view_gc(open_store(run.settings, run.client), run.task, latest.number)
     done = run.cairn("fork", run.task, "--at", str(latest.number), "--json")
     if done.returncode != 0:
         raise subprocess.SubprocessError(f"cairn fork exited {done.returncode}: {done.stderr}")
     fork = str(json.loads(done.stdout)["task_id"])
     run.forks[fork] = latest.number
+    run.fork_sources[fork] = source
     return {"fork": fork, "at": latest.number, "spawned": sorted(latest.spawned)}
 
 
@@ -137,5 +142,6 @@ def forks_seen(run: ChaosRun, terminal: set[str]) -> list[ForkSeen]:
         state = run.run_state(fork)
         observed = observe(store, run.client, fork, state, run.ledger)
         ended = state.get("status") in terminal
-        seen.append(ForkSeen(fork, at, view_gc(store, run.task, at), observed, ended))
+        source = run.fork_sources.get(fork) or view_gc(store, run.task, at)
+        seen.append(ForkSeen(fork, at, source, observed, ended))
     return seen

@@ -8,7 +8,8 @@ load it as they load tools (a module named by `--tools`/`CAIRN_TOOLS`, or the
 What the function keeps between steps is `ctx.state` (JSON). Inside a step, the kind's
 state in each checkpoint is the state the run started from, the run's journal and where
 its history started (`{"state", "journal", "base"}`): a retry replays the function on
-that (`cairn.agents.kinds.journal`). A run that ends leaves `{"state": <its state>}`.
+that (`cairn.agents.kinds.journal`). A run that ends leaves `{"state": <its state>}`, or
+nothing while its state is empty.
 
 The function's own exceptions are the step's failure, not the worker's: the traceback
 goes into the trace (kept by a checkpoint) and the step is retried as the spec's
@@ -97,7 +98,8 @@ class CodeAgent:
                 raise  # Cairn's own (a model's failure, a fenced write): the step's as it is
             self._failed(ctx, exc)
         ctx.outcome = STATUS[self._outcome(ctx.agent, returned)]
-        ctx.lc.kind_state = {"state": live}
+        # An empty state is left out of the stored LC, as an `llm` agent's is.
+        ctx.lc.kind_state = {"state": live} if live else {}
 
     def status(self, ctx: StepContext) -> AgentState:
         """What the function's outcome said (active if it said nothing: it has not run)."""
