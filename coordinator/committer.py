@@ -21,7 +21,7 @@ from cairn.coordinator.context import Context, log
 from cairn.coordinator.plan import Barrier
 from cairn.coordinator.runs import Look, TaskState
 from cairn.coordinator.spec import Limits
-from cairn.coordinator.spend import budget_of, parse_spend
+from cairn.coordinator.spend import RAISED_BUDGETS, budget_of, parse_spend
 from cairn.coordinator.verifier import GaveUp
 from cairn.coordinator.verify import FIELD as VERIFY_FIELD
 from cairn.errors import CairnError, CommitRefused, CorruptCheckpoint, RecordNotFound
@@ -144,7 +144,7 @@ class Committer:
                 return []
             budget = run["budget"].encode() if "budget" in run else None
             raised: dict[str, str] = {}
-            if budget_of(budget, limits) is not None or self._budgeted(task, gc):
+            if budget_of(budget, limits) is not None or self._budgeted(task, gc, run):
                 pipe = ctx.redis.pipeline(transaction=False)
                 pipe.hgetall(keys.spend(task))
                 pipe.hgetall(keys.member_budgets(task))
@@ -157,12 +157,14 @@ class Committer:
             log.info("next superstep not begun with the commit", task=task, why=str(exc))
             return []
 
-    def _budgeted(self, task: str, gc: GlobalCheckpoint) -> bool:
-        """Whether a member of `gc` may have a budget: its spec gives one, or one was raised."""
-        record = self.ctx.docs.record(task)
-        if any(spec.budget is not None for spec in record.agents) or gc.spawned:
+    def _budgeted(self, task: str, gc: GlobalCheckpoint, run: dict[str, str]) -> bool:
+        """Whether a member of `gc` may have a budget: its spec gives one, or one was raised.
+
+        A raised one is marked in the run state the caller holds: no round trip to learn it.
+        """
+        if RAISED_BUDGETS in run or gc.spawned:
             return True
-        return bool(self.ctx.redis.exists(keys.member_budgets(task)))
+        return any(spec.budget is not None for spec in self.ctx.docs.record(task).agents)
 
     def after_commit(self, task: str, committed: GlobalCheckpoint) -> None:
         """Close the superstep whose GC is committed and start the next one at once.

@@ -28,6 +28,7 @@ from cairn.storage import keys
 from cairn.storage.records import Usage
 
 BUDGET_REASON = "budget"  # a paused task's reason when its budget was reached
+RAISED_BUDGETS = "member_budgets"  # the run state's mark: some member's budget was raised
 INHERITED = "inherited:"
 KINDS = ("prompt_tokens", "completion_tokens", "cached_tokens", "cost_usd")
 

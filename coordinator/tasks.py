@@ -28,7 +28,7 @@ from cairn.coordinator.replication import require
 from cairn.coordinator.restore import LOCK_TTL_MS
 from cairn.coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
 from cairn.coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
-from cairn.coordinator.spend import budget_of
+from cairn.coordinator.spend import RAISED_BUDGETS, budget_of
 from cairn.coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from cairn.errors import InvalidSpec, TaskNotFound
 from cairn.storage import keys
@@ -168,6 +168,7 @@ class Tasks:
         base = {} if old is None else old.model_dump()
         new = parse_model(MemberBudget, {**base, **given}, "budget")
         self.redis.hset(keys.member_budgets(task), agent, new.model_dump_json())
+        self.runs.write(task, {RAISED_BUDGETS: "1"})  # what a commit reads: no extra look
         log.info("member budget set", task=task, agent=agent, **new.model_dump())
         return new
 
