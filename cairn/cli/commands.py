@@ -22,8 +22,9 @@ from cairn.agents.toolkit import load_tools
 from cairn.cli import render
 from cairn.cli.demo import run_demo
 from cairn.cli.exits import Exit
-from cairn.cli.processes import run_coordinator, run_up, run_workers
+from cairn.cli.processes import run_coordinator, run_workers
 from cairn.cli.timeline_page import render as render_timeline
+from cairn.cli.up import run_down, run_up
 from cairn.client import Client, Task
 from cairn.console.launch import run_console  # Starlette and uvicorn only once it serves
 from cairn.coordinator.runs import TaskState
@@ -395,3 +396,9 @@ def up(args: argparse.Namespace, session: Session) -> int:
         settings = settings.model_copy(update={"tools": (*settings.tools, *args.tools)})
         load_tools(settings.tools)
     return run_up(settings, args.workers, session.console)
+
+
+def down(args: argparse.Namespace, session: Session) -> int:
+    """Stop the `cairn up` of this directory (or of `--dir`) and wait until all it ran is gone."""
+    state = session.settings.state_dir
+    return run_down(state if args.dir is None else args.dir / state, session.console)

@@ -181,6 +181,8 @@ def build_parser() -> Parser:
         command("console", commands.console, "serve the web console", json=False),
     )
     _up_options(command("up", commands.up, "run Redis, a coordinator and workers here", json=False))
+    cmd = command("down", commands.down, "stop the `cairn up` of this directory", json=False)
+    cmd.add_argument("--dir", type=Path, help="the directory `cairn up` runs in (default: here)")
     return parser
 
 

@@ -1,7 +1,7 @@
-"""Long-running commands: `cairn worker`, `cairn coordinator` and `cairn up`.
+"""Long-running commands: `cairn worker` and `cairn coordinator` (`cairn up`: `cairn.cli.up`).
 
 `Supervisor` keeps a set of child processes alive (a worker that dies is started again,
-after a backoff when it keeps dying young) and stops them all on SIGTERM or SIGINT:
+after a backoff when it keeps dying young) and stops them all on SIGTERM, SIGINT or SIGHUP:
 SIGTERM first, SIGKILL after a grace period. Workers are stateless and every write they
 make is fenced, so killing one mid-step costs a retry of that step, nothing more.
 
@@ -12,7 +12,6 @@ command line, which any user of the machine can read (`ps`, `/proc/PID/cmdline`)
 from __future__ import annotations
 
 import contextlib
-import secrets
 import signal
 import subprocess
 import sys
@@ -31,8 +30,7 @@ from cairn.connection import client_for, ping
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import Settings, display_url, open_store
-from cairn.errors import InvalidSpec, Unavailable
-from cairn.testing.redis_server import RedisServer
+from cairn.testing.redis_server import Launch
 
 log = get_logger("cairn.cli")
 YOUNG = 5.0  # seconds: a child dying sooner than this is restarted after a backoff
@@ -48,6 +46,7 @@ class Child:
     argv: list[str]
     env: dict[str, str]
     log_path: Path | None = None  # None: inherit stderr
+    launch: Launch = subprocess.Popen  # `cairn up`: in its children's process group
     process: subprocess.Popen[bytes] | None = None
     log_file: IO[bytes] | None = None
     started: float = 0.0
@@ -62,9 +61,8 @@ class Child:
             self.log_file = self.log_path.open("ab")
         # Without a log file a child's output goes to our stderr: stdout is for results.
         out = self.log_file if self.log_file is not None else _stderr_fd()
-        self.process = subprocess.Popen(  # noqa: S603 - our own interpreter and modules
-            self.argv, env=self.env, stdout=out, stderr=out
-        )
+        # our own interpreter and modules
+        self.process = self.launch(self.argv, env=self.env, stdout=out, stderr=out)
         self.started, self.restart_at = time.monotonic(), None
         log.info("process started", process=self.name, pid=self.process.pid)
 
@@ -137,7 +135,11 @@ class Supervisor:
 
 
 def stop_on_signals() -> threading.Event:
-    """An event set by SIGTERM or SIGINT (so Ctrl-C stops a command cleanly)."""
+    """An event set by SIGTERM, SIGINT or SIGHUP (Ctrl-C, or its terminal closing).
+
+    Without the SIGHUP handler, a closed terminal would kill the command before it could
+    stop what it started.
+    """
     stop = threading.Event()
 
     def request_stop(signum: int, frame: FrameType | None) -> None:
@@ -145,6 +147,7 @@ def stop_on_signals() -> threading.Event:
 
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
+    signal.signal(signal.SIGHUP, request_stop)
     return stop
 
 
@@ -154,6 +157,7 @@ def worker_children(
     count: int,
     logs: Path | None,
     module: str = "cairn.coordinator.worker",
+    launch: Launch = subprocess.Popen,
 ) -> list[Child]:
     """`count` worker processes on the Redis at `url`, each `python -m module`."""
     env = settings.child_env(url)
@@ -163,6 +167,7 @@ def worker_children(
             [sys.executable, "-m", module],
             env,
             None if logs is None else logs / f"worker-{n}.log",
+            launch,
         )
         for n in range(count)
     ]
@@ -202,66 +207,3 @@ def run_coordinator(settings: Settings, name: str, lease_ms: int) -> int:
     log.info("coordinator running", name=name, redis=display_url(url))
     coordinator.run(stop)
     return 0
-
-
-def run_up(settings: Settings, workers: int, console: Console) -> int:
-    """`cairn up`: Redis (a private one unless configured), a coordinator and workers.
-
-    A private redis-server (with a password made for this run) keeps its data (AOF) under
-    the state directory, and while it runs its URL is in `<state>/redis.url` (mode 0600),
-    so other `cairn` commands in this directory find it without configuration.
-    """
-    state = settings.state_dir
-    server: RedisServer | None = None
-    if settings.redis_url:
-        url = settings.redis_url
-        ping(url, "CAIRN_REDIS_URL")
-    else:
-        _refuse_second_up(settings)
-        # A password of its own, though it listens on the loopback only: an agent's command
-        # allowed the network (`network: true`) shares this host's loopback.
-        password = secrets.token_hex(16)
-        server = RedisServer(state / "redis", appendonly=True, password=password).start()
-        url = server.url
-        settings.url_file.touch(mode=0o600)  # it holds the password: this user's alone
-        settings.url_file.chmod(0o600)
-        settings.url_file.write_text(url + "\n")
-    logs = state / "logs"
-    env = settings.child_env(url)
-    coordinator = Child(
-        "coordinator",
-        [sys.executable, "-m", "cairn.coordinator", "--name", "up"],
-        env,
-        logs / "coordinator.log",
-    )
-    supervisor = Supervisor([coordinator, *worker_children(settings, url, workers, logs)])
-    stop = stop_on_signals()
-    try:
-        supervisor.start()
-        where = "private redis-server, AOF in " + str(state / "redis") if server else "configured"
-        console.print(f"Cairn is up. Redis: [bold]{display_url(url)}[/] ({where})")
-        console.print(
-            f"a coordinator and {workers} worker(s) ({settings.worker_concurrency} step(s) at"
-            f" once each); logs in {logs}; archive in {settings.archive}"
-        )
-        console.print("Ctrl-C stops everything.")
-        supervisor.watch(stop)
-    finally:
-        supervisor.stop()
-        if server is not None:
-            settings.url_file.unlink(missing_ok=True)
-            server.stop()
-    return 0
-
-
-def _refuse_second_up(settings: Settings) -> None:
-    """Raise `InvalidSpec` when a `cairn up` of this state directory is running already."""
-    try:
-        written = settings.url_file.read_text().strip()
-    except OSError:
-        return
-    try:
-        ping(written)
-    except Unavailable:
-        return  # left by an `up` that was killed: its Redis is gone
-    raise InvalidSpec(f"cairn up is running already in {settings.state_dir} (Redis at {written})")

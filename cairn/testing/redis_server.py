@@ -14,6 +14,7 @@ import subprocess
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -25,6 +26,8 @@ from redis.retry import Retry
 from cairn.errors import RedisServerError
 
 START_TIMEOUT = 10.0
+
+Launch = Callable[..., subprocess.Popen[bytes]]  # subprocess.Popen, or what wraps it
 
 
 _HANDED_OUT: deque[int] = deque(maxlen=4_096)  # the latest ports free_port returned
@@ -84,6 +87,8 @@ class RedisServer:
     one: the `default` user is switched off. Without it, `password` is `requirepass`.
     With `tls`, the port serves TLS only (`rediss://`, plain port off). With `replicaof`
     (host, port) it starts as a replica of that primary (`password` is the primary's too).
+    `launch` starts the process (`launch(argv, stdout=..., stderr=...)`, default
+    `subprocess.Popen`): `cairn up` starts it in its children's process group.
     """
 
     def __init__(
@@ -98,6 +103,7 @@ class RedisServer:
         tls: TLSFiles | None = None,
         fsync: str = "everysec",
         replicaof: tuple[str, int] | None = None,
+        launch: Launch = subprocess.Popen,
     ) -> None:
         if username and not password:
             raise ValueError("an ACL user needs a password")
@@ -110,6 +116,7 @@ class RedisServer:
         self.tls = tls
         self.port = port or free_port()
         self.replicaof = replicaof
+        self.launch = launch
         self.process: subprocess.Popen[bytes] | None = None
 
     @property
@@ -149,9 +156,8 @@ class RedisServer:
                 args += ["--masterauth", self.password]
                 if self.username:
                     args += ["--masteruser", self.username]
-        self.process = subprocess.Popen(  # noqa: S603 - fixed arguments, binary from PATH
-            args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
-        )
+        # fixed arguments, the binary from PATH
+        self.process = self.launch(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             self._wait_until_it_answers(self.process)
         except BaseException:
