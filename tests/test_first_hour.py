@@ -15,7 +15,11 @@ import shutil
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+import pytest
 
 from tests.cli_harness import wait_until
 from tests.test_up import GONE_WITHIN, living
@@ -26,93 +30,117 @@ ROOT = Path(__file__).resolve().parents[1]
 def descendants(root: int) -> set[int]:
     """The live processes `root` started, and those they started, and so on."""
     alive = living()
-    found, frontier = set(), {root}
+    found: set[int] = set()
+    frontier = {root}
     while frontier:
         frontier = {pid for pid, (ppid, _) in alive.items() if ppid in frontier} - found
         found |= frontier
     return found
 
 
-def test_the_first_hour_leaves_nothing_behind(tmp_path: Path) -> None:
-    """up, submit, watch, status, checkpoints, SIGHUP, up again, status, down: all clean."""
-    (tmp_path / "examples").mkdir()
-    shutil.copy(ROOT / "examples" / "team.yaml", tmp_path / "examples" / "team.yaml")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
-    env["PYTHONPATH"] = str(ROOT)
-    state = tmp_path / ".cairn"
-    groups: set[int] = set()  # every process group the test saw, to check (and clean) at the end
-    seen: set[int] = set()  # every process `cairn up` started, however deep
+@dataclass
+class Newcomer:
+    """A fresh directory with the examples, and every process `cairn up` started there."""
 
-    def cairn(*args: str) -> subprocess.CompletedProcess[str]:
+    path: Path
+    env: dict[str, str]
+    groups: set[int] = field(default_factory=set)  # every process group seen
+    seen: set[int] = field(default_factory=set)  # every process `cairn up` started, however deep
+
+    @property
+    def state(self) -> Path:
+        """The state directory, `.cairn`."""
+        return self.path / ".cairn"
+
+    def cairn(self, *args: str) -> subprocess.CompletedProcess[str]:
+        """Run `cairn ARGS` here, to its end."""
         return subprocess.run(
             [sys.executable, "-m", "cairn.cli", *args],
-            cwd=tmp_path,
-            env=env,
+            cwd=self.path,
+            env=self.env,
             capture_output=True,
             text=True,
             timeout=60,
             check=False,
         )
 
-    def up() -> subprocess.Popen[bytes]:
-        with (tmp_path / "up.log").open("ab") as log:
+    def up(self) -> subprocess.Popen[bytes]:
+        """Start `cairn up --workers 2` as a terminal's shell starts a job; wait for its Redis."""
+        with (self.path / "up.log").open("ab") as log:
             process = subprocess.Popen(
                 [sys.executable, "-m", "cairn.cli", "up", "--workers", "2"],
-                cwd=tmp_path,
-                env=env,
+                cwd=self.path,
+                env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=subprocess.STDOUT,
-                start_new_session=True,  # as a terminal's shell starts a job
+                start_new_session=True,
             )
-        groups.add(process.pid)
-        wait_until(lambda: (state / "redis.url").exists() or process.poll() is not None)
-        assert process.poll() is None, (tmp_path / "up.log").read_text()
+        self.groups.add(process.pid)
+        wait_until(lambda: (self.state / "redis.url").exists() or process.poll() is not None)
+        assert process.poll() is None, (self.path / "up.log").read_text()
         return process
 
-    def note_family(process: subprocess.Popen[bytes]) -> None:
+    def note_family(self, process: subprocess.Popen[bytes]) -> None:
+        """Remember what `process` runs now, and their process groups."""
         family = descendants(process.pid)
-        seen.update(family)
-        groups.update(pgid for pid, (_, pgid) in living().items() if pid in family)
+        self.seen |= family
+        self.groups |= {pgid for pid, (_, pgid) in living().items() if pid in family}
 
-    def left() -> set[int]:
-        return {pid for pid, (_, pgid) in living().items() if pgid in groups} | (
-            seen & living().keys()
+    def left(self) -> set[int]:
+        """What still runs of all that was noted."""
+        alive = living()
+        return {pid for pid, (_, pgid) in alive.items() if pgid in self.groups} | (
+            self.seen & alive.keys()
         )
 
+
+@pytest.fixture
+def newcomer(tmp_path: Path) -> Iterator[Newcomer]:
+    """A fresh directory holding `examples/team.yaml`; what ran there is killed after."""
+    (tmp_path / "examples").mkdir()
+    shutil.copy(ROOT / "examples" / "team.yaml", tmp_path / "examples" / "team.yaml")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
+    env["PYTHONPATH"] = str(ROOT)
+    here = Newcomer(tmp_path, env)
     try:
-        first = up()
-        url = (state / "redis.url").read_text()
-        done = cairn("submit", "examples/team.yaml")
-        assert 0 == done.returncode, done.stderr
-        task = done.stdout.split()[-1]
-        note_family(first)
-        done = cairn("watch", task)
-        assert 0 == done.returncode, done.stdout + done.stderr
-        note_family(first)
-        done = cairn("status", task)
-        assert (0, True) == (done.returncode, "succeeded" in done.stdout), done.stderr
-        done = cairn("checkpoints", task, "--json")
-        assert 0 == done.returncode, done.stderr
-        assert len(json.loads(done.stdout)) >= 2  # GC 0, and one per superstep after it
-        note_family(first)
-
-        first.send_signal(signal.SIGHUP)  # its terminal closed
-        wait_until(lambda: first.poll() is not None and not left(), GONE_WITHIN)
-        assert not (state / "redis.url").exists()
-
-        second = up()
-        assert url == (state / "redis.url").read_text()
-        note_family(second)
-        done = cairn("status", task, "--json")
-        assert (0, "succeeded") == (done.returncode, json.loads(done.stdout)["status"])
-        done = cairn("down")
-        assert 0 == done.returncode, done.stderr
-        assert done.stdout.startswith(f"stopped cairn up (pid {second.pid})")
-        assert set() == left()  # `down` returned once all of it was gone
-        assert 0 == second.wait(5)
-        assert not (state / "redis.url").exists()
+        yield here
     finally:
-        for group in groups:
+        for group in here.groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
+
+
+def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:
+    """up, submit, watch, status, checkpoints, SIGHUP, up again, status, down: all clean."""
+    first = newcomer.up()
+    url = (newcomer.state / "redis.url").read_text()
+    done = newcomer.cairn("submit", "examples/team.yaml")
+    assert 0 == done.returncode, done.stderr
+    task = done.stdout.split()[-1]
+    newcomer.note_family(first)
+    done = newcomer.cairn("watch", task)
+    assert 0 == done.returncode, done.stdout + done.stderr
+    newcomer.note_family(first)
+    done = newcomer.cairn("status", task)
+    assert (0, True) == (done.returncode, "succeeded" in done.stdout), done.stderr
+    done = newcomer.cairn("checkpoints", task, "--json")
+    assert 0 == done.returncode, done.stderr
+    assert len(json.loads(done.stdout)) >= 2  # GC 0, and one per superstep after it
+    newcomer.note_family(first)
+
+    first.send_signal(signal.SIGHUP)  # its terminal closed
+    wait_until(lambda: first.poll() is not None and not newcomer.left(), GONE_WITHIN)
+    assert not (newcomer.state / "redis.url").exists()
+
+    second = newcomer.up()
+    assert url == (newcomer.state / "redis.url").read_text()
+    newcomer.note_family(second)
+    done = newcomer.cairn("status", task, "--json")
+    assert (0, "succeeded") == (done.returncode, json.loads(done.stdout)["status"])
+    done = newcomer.cairn("down")
+    assert 0 == done.returncode, done.stderr
+    assert done.stdout.startswith(f"stopped cairn up (pid {second.pid})")
+    assert set() == newcomer.left()  # `down` returned once all of it was gone
+    assert 0 == second.wait(5)
+    assert not (newcomer.state / "redis.url").exists()

@@ -149,15 +149,15 @@ def group_alive(pgid: int) -> bool:
     return True
 
 
-def runs_cairn(pid: int) -> bool:
-    """Whether `pid` runs and is a `cairn` command (not a process that took a dead one's pid)."""
+def runs_cairn_up(pid: int) -> bool:
+    """Whether `pid` runs `cairn up` (not another process that took a dead one's pid)."""
     if not is_alive(pid):
         return False
     try:
         command = (PROC / str(pid) / "cmdline").read_bytes()
     except OSError:
         return not PROC.is_dir()  # no /proc to ask: trust the pid
-    return b"cairn" in command
+    return b"cairn" in command and b"\0up\0" in command
 
 
 def kill_strays(pgid: int) -> None:

@@ -20,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from cairn.cli.lifetime import runs_cairn
+from cairn.cli.lifetime import runs_cairn_up
 from cairn.coordinator.settings import URL_FILE
 from cairn.errors import InvalidSpec
 from cairn.testing.redis_server import free_port
@@ -66,16 +66,19 @@ class RunFiles:
     def running(self) -> UpRecord | None:
         """The `cairn up` of this directory, if one runs."""
         record = self.read()
-        return record if record is not None and runs_cairn(record.pid) else None
+        return record if record is not None and runs_cairn_up(record.pid) else None
 
     def claim(self) -> None:
         """Record this process as the directory's `cairn up`, or raise `InvalidSpec`.
 
         Stale run files are removed first; of two `cairn up` starting at once, one wins.
         """
-        if (other := self.running()) is not None:
-            raise InvalidSpec(f"cairn up is running already in {self.state} (pid {other.pid})")
-        self.remove()
+        stale = self.read()
+        if stale is not None and runs_cairn_up(stale.pid):
+            raise InvalidSpec(f"cairn up is running already in {self.state} (pid {stale.pid})")
+        self.url_file.unlink(missing_ok=True)
+        if stale is not None and self.read() == stale:  # not one another `cairn up` just wrote
+            self.pid_file.unlink(missing_ok=True)
         self.state.mkdir(parents=True, exist_ok=True)
         try:
             descriptor = os.open(self.pid_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
