@@ -203,6 +203,21 @@ def test_down_stops_up_from_another_terminal(here: Directory) -> None:
     assert ["cairn: no cairn up is running in .cairn"] == done.stderr.splitlines()
 
 
+def test_down_after_a_killed_up_cleans_its_run_files(here: Directory) -> None:
+    """No `cairn up` runs: exit 1, one line, and the run files it left are gone."""
+    up = here.up()
+    up.process.kill()
+    wait_until(up.gone, 5)
+    done = here.cairn("down")
+    assert (1, ["cairn: no cairn up is running in .cairn"]) == (
+        done.returncode,
+        done.stderr.splitlines(),
+    )
+    assert not (here.state / "up.pid").exists()
+    assert not (here.state / "redis.url").exists()
+    assert (here.state / "redis.port").exists()  # kept for the next `cairn up`
+
+
 def test_down_with_dir_from_elsewhere(here: Directory, tmp_path: Path) -> None:
     """`cairn down --dir DIR` stops the `cairn up` that runs in DIR."""
     up = here.up()
