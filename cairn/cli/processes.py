@@ -61,7 +61,6 @@ class Child:
             self.log_file = self.log_path.open("ab")
         # Without a log file a child's output goes to our stderr: stdout is for results.
         out = self.log_file if self.log_file is not None else _stderr_fd()
-        # our own interpreter and modules
         self.process = self.launch(self.argv, env=self.env, stdout=out, stderr=out)
         self.started, self.restart_at = time.monotonic(), None
         log.info("process started", process=self.name, pid=self.process.pid)

@@ -156,7 +156,6 @@ class RedisServer:
                 args += ["--masterauth", self.password]
                 if self.username:
                     args += ["--masteruser", self.username]
-        # fixed arguments, the binary from PATH
         self.process = self.launch(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         try:
             self._wait_until_it_answers(self.process)
