@@ -96,7 +96,7 @@ def submit(args: argparse.Namespace, session: Session) -> int:
         if args.json:
             render.emit_json({"task_id": task.id})
         else:
-            console.print(f"submitted [bold]{task.id}[/]")
+            render.emit_text(task.id)  # the id alone: `T=$(cairn submit SPEC)` holds it
         return Exit.OK
     shown: list[str] = []
     follow = console.is_terminal and not args.json
