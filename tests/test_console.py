@@ -368,19 +368,38 @@ def test_a_fork_made_on_the_page_starts_a_new_task(
 
 
 def test_a_failed_action_shows_the_line_the_cli_prints(
-    stack: Stack, finished: str, page: tuple[Page, Seen]
+    stack: Stack, waiting: str, page: tuple[Page, Seen]
 ) -> None:
-    """Cancelling a task that ended shows `cairn cancel`'s one line; nothing changes."""
+    """Resuming a task that is not paused shows `cairn resume`'s one line; nothing changes."""
     tab, _ = page
-    tab.goto(f"{stack.url}/tasks/{finished}")
+    tab.goto(f"{stack.url}/tasks/{waiting}")
     live(tab)
-    tab.locator('#task-actions button[data-action="cancel"]').click()
+    tab.locator('#task-actions button[data-action="resume"]').click()
     outcome = tab.locator("#outcome.error")
     expect(outcome).to_have_count(1, timeout=WAIT_S * 1000)
-    done = cairn("cancel", finished, env=stack.env)
+    done = cairn("resume", waiting, env=stack.env)
     assert 2 == done.returncode
     assert done.stderr.strip().removeprefix("cairn: ") == outcome.text_content()
-    assert "succeeded" == stack.status(finished)["status"]
+    assert "waiting_approval" == stack.status(waiting)["status"]
+
+
+def test_an_ended_task_offers_no_pause_resume_or_cancel(
+    stack: Stack, finished: str, waiting: str, page: tuple[Page, Seen]
+) -> None:
+    """A task that ended shows no action its state refuses; one that runs shows all three."""
+    tab, _ = page
+    actions = tab.locator("#task-actions button")
+    tab.goto(f"{stack.url}/tasks/{waiting}")
+    live(tab)
+    for button in actions.all():
+        expect(button).to_be_visible(timeout=WAIT_S * 1000)
+        expect(button).to_be_enabled()
+    tab.goto(f"{stack.url}/tasks/{finished}")
+    live(tab)
+    expect(tab.locator("#summary")).to_contain_text("succeeded", timeout=WAIT_S * 1000)
+    assert 3 == actions.count()
+    for button in actions.all():
+        expect(button).to_be_hidden()
 
 
 # what a task shows, and how -----------------------------------------------------------------
