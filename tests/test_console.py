@@ -405,6 +405,23 @@ def test_an_ended_task_offers_no_pause_resume_or_cancel(
 # what a task shows, and how -----------------------------------------------------------------
 
 
+def test_the_summary_names_the_superstep_running_and_the_last_gc(
+    stack: Stack, page: tuple[Page, Seen]
+) -> None:
+    """Mid-superstep, the task page names the superstep running, and the GC before it."""
+    tab, seen = page
+    task = stack.submit(team_spec(stack.tmp / "summary.ledger", slow=4.0))
+    tab.goto(f"{stack.url}/tasks/{task}")
+    live(tab)
+    summary = tab.locator("#summary")
+    # GC 1 closes superstep 1; superstep 2 (the coder's slow turn) runs for 4 s after it.
+    expect(summary).to_contain_text("latest GC 1 at superstep 1", timeout=WAIT_S * 1000)
+    expect(tab.locator("#superstep")).to_have_text(" running superstep 2")
+    expect(summary).to_contain_text("succeeded", timeout=WAIT_S * 1000)
+    expect(tab.locator("#superstep")).not_to_contain_text("running")
+    assert ([], []) == (seen.dialogs, seen.errors)
+
+
 def test_hostile_task_strings_render_as_text(
     stack: Stack, waiting: str, finished: str, page: tuple[Page, Seen]
 ) -> None:

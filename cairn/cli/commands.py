@@ -102,7 +102,7 @@ def submit(args: argparse.Namespace, session: Session) -> int:
     follow = console.is_terminal and not args.json
 
     def progress(status: TaskStatus) -> None:
-        line = f"{task.id}: {status.state.value}, superstep {status.superstep}"
+        line = f"{task.id}: {status.state.value}, {render.describe_progress(status)}"
         if status.state is TaskState.WAITING_APPROVAL:
             line += f" (decide with `cairn approve|reject {task.id} AGENT`)"
         if follow and shown[-1:] != [line]:

@@ -113,7 +113,8 @@ def _id_column(header: str, ids: Sequence[str]) -> Column:
 def show_status(console: Console, status: JSON) -> None:
     """The task's status line and a table of its agents."""
     status = plain(status)
-    console.print(f"[bold]{status['task_id']}[/]  {styled(status['status'])}  {_where(status)}")
+    head = f"[bold]{status['task_id']}[/]  {styled(status['status'])}"
+    console.print(f"{head}  {describe_progress(status)}")
     table = Table("agent", "status", "step", "tokens", "replayed")
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
@@ -150,16 +151,17 @@ def show_result(console: Console, value: object) -> None:
     console.print(json.dumps(value, indent=2, ensure_ascii=False), markup=False, highlight=False)
 
 
-def _where(status: JSON) -> str:
+def describe_progress(status: object) -> str:
     """Where a task is: the superstep running now, if one is, and the last GC committed.
 
     A GC is committed at its superstep's end, so while one runs both are named.
     """
-    running, gc = status.get("running_superstep"), status["latest_checkpoint"]
-    epoch = status["epoch"]
+    shape = plain(status)
+    running, gc = shape.get("running_superstep"), shape["latest_checkpoint"]
+    epoch, superstep = shape["epoch"], shape["superstep"]
     if running is None:
-        return f"superstep {status['superstep']}  epoch {epoch}  checkpoint {gc}"
-    committed = "none" if gc is None else f"{gc} at superstep {status['superstep']}"
+        return f"superstep {superstep}  epoch {epoch}  checkpoint {gc}"
+    committed = "none" if gc is None else f"{gc} at superstep {superstep}"
     return f"running superstep {running}  epoch {epoch}  (last checkpoint {committed})"
 
 
@@ -352,7 +354,8 @@ def live_view(status: object, live: Mapping[str, LiveReply] | None = None) -> Gr
     An agent whose model is streaming its reply shows the reply's last line so far.
     """
     line = watch_line(status, live)
-    head = Text.from_markup(f"[bold]{line['task_id']}[/]  {styled(line['status'])}  {_where(line)}")
+    where = describe_progress(line)
+    head = Text.from_markup(f"[bold]{line['task_id']}[/]  {styled(line['status'])}  {where}")
     table = Table("agent", "status", "step", "replying", box=None)
     for agent in line["agents"]:
         # The model's text as it is, never markup: rich reads a Text as plain characters.
