@@ -120,10 +120,11 @@ class TaskStatus(View):
 
     task_id: str
     state: TaskState = Field(alias="status")
-    superstep: int
+    superstep: int  # the latest committed GC's
     epoch: int
     latest_checkpoint: int | None
     agents: list[AgentStatus]
+    running_superstep: int | None = None  # the superstep in flight; None between supersteps
     restoring: bool = False  # a restore is running (the task is `running` meanwhile)
     reason: str | None = None
     verify_output: str | None = None
@@ -324,6 +325,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         epoch=store.hot.get_epoch(task),
         latest_checkpoint=None if gc is None else gc.number,
         agents=agents,
+        running_superstep=None if state.ended else int(run.get("superstep") or 0) or None,
         restoring=restoring,
         reason=run.get("reason"),
         verify_output=run.get("verify_output"),

@@ -368,22 +368,58 @@ def test_a_fork_made_on_the_page_starts_a_new_task(
 
 
 def test_a_failed_action_shows_the_line_the_cli_prints(
-    stack: Stack, finished: str, page: tuple[Page, Seen]
+    stack: Stack, waiting: str, page: tuple[Page, Seen]
 ) -> None:
-    """Cancelling a task that ended shows `cairn cancel`'s one line; nothing changes."""
+    """Resuming a task that is not paused shows `cairn resume`'s one line; nothing changes."""
     tab, _ = page
-    tab.goto(f"{stack.url}/tasks/{finished}")
+    tab.goto(f"{stack.url}/tasks/{waiting}")
     live(tab)
-    tab.locator('#task-actions button[data-action="cancel"]').click()
+    tab.locator('#task-actions button[data-action="resume"]').click()
     outcome = tab.locator("#outcome.error")
     expect(outcome).to_have_count(1, timeout=WAIT_S * 1000)
-    done = cairn("cancel", finished, env=stack.env)
+    done = cairn("resume", waiting, env=stack.env)
     assert 2 == done.returncode
     assert done.stderr.strip().removeprefix("cairn: ") == outcome.text_content()
-    assert "succeeded" == stack.status(finished)["status"]
+    assert "waiting_approval" == stack.status(waiting)["status"]
+
+
+def test_an_ended_task_offers_no_pause_resume_or_cancel(
+    stack: Stack, finished: str, waiting: str, page: tuple[Page, Seen]
+) -> None:
+    """A task that ended shows no action its state refuses; one that runs shows all three."""
+    tab, _ = page
+    actions = tab.locator("#task-actions button")
+    tab.goto(f"{stack.url}/tasks/{waiting}")
+    live(tab)
+    for button in actions.all():
+        expect(button).to_be_visible(timeout=WAIT_S * 1000)
+        expect(button).to_be_enabled()
+    tab.goto(f"{stack.url}/tasks/{finished}")
+    live(tab)
+    expect(tab.locator("#summary")).to_contain_text("succeeded", timeout=WAIT_S * 1000)
+    assert 3 == actions.count()
+    for button in actions.all():
+        expect(button).to_be_hidden()
 
 
 # what a task shows, and how -----------------------------------------------------------------
+
+
+def test_the_summary_names_the_superstep_running_and_the_last_gc(
+    stack: Stack, page: tuple[Page, Seen]
+) -> None:
+    """Mid-superstep, the task page names the superstep running, and the GC before it."""
+    tab, seen = page
+    task = stack.submit(team_spec(stack.tmp / "summary.ledger", slow=4.0))
+    tab.goto(f"{stack.url}/tasks/{task}")
+    live(tab)
+    summary = tab.locator("#summary")
+    # GC 1 closes superstep 1; superstep 2 (the coder's slow turn) runs for 4 s after it.
+    expect(summary).to_contain_text("latest GC 1 at superstep 1", timeout=WAIT_S * 1000)
+    expect(tab.locator("#superstep")).to_have_text(" running superstep 2")
+    expect(summary).to_contain_text("succeeded", timeout=WAIT_S * 1000)
+    expect(tab.locator("#superstep")).not_to_contain_text("running")
+    assert ([], []) == (seen.dialogs, seen.errors)
 
 
 def test_hostile_task_strings_render_as_text(

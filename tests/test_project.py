@@ -211,3 +211,9 @@ def test_the_env_file_stays_out_of_git_and_of_the_image_build() -> None:
     """.env, where `make compose-env` puts the secrets, is ignored by git and by docker build."""
     assert ".env" in (ROOT / ".gitignore").read_text().splitlines()
     assert ".env" in (ROOT / ".dockerignore").read_text().splitlines()
+
+
+def test_what_the_readme_tours_write_stays_out_of_git() -> None:
+    """The tours' `task.export("out/")` and `--html timeline.html` leave the clone clean."""
+    ignored = (ROOT / ".gitignore").read_text().splitlines()
+    assert {"/out/", "/timeline.html"} <= set(ignored)

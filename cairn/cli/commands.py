@@ -97,13 +97,13 @@ def submit(args: argparse.Namespace, session: Session) -> int:
         if args.json:
             render.emit_json({"task_id": task.id})
         else:
-            console.print(f"submitted [bold]{task.id}[/]")
+            render.emit_text(task.id)  # the id alone: `T=$(cairn submit SPEC)` holds it
         return Exit.OK
     shown: list[str] = []
     follow = console.is_terminal and not args.json
 
     def progress(status: TaskStatus) -> None:
-        line = f"{task.id}: {status.state.value}, superstep {status.superstep}"
+        line = f"{task.id}: {status.state.value}, {render.describe_progress(status)}"
         if status.state is TaskState.WAITING_APPROVAL:
             line += f" (decide with `cairn approve|reject {task.id} AGENT`)"
         if follow and shown[-1:] != [line]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console, Group
-from rich.table import Table
+from rich.table import Column, Table
 from rich.text import Text
 
 if TYPE_CHECKING:
@@ -38,6 +38,12 @@ STATUS_STYLE = {
 def emit_json(data: object) -> None:
     """Print `data` as JSON on stdout: the stable shape scripts rely on."""
     sys.stdout.write(json.dumps(plain(data), indent=2) + "\n")
+    sys.stdout.flush()
+
+
+def emit_text(line: str) -> None:
+    """Print one line on stdout as it is (a result a script reads: `T=$(cairn submit ...)`)."""
+    sys.stdout.write(line + "\n")
     sys.stdout.flush()
 
 
@@ -96,14 +102,19 @@ def _short(value: object, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "…"
 
 
+def _id_column(header: str, ids: Sequence[str]) -> Column:
+    """A column of names a person copies into the next command: never cut, never split.
+
+    The other columns of a narrow terminal's table fold instead (rich cuts by default).
+    """
+    return Column(header, no_wrap=True, min_width=max([len(header), *map(len, ids)]))
+
+
 def show_status(console: Console, status: JSON) -> None:
     """The task's status line and a table of its agents."""
     status = plain(status)
-    console.print(
-        f"[bold]{status['task_id']}[/]  {styled(status['status'])}  "
-        f"superstep {status['superstep']}  epoch {status['epoch']}  "
-        f"checkpoint {status['latest_checkpoint']}"
-    )
+    head = f"[bold]{status['task_id']}[/]  {styled(status['status'])}"
+    console.print(f"{head}  {describe_progress(status)}")
     table = Table("agent", "status", "step", "tokens", "replayed")
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
@@ -138,6 +149,20 @@ def show_status(console: Console, status: JSON) -> None:
 def show_result(console: Console, value: object) -> None:
     """A task's result, as indented JSON."""
     console.print(json.dumps(value, indent=2, ensure_ascii=False), markup=False, highlight=False)
+
+
+def describe_progress(status: object) -> str:
+    """Where a task is: the superstep running now, if one is, and the last GC committed.
+
+    A GC is committed at its superstep's end, so while one runs both are named.
+    """
+    shape = plain(status)
+    running, gc = shape.get("running_superstep"), shape["latest_checkpoint"]
+    epoch, superstep = shape["epoch"], shape["superstep"]
+    if running is None:
+        return f"superstep {superstep}  epoch {epoch}  checkpoint {gc}"
+    committed = "none" if gc is None else f"{gc} at superstep {superstep}"
+    return f"running superstep {running}  epoch {epoch}  (last checkpoint {committed})"
 
 
 def _spent(usage: JSON) -> str:
@@ -265,8 +290,11 @@ def show_tasks(console: Console, statuses: Sequence[JSON]) -> None:
     if not statuses:
         console.print("no tasks")
         return
-    table = Table("task", "status", "superstep", "epoch", "checkpoint", "agents")
-    for status in plain(statuses):
+    shown = plain(statuses)
+    rest = ("status", "superstep", "epoch", "checkpoint", "agents")
+    ids = [status["task_id"] for status in shown]
+    table = Table(_id_column("task", ids), *(Column(name, overflow="fold") for name in rest))
+    for status in shown:
         table.add_row(
             status["task_id"],
             styled(status["status"]),
@@ -279,21 +307,30 @@ def show_tasks(console: Console, statuses: Sequence[JSON]) -> None:
 
 
 def show_approvals(console: Console, calls: Sequence[JSON]) -> None:
-    """One line per tool call waiting for a person, with the command that decides it."""
+    """Each tool call waiting for a person: the names that decide it, then the call itself.
+
+    The call goes on a line of its own under the task's id, so the three names a decision
+    takes fit whole on one line of an 80-column terminal.
+    """
     if not calls:
         console.print("no tool call waits for a person")
         return
-    table = Table("task", "agent", "call", "tool", "arguments")
-    for call in plain(calls):
+    shown = plain(calls)
+    names = (("task", "task_id"), ("agent", "agent"), ("call", "call"))
+    table = Table(*(_id_column(name, [call[key] for call in shown]) for name, key in names))
+    # The call's line may fold (the id's width is kept as the column's least).
+    table.columns[0].no_wrap, table.columns[0].overflow = False, "fold"
+    for call in shown:
+        table.add_row(call["task_id"], call["agent"], call["call"])
         # Text, not markup: the arguments are the model's, brackets and all.
-        table.add_row(call["task_id"], call["agent"], call["call"], call["tool"],
-                      Text(_short(call["arguments"])))  # fmt: skip
+        table.add_row(Text(f"  {call['tool']} {_short(call['arguments'])}"), end_section=True)
     console.print(table)
     console.print("decide with `cairn approve|reject TASK AGENT CALL`")
 
 
 # `cairn watch` ---------------------------------------------------------------------------
-WATCHED = ("task_id", "status", "superstep", "epoch", "latest_checkpoint", "agents", "reason")
+WATCHED = ("task_id", "status", "superstep", "epoch", "latest_checkpoint", "running_superstep",
+           "agents", "reason")  # fmt: skip
 
 
 LIVE_WIDTH = 100  # characters of a streaming reply's last line `cairn watch` shows
@@ -317,11 +354,8 @@ def live_view(status: object, live: Mapping[str, LiveReply] | None = None) -> Gr
     An agent whose model is streaming its reply shows the reply's last line so far.
     """
     line = watch_line(status, live)
-    head = Text.from_markup(
-        f"[bold]{line['task_id']}[/]  {styled(line['status'])}"
-        f"  superstep {line['superstep']}  epoch {line['epoch']}"
-        f"  checkpoint {line['latest_checkpoint']}"
-    )
+    where = describe_progress(line)
+    head = Text.from_markup(f"[bold]{line['task_id']}[/]  {styled(line['status'])}  {where}")
     table = Table("agent", "status", "step", "replying", box=None)
     for agent in line["agents"]:
         # The model's text as it is, never markup: rich reads a Text as plain characters.

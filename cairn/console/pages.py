@@ -73,9 +73,9 @@ def task_page(csrf: str, task: str) -> str:
     body = f"""<h1>Task <span id="task-id">{t}</span></h1>
 <p id="summary" class="summary"></p>
 <p class="controls" id="task-actions">
-<button type="button" data-action="pause">pause</button>
-<button type="button" data-action="resume">resume</button>
-<button type="button" data-action="cancel">cancel</button></p>
+<button type="button" data-action="pause" hidden>pause</button>
+<button type="button" data-action="resume" hidden>resume</button>
+<button type="button" data-action="cancel" hidden>cancel</button></p>
 <h2>Agents</h2>
 <table id="agents"><thead><tr><th>agent</th><th>status</th><th>step</th><th>tokens</th>
 <th>replayed</th></tr></thead><tbody></tbody></table>

@@ -7,6 +7,7 @@
 "use strict";
 (function () {
   var POLL_MS = 1000;
+  var ENDED = ["succeeded", "failed", "cancelled", "unrecoverable"]; // no action changes these
   var csrf = document.querySelector('meta[name="cairn-csrf"]').getAttribute("content");
   var body = document.body;
   var drawn = {}; // what each part was last drawn from: unchanged data is not redrawn
@@ -190,8 +191,11 @@
 
   // One task ----------------------------------------------------------------------------
   function drawSummary(s) {
-    var parts = [state(s.status), " superstep " + s.superstep, " · epoch ", el("b", { id: "epoch", text: s.epoch }),
-      " · latest GC " + (s.latest_checkpoint === null ? "none" : s.latest_checkpoint),
+    // The latest GC closed the superstep before the one running (if one is): both are named.
+    var running = s.running_superstep !== null && s.running_superstep !== undefined;
+    var gc = s.latest_checkpoint === null ? "none" : s.latest_checkpoint + (running ? " at superstep " + s.superstep : "");
+    var parts = [state(s.status), el("span", { id: "superstep", text: running ? " running superstep " + s.running_superstep : " superstep " + s.superstep }),
+      " · epoch ", el("b", { id: "epoch", text: s.epoch }), " · latest GC " + gc,
       " · " + tokens(s.usage) + " tokens", cost(s.usage) ? " (" + cost(s.usage) + ")" : ""];
     if (s.restoring) parts.push(" · restoring");
     if (s.reason) parts.push(el("span", { className: "reason", text: " · " + s.reason }));
@@ -208,6 +212,12 @@
         el("td", { text: tokens(a.usage.replayed) }));
     }), "no agents yet", 5);
     document.getElementById("verify").textContent = s.verify_output || "(verify has not run, or printed nothing)";
+    // Pause, resume and cancel are offered (they start hidden) only while the task can take them.
+    var ended = ENDED.indexOf(s.status) >= 0;
+    document.querySelectorAll("#task-actions button").forEach(function (button) {
+      button.hidden = ended;
+      button.disabled = ended;
+    });
   }
 
   // What each agent's model has replied so far, while its reply streams (`stream: true`).

@@ -1,0 +1,1 @@
+"""Scripts run from the checkout: `python -m scripts.NAME`."""
