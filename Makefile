@@ -6,6 +6,9 @@ STAMP := $(VENV)/.installed
 # What a target needs from the system (redis-server, chromium, ...): found, installed as
 # root on Debian/Ubuntu, else one line naming what is missing and how to install it.
 SYSTEM_DEPS := scripts/system-deps
+# setuptools warns, in a 10-line box on every editable install, that a folder named like the
+# package may shadow it: true of any checkout, and nothing a user can act on.
+QUIET_EDITABLE := PYTHONWARNINGS='ignore:Editable installation'
 
 .PHONY: install test lint bench demo chaos soak clean system-test system-demo system-bench system-chaos
 
@@ -16,14 +19,14 @@ $(STAMP): pyproject.toml constraints.txt
 	@PYTHON='$(PYTHON)' sh $(SYSTEM_DEPS) venv
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph,mcp,console]'
+	$(QUIET_EDITABLE) $(BIN)/pip install --quiet -c constraints.txt -e '.[test,lint,langgraph,mcp,console]'
 	touch $(STAMP)
 
 # The `bench` extra (DBOS, the peer part's contestant) on top, for `make bench` only. If it
 # cannot be installed (no network), the bench still runs and the peer part says why.
 BENCH_STAMP := $(VENV)/.installed-bench
 $(BENCH_STAMP): $(STAMP)
-	@if $(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'; then touch $(BENCH_STAMP); \
+	@if $(QUIET_EDITABLE) $(BIN)/pip install --quiet -c constraints.txt -e '.[bench]'; then touch $(BENCH_STAMP); \
 	else echo "make: the bench extra (DBOS) did not install; the peer part will say why" >&2; fi
 
 # LangGraph's own tests, which tests/test_langgraph_suite.py runs on CairnSaver: PyPI's wheel
