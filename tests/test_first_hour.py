@@ -1,7 +1,8 @@
-"""A newcomer's first hour, scripted: the README's CLI tour around `cairn up` and `cairn down`.
+"""A newcomer's first hour, scripted: the README's tours around `cairn up` and `cairn down`.
 
-In a fresh directory: `cairn up` in the background, the example team submitted, watched
-to its end, its status and checkpoints read; the terminal running `cairn up` closed
+In a fresh directory: `cairn up` in the background; the README's Python tour and CLI tour
+run as written, read out of README.md (a tour that no longer runs fails here); the example
+team submitted, watched to its end, its status and checkpoints read; the terminal running `cairn up` closed
 (SIGHUP), `cairn up` again, the task still there; `cairn down`. Nothing the test started
 may be left running, by process group or by descent.
 """
@@ -25,6 +26,14 @@ from tests.cli_harness import wait_until
 from tests.test_up import GONE_WITHIN, living
 
 ROOT = Path(__file__).resolve().parents[1]
+
+
+def readme_block(section: str, language: str) -> str:
+    """The first `language` code block under the README's `## section` heading."""
+    text = (ROOT / "README.md").read_text()
+    after = text[text.index(f"## {section}\n") :]
+    start = after.index(f"```{language}\n") + len(f"```{language}\n")
+    return after[start : after.index("```", start)]
 
 
 def descendants(root: int) -> set[int]:
@@ -61,6 +70,19 @@ class Newcomer:
             capture_output=True,
             text=True,
             timeout=60,
+            check=False,
+        )
+
+    def tour(self, argv: list[str], script: str) -> subprocess.CompletedProcess[str]:
+        """Run one of the README's tours, as a user pastes it, with `cairn` on the PATH."""
+        env = {**self.env, "PATH": f"{Path(sys.executable).parent}:{self.env['PATH']}"}
+        return subprocess.run(
+            [*argv, script],
+            cwd=self.path,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=240,
             check=False,
         )
 
@@ -127,6 +149,16 @@ def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:
     done = newcomer.cairn("checkpoints", task, "--json")
     assert 0 == done.returncode, done.stderr
     assert len(json.loads(done.stdout)) >= 2  # GC 0, and one per superstep after it
+    newcomer.note_family(first)
+
+    python_tour = newcomer.tour([sys.executable, "-c"], readme_block("A Python tour", "python"))
+    assert 0 == python_tour.returncode, python_tour.stdout + python_tour.stderr
+    assert "TaskState.SUCCEEDED" in python_tour.stdout
+    assert (newcomer.path / "out" / "words.py").read_text().count("text.split()") == 1
+    cli_tour = newcomer.tour(["bash", "-euo", "pipefail", "-c"], readme_block("A CLI tour", "sh"))
+    assert 0 == cli_tour.returncode, cli_tour.stdout + cli_tour.stderr
+    assert (newcomer.path / "timeline.html").exists()
+    assert "text.split(" in (newcomer.path / "at-gc-1" / "words.py").read_text()
     newcomer.note_family(first)
 
     first.send_signal(signal.SIGHUP)  # its terminal closed
