@@ -67,8 +67,8 @@ class AsyncClient:
     """`Client` for an event loop: every call awaited, run on a worker thread.
 
     Configured as `Client` is (`Unavailable` at once when no Redis is configured,
-    `InvalidSpec` when a setting is invalid). It connects on `async with` or its first call, which raise
-    `Unavailable` when that Redis does not answer.
+    `InvalidSpec` when a setting is invalid). It connects on `async with` or its first
+    call, which raise `Unavailable` when that Redis does not answer.
     """
 
     def __init__(
