@@ -25,8 +25,9 @@ from pydantic.config import ExtraValues
 from cairn.errors import InvalidSpec
 
 Location = tuple[str | int, ...]
-# A list item's `name` shown in its place: one a reader can take for nothing else.
+# An agent's `name` shown in place of its index: one a reader can take for nothing else.
 LABEL = re.compile(r"[A-Za-z0-9_.-]{1,64}")
+NAMED_LISTS = ("agents",)  # lists whose items are told by their name
 UNION = (typing.Union, types.UnionType)
 
 
@@ -108,7 +109,7 @@ def invalid(
 ) -> InvalidSpec:
     """`InvalidSpec` saying, in one line, the first bad field of `what` and what is wrong.
 
-    `data` is what was validated (its list items are named by their `name`), `model` the
+    `data` is what was validated (its agents are told by their `name`), `model` the
     class it was validated as (its field names are offered for an unknown one). The
     error's `field` is the bad field's location.
     """
@@ -125,15 +126,17 @@ def invalid(
 
 
 def describe(field: Location, data: object) -> str:
-    """`field` as a person reads it: `agents[coder].script[0].say` (an item by its name)."""
+    """`field` as a person reads it: `agents[coder].script[0].say` (an agent by its name)."""
     text = ""
     value = data
-    for part in field:
+    for index, part in enumerate(field):
         item = _child(value, part)
-        if isinstance(part, int):
+        if isinstance(part, int) and index and field[index - 1] in NAMED_LISTS:
             name = item.get("name") if isinstance(item, Mapping) else getattr(item, "name", None)
             shown = name if isinstance(name, str) and LABEL.fullmatch(name) else str(part)
             text += f"[{shown}]"
+        elif isinstance(part, int):
+            text += f"[{part}]"
         else:
             text += ("." if text else "") + _printable(part)
         value = item
