@@ -30,8 +30,8 @@ from cairn.coordinator.settings import (
     Settings,
     as_argument,
     display_url,
-    load_settings,
     open_store,
+    read_settings,
 )
 from cairn.coordinator.spec import TaskSpec, load_spec
 from cairn.coordinator.tasks import Tasks
@@ -85,7 +85,7 @@ def configure(
     Raises `InvalidSpec` for an invalid setting.
     """
     if settings is None:
-        return load_settings(given_as=as_argument, redis_url=redis_url, archive_dir=archive_dir)
+        return read_settings({"redis_url": redis_url, "archive_dir": archive_dir}, as_argument)
     if redis_url is None and archive_dir is None:
         return settings
     given = (("redis_url", redis_url), ("archive_dir", archive_dir))

@@ -73,8 +73,8 @@ def fork_task(
 
     `spec`, when given, must name the source's agents (the same names): it sets the new
     task's configuration and limits; otherwise they are the source's. The new task is
-    queued to run. Raises `CheckpointNotFound` for an absent checkpoint, `InvalidSpec` for a spec of another
-    team.
+    queued to run. Raises `CheckpointNotFound` for an absent checkpoint, `InvalidSpec` for
+    a spec of another team.
     """
     gc = committed_gc(store, source, at)
     record = store.read_doc(source, SPEC_DOC, TaskRecord).model_copy(update={"task": new})

@@ -264,12 +264,17 @@ def as_argument(name: str) -> str:
     return f"argument {name}"
 
 
-def load_settings(*, given_as: Callable[[str], str] = as_flag, **overrides: object) -> Settings:
-    """Read the settings from the environment, with `overrides` taking precedence.
+def load_settings(**overrides: object) -> Settings:
+    """Read the settings from the environment, with `overrides` (flags) taking precedence.
 
-    `given_as` names an override in messages (by default as its flag). Raises `InvalidSpec`
-    naming the variable or the override, and the reason, for a value that is not valid.
+    Raises `InvalidSpec` naming the variable or the flag, and the reason, for a value that
+    is not valid.
     """
+    return read_settings(overrides, as_flag)
+
+
+def read_settings(overrides: Mapping[str, object], given_as: Callable[[str], str]) -> Settings:
+    """`load_settings`, naming an override in messages as `given_as` does (`argument x`)."""
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
         settings = Settings(**given)  # type: ignore[arg-type]  # checked here, by pydantic

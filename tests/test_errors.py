@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -28,9 +29,8 @@ agents:
 """
 
 
-def refusal(call: object) -> InvalidSpec:
+def refusal(call: Callable[[], object]) -> InvalidSpec:
     """The `InvalidSpec` that calling `call` raised (and not pydantic's error)."""
-    assert callable(call)
     with pytest.raises(InvalidSpec) as caught:
         call()
     assert not isinstance(caught.value, ValidationError)
@@ -42,7 +42,7 @@ def test_a_bad_field_of_a_public_spec_is_invalid_spec_naming_the_agent() -> None
     """`TaskSpec`, `Team` and `AgentSpec`, built or validated, say the field, the agent, a fix."""
     coder = {"name": "coder", "modle": "scripted"}
     fields = {"name": "t", "goal": "g", "agents": [{"name": "planner", "model": "scripted"}, coder]}
-    built = refusal(lambda: TaskSpec(**fields))  # type: ignore[arg-type]
+    built = refusal(lambda: TaskSpec(**fields))
     assert f"invalid task spec: {TYPO}" == str(built)
     assert ("agents", 1, "modle") == built.field
     assert f"invalid task spec: {TYPO}" == str(refusal(lambda: TaskSpec.model_validate(fields)))
@@ -60,7 +60,7 @@ def test_a_bad_field_of_a_public_spec_is_invalid_spec_naming_the_agent() -> None
 def test_a_field_deep_in_an_agent_is_named_through_the_agent() -> None:
     """A bad value inside an agent is placed by the agent's name, lists by index."""
     agent = {"name": "coder", "model": "scripted", "script": [{"say": "x", "latency": -1}]}
-    error = refusal(lambda: TaskSpec(name="t", goal="g", agents=[agent]))  # type: ignore[list-item]
+    error = refusal(lambda: TaskSpec(name="t", goal="g", agents=[agent]))
     assert (
         "invalid task spec: agents[coder].script[0].latency: Input should be greater than or "
         "equal to 0"
@@ -107,7 +107,7 @@ def test_a_missing_checkpoint_is_checkpoint_not_found(
     """Reading, restoring, forking or comparing a checkpoint a task lacks: `CheckpointNotFound`."""
     with Client(redis_server.url, archive_dir=tmp_path / "archive") as client:
         task = client.submit(Team("Say hi.", [AgentSpec(name="writer", model="scripted")]))
-        calls = {
+        calls: dict[str, Callable[[], object]] = {
             "workspace": lambda: task.workspace(checkpoint=99),
             "checkpoint": lambda: task.checkpoint(99),
             "restore": lambda: task.restore(to=99),

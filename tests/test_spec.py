@@ -67,7 +67,10 @@ def test_a_json_spec_with_inline_files_loads(tmp_path: Path) -> None:
     ("text", "message"),
     [
         ("name: x\ngoal: g\nagents: []\n", "agents: List should have at least 1 item"),
-        ("name: x\ngoal: g\nagents: [{name: a, model: gpt}]\n", r"spec.yaml:3:20: .*agents\[a\]\.model"),
+        (
+            "name: x\ngoal: g\nagents: [{name: a, model: gpt}]\n",
+            r"spec.yaml:3:20: .*agents\[a\]\.model",
+        ),
         (
             "name: x\ngoal: g\nagents: [{name: a, model: scripted}]\nmax_supersteps: 0\n",
             "max_supersteps",
