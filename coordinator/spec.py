@@ -262,7 +262,8 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
             f"{source}:{exc.lineno}:{exc.colno}: task spec is not valid JSON: {exc.msg}"
         ) from None
     except yaml.MarkedYAMLError as exc:
-        mark, problem = exc.problem_mark or exc.context_mark, exc.problem or exc.context
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or str(exc).splitlines()[0]
         at = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else str(source)
         raise InvalidSpec(f"{at}: task spec is not valid YAML: {problem}") from None
     except (ValueError, yaml.YAMLError) as exc:

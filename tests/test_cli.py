@@ -556,7 +556,7 @@ def test_version_and_a_bare_cairn_print_what_they_should(run: Run) -> None:
     assert (0, "") == (code, err)
     assert out.startswith("usage: cairn")
     assert "exit codes:" in out
-    assert "3  Redis is unreachable (worth retrying)" in out
+    assert "3  Redis is unreachable, or none is configured (worth retrying)" in out
 
 
 def test_global_options_are_shown_once_and_taken_anywhere(run: Run) -> None:
