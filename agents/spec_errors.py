@@ -1,12 +1,10 @@
 """Specs a user writes (`Strict`, `UserSpec`), and what is wrong with one, in one line.
 
-Which field, of which agent, and why.
-
 pydantic's `ValidationError` lists every error, locates each by keys and list indexes
 (`agents.1.modle`) and is phrased for programmers. A person is told the first mistake,
-a list's item by its name where it has one (`agents[coder].timeout`), and for a field
-that is not one, the field meant (`unknown field 'modle' (did you mean 'model'?)`); a
-misspelt field is a missing one too, so an unknown field is told first.
+an agent by its name (`agents[coder].timeout`), and for a field that is not one, the
+field meant (`unknown field 'modle' (did you mean 'model'?)`); a misspelt field is a
+missing one too, so an unknown field is told first.
 """
 
 from __future__ import annotations
@@ -99,7 +97,7 @@ class UserSpec(Strict):
         except ValidationError as exc:
             try:  # the document, to name its list items: parsed only when it is refused
                 data: object = json.loads(json_data)
-            except ValueError:
+            except (ValueError, RecursionError):
                 data = None
             raise invalid(exc, cls.described_as, data, cls) from None
 

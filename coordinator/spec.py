@@ -242,7 +242,11 @@ def _check_files(files: dict[str, str], max_file: int) -> None:
 
 
 def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
-    """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong."""
+    """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong.
+
+    And where: the file, and the line and column of a YAML or JSON syntax error, or of a
+    bad field of a YAML file (`task.yaml:12:5: invalid task spec: agents[coder]: ...`).
+    """
     source = Path(path)
     raw = read_bounded(source, MAX_SPEC_BYTES, f"task spec {source}")
     try:
