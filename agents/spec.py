@@ -9,12 +9,11 @@ from __future__ import annotations
 
 import re
 import urllib.parse
-from typing import Literal, TypeVar
+from typing import ClassVar, Literal, TypeVar, cast
 
 import yaml
 from pydantic import (
     BaseModel,
-    ConfigDict,
     Field,
     JsonValue,
     ValidationError,
@@ -25,6 +24,7 @@ from pydantic import (
 from cairn.agents.accounting import MemberBudget, Price
 from cairn.agents.mcp.names import MCP_REF
 from cairn.agents.models.base import MAX_ARGS_BYTES, MAX_REPLY_CHARS, MAX_TOOL_CALLS, json_size
+from cairn.agents.spec_errors import Strict, UserSpec, invalid
 from cairn.agents.userfiles import load_yaml
 from cairn.agents.workspace import (
     FILE_LIMIT,
@@ -84,12 +84,6 @@ RESERVED_HEADERS = frozenset(
 MAX_HEADERS = 32
 MAX_HEADER_CHARS = 4096
 M = TypeVar("M", bound=BaseModel)
-
-
-class Strict(BaseModel):
-    """Base of spec models: unknown fields are mistakes, not extensions."""
-
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
 
 
 class FailSpec(Strict):
@@ -152,13 +146,15 @@ class Turn(Strict):
 
 
 @public
-class AgentSpec(Strict):
+class AgentSpec(UserSpec):
     """One member of the team.
 
     `kind` says what runs its steps: `llm` (the model loop: a turn, then the tools it asked
     for) or the name of an agent written in Python (`cairn.agent`) that its workers load.
+    An invalid one raises `InvalidSpec` ("invalid agent spec: ...").
     """
 
+    described_as: ClassVar[str] = "agent spec"
     name: str
     kind: str = Field(default=LLM_KIND, pattern=KIND_PATTERN)
     system: str = Field(default="", max_length=MAX_PROMPT_CHARS)
@@ -191,6 +187,8 @@ class AgentSpec(Strict):
         if isinstance(data, dict) and "model" not in data:
             if data.get("kind", LLM_KIND) != LLM_KIND:  # code may ask no model: it says so
                 return {**data, "model": NO_MODEL}
+            if set(data) - set(cls.model_fields):  # a misspelt `modle`: the mistake to tell
+                return data
             name = data.get("name")
             # The name is the user's and not yet checked: shown only when it keeps one line.
             shown = name if isinstance(name, str) and name.isprintable() and name else "?"
@@ -355,23 +353,16 @@ class TaskRecord(Record):
 
 
 def parse_model(model: type[M], data: object, what: str) -> M:
-    """Validate `data` as `model`, or raise `InvalidSpec` naming the first bad field."""
+    """Validate `data` as `model`, or raise `InvalidSpec` naming the first bad field of `what`.
+
+    `field` of the error is where the bad field is in `data`.
+    """
     try:
-        return model.model_validate(data)
+        # pydantic's validator itself: a `UserSpec`'s own `model_validate` would name it
+        # by its class, not as `what`.
+        return cast(M, model.__pydantic_validator__.validate_python(data))
     except ValidationError as exc:
-        raise invalid(exc, what) from None
-
-
-def invalid(exc: ValidationError, what: str) -> InvalidSpec:
-    """`InvalidSpec` saying, in one line, the first bad field of `what` and what is wrong."""
-    first = exc.errors()[0]
-    # A key of the user's (a file name) may hold a newline: quote it to keep one line.
-    where = ".".join(_printable(str(p)) for p in first["loc"]) or what
-    return InvalidSpec(f"invalid {what}: {where}: {first['msg']}")
-
-
-def _printable(part: str) -> str:
-    return part if part.isprintable() else repr(part)
+        raise invalid(exc, what, data, model) from None
 
 
 def load_policy(text: str) -> StepPolicy:

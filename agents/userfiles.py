@@ -23,6 +23,9 @@ import yaml
 from cairn.errors import InvalidSpec
 
 MAX_VALUES = 100_000
+# Where each value of a YAML document starts, by its path of keys and list indexes: 1-based
+# line and column (a mapping's entry at its key).
+Marks = dict[tuple[str | int, ...], tuple[int, int]]
 
 
 def read_at_most(path: str | os.PathLike[str], limit: int) -> bytes:
@@ -83,6 +86,31 @@ def load_yaml(text: str) -> object:
         raise yaml.YAMLError("nested too deeply") from None
     finally:
         loader.dispose()
+
+
+def load_yaml_marked(text: str) -> tuple[object, Marks]:
+    """Parse one YAML document as `load_yaml` does, with where each of its values starts."""
+    loader = _BoundedLoader(text)
+    try:
+        node = loader.get_single_node()
+        data = None if node is None else loader.construct_document(node)
+    except RecursionError:
+        raise yaml.YAMLError("nested too deeply") from None
+    finally:
+        loader.dispose()
+    marks: Marks = {}
+    pending: list[tuple[Any, tuple[str | int, ...]]] = [] if node is None else [(node, ())]
+    while pending:
+        current, path = pending.pop()
+        marks.setdefault(path, (current.start_mark.line + 1, current.start_mark.column + 1))
+        if isinstance(current, yaml.MappingNode):
+            for key, value in current.value:
+                if isinstance(key, yaml.ScalarNode):
+                    marks[(*path, key.value)] = (key.start_mark.line + 1, key.start_mark.column + 1)
+                    pending.append((value, (*path, key.value)))
+        elif isinstance(current, yaml.SequenceNode):
+            pending.extend((item, (*path, index)) for index, item in enumerate(current.value))
+    return data, marks
 
 
 def load_json(text: str | bytes) -> object:

@@ -21,9 +21,9 @@ call its thread has begun runs to its end there and its result is dropped: a can
 `restore`, `approve` or `cancel` may still happen (read the status to know). A call still
 queued for a thread of a busy executor does not run.
 
-`AsyncClient(...)` does no I/O but reading its settings (`InvalidSpec` at once, as
-`Client`); it connects on `async with` or its first call, which raise `Unavailable` when
-Redis does not answer.
+`AsyncClient(...)` does no I/O but reading its settings (`InvalidSpec` at once for an
+invalid one, `Unavailable` for none, as `Client`); it connects on `async with` or its
+first call, which raise `Unavailable` when Redis does not answer.
 """
 
 from __future__ import annotations
@@ -66,9 +66,9 @@ R = TypeVar("R")
 class AsyncClient:
     """`Client` for an event loop: every call awaited, run on a worker thread.
 
-    Configured as `Client` is (`InvalidSpec` at once when no Redis is configured or a
-    setting is invalid). It connects on `async with` or its first call, which raise
-    `Unavailable` when that Redis does not answer.
+    Configured as `Client` is (`Unavailable` at once when no Redis is configured,
+    `InvalidSpec` when a setting is invalid). It connects on `async with` or its first
+    call, which raise `Unavailable` when that Redis does not answer.
     """
 
     def __init__(
@@ -239,7 +239,7 @@ class AsyncTask:
         """Put every agent and file back to checkpoint `to` (default: the latest committed).
 
         All or nothing, as `Task.restore`: `RestoreFailed` when no committed checkpoint can
-        be restored, `InvalidSpec` for an absent checkpoint `to`. Cancelled once its thread
+        be restored, `CheckpointNotFound` for an absent checkpoint `to`. Cancelled once its thread
         has begun it, it still runs to its end there.
         """
         return await self._call(Task.restore, to, on_workers=on_workers)
@@ -248,7 +248,8 @@ class AsyncTask:
         """A new task starting from checkpoint `at` (default: the latest committed).
 
         This task is untouched; `spec` may change the same team's configuration. Raises
-        `InvalidSpec` for an absent checkpoint or another team (`Task.fork`).
+        `CheckpointNotFound` for an absent checkpoint, `InvalidSpec` for another team
+        (`Task.fork`).
         """
         forked = await self._call(Task.fork, at, spec)
         return AsyncTask(self.client, forked.id)

@@ -26,7 +26,13 @@ from cairn.connection import client_for, ping
 from cairn.coordinator import export, views
 from cairn.coordinator.diff import Diff, diff
 from cairn.coordinator.restore import Restorer
-from cairn.coordinator.settings import Settings, display_url, load_settings, open_store
+from cairn.coordinator.settings import (
+    Settings,
+    as_argument,
+    display_url,
+    open_store,
+    read_settings,
+)
 from cairn.coordinator.spec import TaskSpec, load_spec
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.timeline import Timeline, gather
@@ -40,7 +46,7 @@ from cairn.coordinator.views import (
     TaskStatus,
     TraceEntry,
 )
-from cairn.errors import InvalidSpec, Timeout, Unavailable, one_line
+from cairn.errors import CheckpointNotFound, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
 from cairn.storage.public import public
@@ -79,11 +85,11 @@ def configure(
     Raises `InvalidSpec` for an invalid setting.
     """
     if settings is None:
-        return load_settings(redis_url=redis_url, archive_dir=archive_dir)
+        return read_settings({"redis_url": redis_url, "archive_dir": archive_dir}, as_argument)
     if redis_url is None and archive_dir is None:
         return settings
     given = (("redis_url", redis_url), ("archive_dir", archive_dir))
-    return settings.model_copy(update={name: value for name, value in given if value is not None})
+    return settings.given({name: value for name, value in given if value is not None}, as_argument)
 
 
 @public
@@ -92,8 +98,9 @@ class Client:
 
     Configured by the arguments, else `CAIRN_REDIS_URL` and `CAIRN_ARCHIVE_DIR` (and the
     other `CAIRN_*` settings), else the Redis a running `cairn up` in the state directory
-    started. Raises `Unavailable` when that Redis does not answer, `InvalidSpec` when no
-    Redis is configured or a setting is invalid.
+    started. Raises `Unavailable` (naming the URL, its password hidden, and where it came
+    from) when that Redis does not answer or none is configured, `InvalidSpec` when a
+    setting is invalid.
     """
 
     def __init__(
@@ -316,11 +323,11 @@ class Task:
         worker need be up. A staging job that fails for another reason, or that no worker
         runs within a minute, is `RestoreFailed` too: the task stays `restoring` and its
         coordinator restores it again, to its latest committed checkpoint. An absent
-        checkpoint `to` is `InvalidSpec`; a damaged one is passed over like any target that
+        checkpoint `to` is `CheckpointNotFound`; a damaged one is passed over like any target that
         cannot be restored whole.
         """
         if to is not None and to not in {g.number for g in self.client._store.list_gcs(self.id)}:
-            raise InvalidSpec(f"task {self.id} has no checkpoint {to}")
+            raise CheckpointNotFound(f"task {self.id} has no checkpoint {to}")
         restorer = Restorer(self.client._redis, self.client._store, workers=on_workers)
         done = restorer.restore(self.id, to)
         return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)
@@ -331,8 +338,8 @@ class Task:
 
         Its agents (histories, inboxes, statuses), workspace and superstep are those of the
         checkpoint; this task is untouched. `spec` may change the team's configuration
-        (models, prompts, limits) but must name the same agents. Raises `InvalidSpec` for an
-        absent checkpoint or another team.
+        (models, prompts, limits) but must name the same agents. Raises `CheckpointNotFound`
+        for an absent checkpoint, `InvalidSpec` for another team.
         """
         parsed = None if spec is None else self.client._priced(_parse(spec, None)[0])
         return Task(self.client, self.client._control.fork(self.id, at, parsed))

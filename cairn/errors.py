@@ -6,10 +6,12 @@ record over), and a step's runtime decides from a step's errors whether to retry
 
 CairnError
 │   a caller's mistakes, and a deployment that cannot serve the call
-├── InvalidSpec          bad input: a spec, a setting, a checkpoint or agent that is not there
+├── InvalidSpec          bad input: a spec, a setting, an agent the task does not have
 ├── InvalidName          a task or agent name that cannot be a key or a path
-├── TaskNotFound         no task of that id is known to Redis or the archive
-├── Unavailable          Redis does not answer (worth retrying)
+├── NotFound             what a call names is not there
+│   ├── TaskNotFound     no task of that id is known to Redis or the archive
+│   └── CheckpointNotFound  the task has no (committed) checkpoint of that number
+├── Unavailable          Redis does not answer, or no Redis is configured (worth retrying)
 ├── Timeout              a wait for a task ran out before the task ended
 ├── RestoreFailed        no committed checkpoint could be restored
 ├── RedisServerError     a private redis-server cannot be found or started
@@ -36,9 +38,13 @@ CairnError
 │   └── Diverged         an agent's code, replayed after a crash, did something else
 └── RefusedJob           a worker was handed a function that is not one of Cairn's jobs
 
-`Unavailable` is also a `ConnectionError`, `Timeout` a `TimeoutError`, `TaskNotFound` and
+`Unavailable` is also a `ConnectionError`, `Timeout` a `TimeoutError`, `NotFound` and
 `RecordNotFound` `LookupError`s, `InvalidSpec` and `InvalidName` `ValueError`s, and
-`ArchiveError` an `OSError`.
+`ArchiveError` an `OSError`. `CheckpointNotFound` is an `InvalidSpec` too: a checkpoint's
+number is input the caller gave, refused as any other.
+
+Every class here says `cairn.errors` as its module, so a traceback names
+`cairn.errors.Timeout`, wherever in Cairn it was raised.
 
 A leaf: it imports nothing of Cairn's, so every layer imports its errors from here.
 """
@@ -50,6 +56,7 @@ __all__ = [
     "ArchiveConflict",
     "ArchiveError",
     "CairnError",
+    "CheckpointNotFound",
     "CommitRefused",
     "CorruptCheckpoint",
     "Diverged",
@@ -62,6 +69,7 @@ __all__ = [
     "ModelError",
     "NoResult",
     "NotCommitted",
+    "NotFound",
     "PatchError",
     "RecordNotFound",
     "RecordTooLarge",
@@ -85,22 +93,37 @@ class CairnError(Exception):
 class InvalidSpec(CairnError, ValueError):
     """Raised when a task or agent spec is invalid; the message names the field and why.
 
-    Also for other bad input: an invalid setting, a checkpoint or agent the task lacks.
+    `field` is where in the spec, as keys and list indexes (`("agents", 1, "modle")`);
+    empty for the spec as a whole and for other bad input: an invalid setting, an agent
+    the task lacks.
     """
+
+    def __init__(self, message: str, *, field: tuple[str | int, ...] = ()) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class InvalidName(CairnError, ValueError):
     """Raised when a task, agent or record name could escape a key or a directory."""
 
 
-class TaskNotFound(CairnError, LookupError):
+class NotFound(CairnError, LookupError):
+    """Raised when what a call names (a task, a checkpoint) is not there."""
+
+
+class TaskNotFound(NotFound):
     """Raised when no task of the id is known, in Redis or in the archive."""
+
+
+class CheckpointNotFound(NotFound, InvalidSpec):
+    """Raised when a task has no checkpoint of the number asked for (or none committed)."""
 
 
 class Unavailable(CairnError, ConnectionError):
     """Raised when Redis does not answer; the message names it (password masked).
 
-    Nothing was done: the same call may succeed once Redis is back.
+    Also when no Redis is configured and no `cairn up` runs in the state directory.
+    Nothing was done: the same call may succeed once Redis is up.
     """
 
 

@@ -79,7 +79,7 @@ class Diff(View):
 def diff(store: CheckpointStore, task_a: str, a: int | None, task_b: str, b: int | None) -> Diff:
     """Compare GC `a` of `task_a` with GC `b` of `task_b` (None: the latest committed).
 
-    Raises `InvalidSpec` for an absent checkpoint.
+    Raises `CheckpointNotFound` for an absent checkpoint.
     """
     gc_a, gc_b = committed_gc(store, task_a, a), committed_gc(store, task_b, b)
     agents = {

@@ -20,8 +20,8 @@ from cairn.storage.store import CheckpointStore
 def workspace_files(store: CheckpointStore, task: str, number: int | None) -> dict[str, bytes]:
     """The files of GC `number` (else the latest committed): path → contents, by path.
 
-    Raises `InvalidSpec` when the checkpoint is absent or names a path that would leave
-    the workspace.
+    Raises `CheckpointNotFound` when the checkpoint is absent, `InvalidSpec` when it names
+    a path that would leave the workspace.
     """
     gc = checkpoint_at(store, task, number)
     manifest = store.read_manifest(task, gc.workspace)

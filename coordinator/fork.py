@@ -27,7 +27,7 @@ from cairn.coordinator.replication import require
 from cairn.coordinator.runs import RunState, TaskState
 from cairn.coordinator.spec import LIMITS_DOC, Limits, TaskSpec
 from cairn.coordinator.spend import inherit
-from cairn.errors import InvalidSpec
+from cairn.errors import CheckpointNotFound, InvalidSpec
 from cairn.storage import keys
 from cairn.storage.chain import WorkingState
 from cairn.storage.keys import SPEC_DOC
@@ -48,16 +48,16 @@ log = get_logger(__name__)
 def committed_gc(store: CheckpointStore, task: str, number: int | None) -> GlobalCheckpoint:
     """GC `number` of `task` (default: the latest committed), hot or archived.
 
-    Raises `InvalidSpec` when the task has no committed checkpoint of that number.
+    Raises `CheckpointNotFound` when the task has no committed checkpoint of that number.
     """
     if number is None:
         latest = store.latest_gc(task)
         if latest is None:
-            raise InvalidSpec(f"task {task} has no committed checkpoint")
+            raise CheckpointNotFound(f"task {task} has no committed checkpoint")
         return latest
     committed = {g.number for g in store.list_gcs(task) if g.status is GCStatus.COMMITTED}
     if number not in committed:
-        raise InvalidSpec(f"task {task} has no committed checkpoint {number}")
+        raise CheckpointNotFound(f"task {task} has no committed checkpoint {number}")
     return store.read_gc(task, number)
 
 
@@ -73,7 +73,8 @@ def fork_task(
 
     `spec`, when given, must name the source's agents (the same names): it sets the new
     task's configuration and limits; otherwise they are the source's. The new task is
-    queued to run. Raises `InvalidSpec` for an absent checkpoint or a spec of another team.
+    queued to run. Raises `CheckpointNotFound` for an absent checkpoint, `InvalidSpec` for
+    a spec of another team.
     """
     gc = committed_gc(store, source, at)
     record = store.read_doc(source, SPEC_DOC, TaskRecord).model_copy(update={"task": new})

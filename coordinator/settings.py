@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Annotated, Literal
@@ -57,7 +57,7 @@ from pydantic import (
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from cairn.coordinator.metrics import MeteredHotStore, MeteredStore
-from cairn.errors import InvalidSpec
+from cairn.errors import InvalidSpec, Unavailable
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore
 from cairn.storage.backends.sentinel import SCHEME as SENTINEL_SCHEME
@@ -101,6 +101,9 @@ class Settings(BaseSettings):
     console_token: SecretStr | None = None
     sandbox: Literal["bwrap", "off"] = "bwrap"  # how a worker runs agents' commands
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
+    # How each setting given explicitly (a flag, an argument) was given, for messages that
+    # name where a value came from; any other came from its CAIRN_* variable, or a default.
+    _origins: dict[str, str] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="before")
     @classmethod
@@ -182,6 +185,16 @@ class Settings(BaseSettings):
         """The process environment when these settings were read (read-only)."""
         return MappingProxyType(self._environ)
 
+    def origin(self, name: str) -> str:
+        """Where setting `name` came from: the flag or argument that gave it, else its variable."""
+        return self._origins.get(name, f"CAIRN_{name.upper()}")
+
+    def given(self, values: Mapping[str, object], given_as: Callable[[str], str]) -> Settings:
+        """These settings with `values` on top, each known as given by `given_as(name)`."""
+        updated = self.model_copy(update=values)
+        updated._origins = {**self._origins, **{name: given_as(name) for name in values}}
+        return updated
+
     def key(self) -> bytes | None:
         """The signing key as the codec takes it."""
         secret = self.signing_key.get_secret_value() if self.signing_key else ""
@@ -190,18 +203,20 @@ class Settings(BaseSettings):
     def redis(self) -> tuple[str, str]:
         """Return the Redis URL to use and where it came from.
 
-        Raises `InvalidSpec` when none is configured and no `cairn up` is running here.
+        Raises `Unavailable` when none is configured and no `cairn up` is running here:
+        the same call succeeds once one is.
         """
         if self.redis_url:
-            return self.redis_url, "CAIRN_REDIS_URL"
+            return self.redis_url, self.origin("redis_url")
         try:
             written = self.url_file.read_text().strip()
         except OSError:
             written = ""
         if written:
             return written, f"{self.url_file}, written by `cairn up`"
-        raise InvalidSpec(
+        raise Unavailable(
             "no Redis configured: set CAIRN_REDIS_URL (or --redis-url), or run `cairn up`"
+            f" (none runs in {self.state_dir})"
         )
 
     def child_env(self, url: str) -> dict[str, str]:
@@ -239,19 +254,37 @@ def _as_variable(value: object) -> str:
     return str(value)
 
 
+def as_flag(name: str) -> str:
+    """The command-line flag that gives setting `name`: `--redis-url`."""
+    return f"--{name.replace('_', '-')}"
+
+
+def as_argument(name: str) -> str:
+    """How a message names setting `name` given to a Python call: `argument redis_url`."""
+    return f"argument {name}"
+
+
 def load_settings(**overrides: object) -> Settings:
     """Read the settings from the environment, with `overrides` (flags) taking precedence.
 
-    Raises `InvalidSpec` naming the variable and the reason for a value that is not valid.
+    Raises `InvalidSpec` naming the variable or the flag, and the reason, for a value that
+    is not valid.
     """
+    return read_settings(overrides, as_flag)
+
+
+def read_settings(overrides: Mapping[str, object], given_as: Callable[[str], str]) -> Settings:
+    """`load_settings`, naming an override in messages as `given_as` does (`argument x`)."""
     given = {name: value for name, value in overrides.items() if value is not None}
     try:
-        return Settings(**given)  # type: ignore[arg-type]  # flags are checked here, by pydantic
+        settings = Settings(**given)  # type: ignore[arg-type]  # checked here, by pydantic
     except ValidationError as exc:
         first = exc.errors()[0]
         field = str(first["loc"][0]) if first["loc"] else "settings"
-        source = f"--{field.replace('_', '-')}" if field in given else f"CAIRN_{field.upper()}"
+        source = given_as(field) if field in given else f"CAIRN_{field.upper()}"
         raise InvalidSpec(f"invalid setting {source}: {first['msg']}") from None
+    settings._origins = {name: given_as(name) for name in given}
+    return settings
 
 
 def open_store(

@@ -7,17 +7,17 @@ limits the coordinator enforces.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, TypeAlias
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, TypeAlias
 
 import yaml
 from pydantic import (
     BaseModel,
     Field,
     JsonValue,
-    ValidationError,
     field_validator,
     model_validator,
 )
@@ -31,12 +31,11 @@ from cairn.agents.spec import (
     AgentSpec,
     CheckpointTriggers,
     StepPolicy,
-    Strict,
     TaskRecord,
-    invalid,
     parse_model,
 )
-from cairn.agents.userfiles import load_json, load_yaml, read_bounded
+from cairn.agents.spec_errors import Strict, UserSpec
+from cairn.agents.userfiles import Marks, load_json, load_yaml_marked, read_bounded
 from cairn.agents.workspace import (
     FILE_LIMIT,
     MAX_FILE_LIMIT,
@@ -75,8 +74,13 @@ class CheckpointPolicy(Strict):
 
 
 @public
-class TaskSpec(Strict):
-    """A task: its goal, its team, its workspace, how it is verified, its limits."""
+class TaskSpec(UserSpec):
+    """A task: its goal, its team, its workspace, how it is verified, its limits.
+
+    An invalid one raises `InvalidSpec` ("invalid task spec: ..."), as `load_spec` does.
+    """
+
+    described_as: ClassVar[str] = "task spec"
 
     name: str = Field(min_length=1, max_length=200)
     goal: str = Field(min_length=1, max_length=MAX_PROMPT_CHARS)
@@ -238,7 +242,11 @@ def _check_files(files: dict[str, str], max_file: int) -> None:
 
 
 def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
-    """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong."""
+    """Read a task spec from a YAML or JSON file, or raise `InvalidSpec` saying what is wrong.
+
+    And where: the file, and the line and column of a YAML or JSON syntax error, or of a
+    bad field of a YAML file (`task.yaml:12:5: invalid task spec: agents[coder]: ...`).
+    """
     source = Path(path)
     raw = read_bounded(source, MAX_SPEC_BYTES, f"task spec {source}")
     try:
@@ -247,15 +255,31 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
         raise InvalidSpec(
             f"task spec {source} is not UTF-8 text (byte {exc.start}: {exc.reason})"
         ) from None
+    marks: Marks = {}
     try:
-        data = load_json(text) if source.suffix == ".json" else load_yaml(text)
+        if source.suffix == ".json":
+            data = load_json(text)
+        else:
+            data, marks = load_yaml_marked(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidSpec(
+            f"{source}:{exc.lineno}:{exc.colno}: task spec is not valid JSON: {exc.msg}"
+        ) from None
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        problem = exc.problem or exc.context or str(exc).splitlines()[0]
+        at = f"{source}:{mark.line + 1}:{mark.column + 1}" if mark else str(source)
+        raise InvalidSpec(f"{at}: task spec is not valid YAML: {problem}") from None
     except (ValueError, yaml.YAMLError) as exc:
         kind = "JSON" if source.suffix == ".json" else "YAML"
         first = str(exc).splitlines()[0]
         raise InvalidSpec(f"task spec {source} is not valid {kind}: {first}") from None
     if not isinstance(data, dict):
         raise InvalidSpec(f"task spec {source} must be a mapping of fields")
-    spec = parse_model(TaskSpec, data, "task spec")
+    try:
+        spec = parse_model(TaskSpec, data, "task spec")
+    except InvalidSpec as exc:
+        raise InvalidSpec(f"{_located(source, marks, exc.field)}: {exc}", field=exc.field) from None
     try:  # a JSON or YAML escape can make a lone surrogate, which no record can store
         spec.model_dump_json()
     except ValueError:
@@ -263,6 +287,15 @@ def load_spec(path: str | os.PathLike[str]) -> TaskSpec:
             f"task spec {source} holds text that is not valid Unicode (a lone surrogate)"
         ) from None
     return spec
+
+
+def _located(source: Path, marks: Marks, field: tuple[str | int, ...]) -> str:
+    """`task.yaml:12:5`: where in the file `field` is (or the nearest value holding it)."""
+    for end in range(len(field), 0, -1):
+        if field[:end] in marks:
+            line, column = marks[field[:end]]
+            return f"{source}:{line}:{column}"
+    return str(source)
 
 
 LIMITS_DOC = "limits"  # the task document holding its `Limits`
@@ -309,13 +342,15 @@ class Team(TaskSpec):
     is a keyword. Validated as a YAML spec is: `InvalidSpec` names the first bad field.
     """
 
+    described_as: ClassVar[str] = "team"
+
     def __init__(
         self, goal: str, agents: Sequence[AgentSpec | CodeAgent | Mapping[str, Any]],
         **fields: Any,  # noqa: ANN401 - `TaskSpec`'s fields, validated as a spec's are
     ) -> None:  # fmt: skip
         members = [a.spec() if isinstance(a, CodeAgent) else a for a in agents]
         name = fields.pop("name", None) or (goal.strip().splitlines() or ["team"])[0][:200]
-        try:
-            super().__init__(name=name, goal=goal, agents=members, **fields)
-        except ValidationError as exc:
-            raise invalid(exc, "team") from None
+        super().__init__(name=name, goal=goal, agents=members, **fields)
+
+    # `Team.model_validate` takes the fields (`name` too) as `TaskSpec.model_validate` does.
+    __init__.__pydantic_base_init__ = True  # type: ignore[attr-defined]

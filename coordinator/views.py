@@ -25,7 +25,7 @@ from cairn.agents.team import team as team_at
 from cairn.coordinator.budgets import held_members
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
-from cairn.errors import CairnError, InvalidSpec, NoResult, TaskNotFound
+from cairn.errors import CairnError, CheckpointNotFound, InvalidSpec, NoResult, TaskNotFound
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.public import public
@@ -359,13 +359,13 @@ def task_result(store: CheckpointStore, task: str, number: int | None = None) ->
     """The task's result at GC `number` (default: the latest committed).
 
     Raises `NoResult` when the task declares none or no agent has given one by then, and
-    `InvalidSpec` for a checkpoint the task has not committed.
+    `CheckpointNotFound` for a checkpoint the task has not committed.
     """
     if store.read_doc(task, SPEC_DOC, TaskRecord).result is None:
         raise NoResult(f"task {task} declares no result")
     gc = checkpoint_at(store, task, number)
     if gc.status is not GCStatus.COMMITTED:
-        raise InvalidSpec(f"task {task} has no committed checkpoint {number}")
+        raise CheckpointNotFound(f"task {task} has no committed checkpoint {number}")
     found = _result_of(store, gc, store.read_lcs_fields(task, gc.members, _Member))
     if found is None:
         at = "" if number is None else f" at checkpoint {number}"
@@ -448,19 +448,19 @@ def team(store: CheckpointStore, task: str) -> list[str]:
 
 
 def latest(store: CheckpointStore, task: str) -> GlobalCheckpoint:
-    """The task's latest committed GC; `InvalidSpec` when it has none."""
+    """The task's latest committed GC; `CheckpointNotFound` when it has none."""
     gc = store.latest_gc(task)
     if gc is None:
-        raise InvalidSpec(f"task {task} has no committed checkpoint")
+        raise CheckpointNotFound(f"task {task} has no committed checkpoint")
     return gc
 
 
 def checkpoint_at(store: CheckpointStore, task: str, number: int | None) -> GlobalCheckpoint:
-    """GC `number` of the task (the latest committed when None); `InvalidSpec` if absent."""
+    """GC `number` of the task (the latest committed when None); `CheckpointNotFound` if absent."""
     if number is None:
         return latest(store, task)
     if number not in {info.number for info in store.list_gcs(task)}:
-        raise InvalidSpec(f"task {task} has no checkpoint {number}")
+        raise CheckpointNotFound(f"task {task} has no checkpoint {number}")
     return store.read_gc(task, number)
 
 
@@ -501,7 +501,7 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
     """One GC in detail: its record, where it lives, each member's step and the files."""
     info = next((i for i in store.list_gcs(task) if i.number == number), None)
     if info is None:
-        raise InvalidSpec(f"task {task} has no checkpoint {number}")
+        raise CheckpointNotFound(f"task {task} has no checkpoint {number}")
     gc = store.read_gc(task, number)
     try:
         steps = {a: o.step for a, o in store.read_lcs_fields(task, gc.members, StepOutputs).items()}

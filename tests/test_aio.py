@@ -31,7 +31,7 @@ from cairn import (
     TaskState,
     TaskStatus,
 )
-from cairn.errors import InvalidSpec, NoResult, TaskNotFound, Unavailable
+from cairn.errors import CheckpointNotFound, InvalidSpec, NoResult, TaskNotFound, Unavailable
 from cairn.testing import LocalCairn
 from cairn.testing.redis_server import free_port
 
@@ -266,7 +266,7 @@ def test_steering_pause_resume_and_budget_awaited(local: LocalCairn) -> None:
 
 # errors and the connection -----------------------------------------------------------------
 def test_the_sync_errors_come_from_the_awaited_calls(local: LocalCairn) -> None:
-    """An unknown task is `TaskNotFound` and an absent checkpoint `InvalidSpec`, awaited.
+    """An unknown task is `TaskNotFound` and an absent checkpoint `CheckpointNotFound`, awaited.
 
     Two first calls at once of a client not yet connected both succeed.
     """
@@ -277,7 +277,7 @@ def test_the_sync_errors_come_from_the_awaited_calls(local: LocalCairn) -> None:
         with pytest.raises(TaskNotFound, match="unknown task 'no-such-task'"):
             await AsyncTask(client, "no-such-task").status()
         task = await client.submit(counter("errors"))
-        with pytest.raises(InvalidSpec, match="no checkpoint 99"):
+        with pytest.raises(CheckpointNotFound, match="no checkpoint 99"):
             await task.restore(to=99)
         fresh = AsyncClient(local.url, settings=local.settings)
         lists = await asyncio.gather(fresh.tasks(), fresh.tasks(), fresh.has_coordinator())
@@ -293,7 +293,7 @@ def test_an_unreachable_redis_is_unavailable_on_connecting(
 ) -> None:
     """`async with` says the Redis does not answer (`Unavailable`), its password hidden.
 
-    Building the client does no I/O; no Redis configured at all is `InvalidSpec` at once,
+    Building the client does no I/O; no Redis configured at all is `Unavailable` at once,
     as for `Client`.
     """
     url = f"redis://:hunter2@127.0.0.1:{free_port()}/0"
@@ -312,7 +312,7 @@ def test_an_unreachable_redis_is_unavailable_on_connecting(
     assert "hunter2" not in str(raised.value)
     monkeypatch.delenv("CAIRN_REDIS_URL", raising=False)
     monkeypatch.setenv("CAIRN_STATE_DIR", str(tmp_path / "state"))
-    with pytest.raises(InvalidSpec, match="no Redis configured"):
+    with pytest.raises(Unavailable, match="no Redis configured"):
         AsyncClient()
 
 

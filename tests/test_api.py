@@ -39,7 +39,14 @@ from cairn import (
     TaskStatus,
     TraceEntry,
 )
-from cairn.errors import CairnError, InvalidSpec, TaskNotFound, Timeout, Unavailable
+from cairn.errors import (
+    CairnError,
+    CheckpointNotFound,
+    InvalidSpec,
+    TaskNotFound,
+    Timeout,
+    Unavailable,
+)
 from cairn.storage.records import TraceRecord
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cli_harness import spawn, stop
@@ -298,7 +305,7 @@ def test_checkpoints_workspace_export_and_trace(
     assert (2, ["PLAN.md", "greet.py"]) == (detail.number, list(detail.files))
     assert set(AGENTS) == {m.name for m in detail.agents}
     assert all(isinstance(m.status, AgentState) for m in detail.agents)
-    with pytest.raises(InvalidSpec, match="no checkpoint 9"):
+    with pytest.raises(CheckpointNotFound, match="no checkpoint 9"):
         task.workspace(checkpoint=9)
 
 

@@ -169,7 +169,8 @@ def test_an_invalid_spec_exits_2_with_one_line(stack: Stack) -> None:
     done = cairn("submit", str(spec), env=stack.env)
     assert 2 == done.returncode
     assert [
-        "cairn: invalid task spec: agents: List should have at least 1 item after validation, not 0"
+        f"cairn: {spec}:3:1: invalid task spec: agents: List should have at least 1 item after "
+        "validation, not 0"
     ] == done.stderr.splitlines()
     missing = cairn("submit", str(stack.tmp / "nowhere.yaml"), env=stack.env)
     assert 2 == missing.returncode
@@ -184,7 +185,8 @@ def test_a_spec_naming_no_model_exits_2_naming_the_agent_and_the_choices(stack: 
     done = cairn("submit", str(spec), env=stack.env)
     assert 2 == done.returncode
     assert [
-        "cairn: invalid task spec: agents.0: Value error, agent writer names no model: give "
+        f"cairn: {spec}:3:10: invalid task spec: agents[writer]: agent writer names no model: "
+        "give "
         "'scripted' or '<provider>:<model name>' (openai:, anthropic:, or a provider a "
         "worker's package adds)"
     ] == done.stderr.splitlines()
@@ -554,7 +556,7 @@ def test_version_and_a_bare_cairn_print_what_they_should(run: Run) -> None:
     assert (0, "") == (code, err)
     assert out.startswith("usage: cairn")
     assert "exit codes:" in out
-    assert "3  Redis is unreachable (worth retrying)" in out
+    assert "3  Redis is unreachable, or none is configured (worth retrying)" in out
 
 
 def test_global_options_are_shown_once_and_taken_anywhere(run: Run) -> None:

@@ -192,7 +192,7 @@ def test_code_that_cannot_run_fails_the_task_naming_the_agent(
 def test_a_kind_needs_a_name_and_an_llm_agent_a_model() -> None:
     """`kind:` is checked at submit; only code may say `model: none`."""
     assert "none" == AgentSpec.model_validate({"name": "a", "kind": "researcher"}).model
-    with pytest.raises(InvalidSpec, match=r"agents\.0\.kind: String should match pattern"):
+    with pytest.raises(InvalidSpec, match=r"agents\[a\]\.kind: String should match pattern"):
         cairn.Team("x", [{"name": "a", "kind": "no spaces", "model": "scripted"}])
     with pytest.raises(InvalidSpec, match="is an llm agent: it needs a model, not none"):
         cairn.Team("x", [{"name": "a", "model": "none"}])

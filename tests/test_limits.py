@@ -203,7 +203,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
             spec_data(
                 agents=[{"name": "a", "model": "scripted", "system": "s" * (MAX_PROMPT_CHARS + 1)}]
             ),
-            "invalid task spec: agents.0.system: "
+            "invalid task spec: agents[a].system: "
             f"String should have at most {MAX_PROMPT_CHARS} characters",
         ),
         (
@@ -216,7 +216,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
                     }
                 ]
             ),
-            "invalid task spec: agents.0.script.0.say: "
+            "invalid task spec: agents[a].script[0].say: "
             f"String should have at most {MAX_REPLY_CHARS} characters",
         ),
         (
@@ -229,7 +229,7 @@ def spec_data(**fields: Any) -> dict[str, Any]:
                     }
                 ]
             ),
-            "invalid task spec: agents.0.script.0.tools: "
+            "invalid task spec: agents[a].script[0].tools: "
             f"List should have at most {MAX_TOOL_CALLS} items after validation, "
             f"not {MAX_TOOL_CALLS + 1}",
         ),
@@ -245,8 +245,8 @@ def spec_data(**fields: Any) -> dict[str, Any]:
                     }
                 ]
             ),
-            "invalid task spec: agents.0.script.0.tools.0.args: "
-            f"Value error, {MAX_ARGS_BYTES + 8} bytes as JSON; at most {MAX_ARGS_BYTES}",
+            "invalid task spec: agents[a].script[0].tools[0].args: "
+            f"{MAX_ARGS_BYTES + 8} bytes as JSON; at most {MAX_ARGS_BYTES}",
         ),
     ],
     ids=["goal", "system", "say", "tool-calls", "tool-args"],
@@ -266,7 +266,7 @@ def test_inline_files_over_the_workspace_limit_are_refused(
     parse_model(TaskSpec, spec_data(files={"a": "12345", "b": "é234"}), "task spec")
     with pytest.raises(InvalidSpec) as caught:
         parse_model(TaskSpec, spec_data(files={"a": "12345", "b": "é2345"}), "task spec")
-    expected = "invalid task spec: task spec: Value error, files: 11 bytes in all; at most 10"
+    expected = "invalid task spec: files: 11 bytes in all; at most 10"
     assert expected == str(caught.value)
 
 

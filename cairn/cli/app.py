@@ -25,15 +25,15 @@ from cairn.errors import (
     CairnError,
     InvalidName,
     InvalidSpec,
+    NotFound,
     RedisServerError,
-    TaskNotFound,
     Timeout,
     Unavailable,
     one_line,
 )
 
 PROCESS_COMMANDS = frozenset({"worker", "coordinator", "up", "demo", "console"})
-BAD_INPUT_ERRORS = (InvalidSpec, InvalidName, TaskNotFound, RedisServerError, ValidationError)
+BAD_INPUT_ERRORS = (InvalidSpec, InvalidName, NotFound, RedisServerError, ValidationError)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

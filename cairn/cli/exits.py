@@ -20,7 +20,7 @@ exit codes:
   0  success
   1  the operation or the task failed
   2  bad input: an invalid spec, an unknown task, bad arguments
-  3  Redis is unreachable (worth retrying)
+  3  Redis is unreachable, or none is configured (worth retrying)
   4  --wait ran out (--timeout) before the task ended; the task runs on
 Every failure is one line on stderr, never a traceback (--log-level debug adds it).
 """

@@ -59,7 +59,7 @@ def run_up(settings: Settings, workers: int, console: Console) -> int:
     try:
         if settings.redis_url:
             url = settings.redis_url
-            ping(url, "CAIRN_REDIS_URL")
+            ping(url, settings.origin("redis_url"))
         else:
             server = RedisServer(
                 state / "redis",
