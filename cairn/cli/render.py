@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -104,7 +105,7 @@ def show_status(console: Console, status: JSON) -> None:
         f"superstep {status['superstep']}  epoch {status['epoch']}  "
         f"checkpoint {status['latest_checkpoint']}"
     )
-    table = Table("agent", "status", "step", "tokens", "replayed")
+    table = Table("agent", "status", "step", "tokens", "replayed", "retries", "last error")
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
         usage = agent.get("usage") or {}
@@ -113,7 +114,8 @@ def show_status(console: Console, status: JSON) -> None:
             name += f" (spawned by {agent['spawned_by']})"
         state = styled(agent["status"]) + (" (held: budget)" if agent.get("held") else "")
         table.add_row(name, state, step, _spent(usage),
-                      _spent(usage.get("replayed") or {}))  # fmt: skip
+                      _spent(usage.get("replayed") or {}), str(agent.get("retries", 0)),
+                      _last_error(agent.get("last_error")))  # fmt: skip
     console.print(table)
     usage = status.get("usage") or {}
     console.print(f"spent: {_spent(usage)}; replayed: {_spent(usage.get('replayed') or {})}")
@@ -133,6 +135,26 @@ def show_status(console: Console, status: JSON) -> None:
         given = status["result"]
         console.print(f"result: given by {given['agent']} in superstep {given['superstep']} "
                       f"(`cairn result {status['task_id']}`)", markup=False)  # fmt: skip
+
+
+def _last_error(last: JSON | None) -> str:
+    """An agent's latest failure: when, which attempt, what (`StepFailure`'s JSON)."""
+    if not last:
+        return ""
+    what = last["error_class"] + ": " if last.get("error_class") else ""
+    return escape(f"{_when(last['at'])} attempt {last['attempt']}: {what}{_short(last['error'], 100)}")
+
+
+def show_failures(console: Console, events: Sequence[JSON]) -> None:
+    """The failed attempts and what the coordinator made of them, oldest first."""
+    table = Table("at", "superstep", "epoch", "agent", "attempt", "what", "error")
+    for event in plain(events):
+        what = event["error_class"] + ": " if event.get("error_class") else ""
+        table.add_row(_when(event["at"]), str(event["superstep"]), str(event["epoch"]),
+                      escape(event["agent"]), str(event["attempt"]),
+                      event["event"].replace("_", " "),
+                      escape(what + _short(event["error"], 120)))  # fmt: skip
+    console.print(table)
 
 
 def show_result(console: Console, value: object) -> None:
