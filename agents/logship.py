@@ -40,7 +40,7 @@ _WHO = f"{socket.gethostname()}:{os.getpid()}"
 
 
 def process_name(role: str = "") -> str:
-    """This process as a log line names it: `worker@host:pid` (or `host:pid`)."""
+    """The name log lines give this process: `worker@host:pid` (or `host:pid`)."""
     return f"{role}@{_WHO}" if role else _WHO
 
 

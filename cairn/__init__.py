@@ -34,10 +34,10 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.aio import AsyncClient, AsyncTask
     from cairn.client import Client, Task
     from cairn.coordinator.diff import Diff
+    from cairn.coordinator.failures import StepFailure
     from cairn.coordinator.runs import TaskState
     from cairn.coordinator.settings import Settings
     from cairn.coordinator.spec import TaskSpec, Team
-    from cairn.coordinator.failures import StepFailure
     from cairn.coordinator.tasklogs import LogLine
     from cairn.coordinator.timeline import Timeline
     from cairn.coordinator.views import (

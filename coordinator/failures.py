@@ -24,7 +24,6 @@ from typing import Annotated, Any, cast
 import redis
 from pydantic import BaseModel, ConfigDict, PlainSerializer, ValidationError
 
-from cairn.errors import one_line
 from cairn.storage import keys
 from cairn.storage.public import public
 from cairn.storage.redact import redact
@@ -65,7 +64,7 @@ class StepFailure(BaseModel):
         return self.model_dump(mode="json")
 
 
-def record_failure(  # noqa: PLR0913 - one event's fields
+def record_failure(
     client: redis.Redis | redis.client.Pipeline,
     task: str,
     agent: str,
@@ -91,7 +90,7 @@ def record_failure(  # noqa: PLR0913 - one event's fields
             "epoch": epoch,
             "attempt": attempt,
             "event": event.value,
-            "error": redact(one_line(error))[:ERROR_CHARS],
+            "error": redact(" ".join(error.split()))[:ERROR_CHARS],
             "error_class": error_class,
             "process": process,
         },

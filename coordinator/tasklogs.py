@@ -87,10 +87,10 @@ def _all(client: redis.Redis, stream: str) -> list[Entry]:
 def _after(client: redis.Redis, stream: str, after: str, wait: float) -> list[Entry]:
     """Entries after `after`: those there now, else (with `wait`) the next to arrive."""
     block = int(min(wait, MAX_WAIT) * 1000) if wait > 0 else None
-    answer = client.xread({stream: after}, count=PAGE, block=block)
-    if not answer:
-        return []
-    return cast(list[Entry], answer[0][1])
+    # RESP2's reply: [[stream, entries]], or None when the wait ran out
+    answer = cast(list[tuple[bytes, list[Entry]]] | None,
+                  client.xread({stream: after}, count=PAGE, block=block))  # fmt: skip
+    return answer[0][1] if answer else []
 
 
 def _lines(entries: list[Entry]) -> list[LogLine]:
@@ -111,7 +111,7 @@ def _line(entry_id: str, fields: dict[str, str]) -> LogLine:
     try:
         at = datetime.fromisoformat(fields.get("at", ""))
     except ValueError:
-        at = datetime.fromtimestamp(int(entry_id.split("-")[0]) / 1000, tz=UTC)
+        at = datetime.fromtimestamp(int(entry_id.split("-", maxsplit=1)[0]) / 1000, tz=UTC)
     try:
         extra = json.loads(fields.get("fields", "{}"))
     except json.JSONDecodeError:

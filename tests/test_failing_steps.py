@@ -18,6 +18,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import pytest
 
@@ -224,6 +225,7 @@ def test_failures_are_bounded_and_a_repeated_write_adds_nothing(stack: Stack) ->
         events = read_failures(redis_client, task)
         assert KEEP == len(events)
         assert 5 == events[0].attempt
-        member = redis_client.zrange(keys.failures(task), -1, -1, withscores=True)[0]
-        redis_client.zadd(keys.failures(task), {member[0]: member[1]})  # a retried write
+        found = redis_client.zrange(keys.failures(task), -1, -1, withscores=True)
+        member, score = cast(list[tuple[bytes, float]], found)[0]
+        redis_client.zadd(keys.failures(task), {member: score})  # a retried write
         assert KEEP == redis_client.zcard(keys.failures(task))

@@ -160,11 +160,11 @@ def trace(args: argparse.Namespace, session: Session) -> int:
     if args.json:
         render.emit_json(task.trace(args.agent))
         return Exit.OK
-    render.show_trace(console, task.trace(args.agent))
+    render.show_trace(console, render.plain(task.trace(args.agent)))
     failures = task.failures(args.agent)
     if failures:  # a step that keeps failing shows here before its task fails
         console.print("failed attempts, retries and rollbacks (newest last):")
-        render.show_failures(console, failures)
+        render.show_failures(console, render.plain(failures))
     return Exit.OK
 
 

@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     from cairn.cli.commands import Session
 
-FOLLOW_WAIT = 1.0  # seconds one read of `--follow` waits for a line; the task's end is looked at between
+FOLLOW_WAIT = 1.0  # seconds one read of `--follow` waits for a line, between looks at the task
 TRAILING_WAIT = 1.0  # seconds `--follow` reads on once the task ended: lines still being shipped
 
 
@@ -35,17 +35,17 @@ def add_parser(cmd: argparse.ArgumentParser) -> None:
 
 def logs(args: argparse.Namespace, session: Session) -> int:
     """Print the task's log lines; with --follow, until it ends (Ctrl-C stops, exit 0)."""
-    task = session.task(args.task)
+    task, console = session.task(args.task), session.console
     try:
-        cursor = _print(args, session.console, task.logs()) or "0-0"
+        cursor = _print(args, console, task.logs()) or "0-0"
         if not args.follow:
             return Exit.OK
         while not task.status().ended:
-            cursor = _print(args, session.console, task.logs(after=cursor, wait=FOLLOW_WAIT)) or cursor
+            cursor = _print(args, console, task.logs(after=cursor, wait=FOLLOW_WAIT)) or cursor
         deadline = time.monotonic() + TRAILING_WAIT
         while time.monotonic() < deadline:
             lines = task.logs(after=cursor, wait=max(0.0, deadline - time.monotonic()))
-            cursor = _print(args, session.console, lines) or cursor
+            cursor = _print(args, console, lines) or cursor
     except KeyboardInterrupt:  # the person is done reading: not a failure
         return Exit.OK
     return Exit.OK

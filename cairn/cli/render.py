@@ -142,7 +142,8 @@ def _last_error(last: JSON | None) -> str:
     if not last:
         return ""
     what = last["error_class"] + ": " if last.get("error_class") else ""
-    return escape(f"{_when(last['at'])} attempt {last['attempt']}: {what}{_short(last['error'], 100)}")
+    said = _short(last["error"], 100)
+    return escape(f"{_when(last['at'])} attempt {last['attempt']}: {what}{said}")
 
 
 def show_failures(console: Console, events: Sequence[JSON]) -> None:

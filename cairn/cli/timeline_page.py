@@ -387,7 +387,8 @@ def _attempts(timeline: Timeline) -> str:
         f'<tr data-agent="{_e(e.agent)}" data-event="{_e(e.event.value)}">'
         f"<td>{_e(e.at.isoformat())}</td><td>{_e(e.agent)}</td><td>{e.superstep}</td>"
         f"<td>{e.epoch}</td><td>{e.attempt}</td><td>{_e(e.event.value.replace('_', ' '))}</td>"
-        f"<td>{_e(e.error_class or '')}</td><td>{_e(e.error)}</td><td>{_e(e.process or '')}</td></tr>"
+        f"<td>{_e(e.error_class or '')}</td><td>{_e(e.error)}</td>"
+        f"<td>{_e(e.process or '')}</td></tr>"
         for e in reversed(timeline.attempts)
     )
     return (
