@@ -95,8 +95,9 @@ class AgentStatus(View):
     spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
     # Why it takes no step: its subtree's budget is reached (coordinator/budgets.py).
     held: str | None = Field(default=None, exclude_if=lambda why: why is None)
-    # Its steps' retries and latest failure, as recorded while they happen (failures.py).
-    retries: int = 0
+    # Its steps' retries and latest failure, as recorded while they happen (failures.py);
+    # left out of the JSON while it has none, as `held` is.
+    retries: int = Field(default=0, exclude_if=lambda retries: retries == 0)
     last_error: StepFailure | None = Field(default=None, exclude_if=lambda last: last is None)
 
 
