@@ -411,12 +411,13 @@ class Task:
     def logs(
         self, agent: str | None = None, *, after: str | None = None, wait: float = 0.0
     ) -> list[LogLine]:
-        """The task's log lines from every worker and coordinator (or one agent's), in time order.
+        """The task's log lines from every worker and coordinator (or one agent's), oldest first.
 
-        `after` (a line's `id`) reads only the lines shipped after it; `wait` waits up to
-        that many seconds (at most 2) for one to arrive when none has. Shipping is best
-        effort: a process whose Redis failed may have lost some, and the stream keeps
-        about the newest 5,000 lines.
+        In the order they reached Redis: time order, to within the moment a process takes
+        to ship a line. `after` (the last line's `id`) reads only the lines shipped after
+        it; `wait` waits up to that many seconds (at most 2) for one to arrive when none
+        has. Shipping is best effort: a process whose Redis failed may have lost some, and
+        the stream keeps about the newest 5,000 lines.
         """
         return read_logs(self.client._redis, self.id, agent, after, wait)
 

@@ -1,8 +1,8 @@
 """A task's log lines from every process, as `cairn logs` and `Task.logs` read them.
 
 Workers and coordinators ship their task-scoped lines into the task's capped stream
-(`cairn.agents.logship`); this reads them back, oldest first, each once: a line a
-retried write stored twice is shown once.
+(`cairn.agents.logship`); this reads them back in the order they arrived, each once: a
+line a retried write stored twice is shown once.
 """
 
 from __future__ import annotations
@@ -51,7 +51,10 @@ def read_logs(
     after: str | None = None,
     wait: float = 0.0,
 ) -> list[LogLine]:
-    """The task's lines (of `agent`, or every one) after line `after`, oldest first.
+    """The task's lines (of `agent`, or every one) after line `after`, as they reached Redis.
+
+    That is time order, to within the moment a process takes to ship a line; the last
+    line's `id` is what to read after next.
 
     With `wait`, a read that finds none new waits up to that many seconds (at most
     `MAX_WAIT`) for the next to arrive.
@@ -60,16 +63,7 @@ def read_logs(
     entries = _after(client, stream, after, wait) if after is not None else _all(client, stream)
     if not entries and after is None and wait > 0:
         entries = _after(client, stream, "0-0", wait)
-    # In time order: processes on several hosts ship at their own pace.
-    lines = sorted(_lines(entries), key=lambda line: line.at)
-    return [line for line in lines if agent is None or line.agent == agent]
-
-
-def newest_id(lines: list[LogLine]) -> str | None:
-    """The id of the line shipped last among `lines` (what to read after), None for none."""
-    if not lines:
-        return None
-    return max((line.id for line in lines), key=lambda i: tuple(int(n) for n in i.split("-")))
+    return [line for line in _lines(entries) if agent is None or line.agent == agent]
 
 
 def _all(client: redis.Redis, stream: str) -> list[Entry]:

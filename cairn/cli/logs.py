@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from cairn.cli import render
 from cairn.cli.exits import Exit
-from cairn.coordinator.tasklogs import LogLine, newest_id
+from cairn.coordinator.tasklogs import LogLine
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -65,7 +65,7 @@ def _print(args: argparse.Namespace, console: Console, lines: list[LogLine]) -> 
         console.print(format_line(line), markup=False, highlight=False, soft_wrap=True)
         if args.verbose and line.exception:
             console.print(line.exception.rstrip(), markup=False, highlight=False, soft_wrap=True)
-    return newest_id(lines)
+    return lines[-1].id if lines else None
 
 
 def format_line(line: LogLine) -> str:
