@@ -345,9 +345,11 @@ def live_view(status: object, live: Mapping[str, LiveReply] | None = None) -> Gr
         f"  superstep {line['superstep']}  epoch {line['epoch']}"
         f"  checkpoint {line['latest_checkpoint']}"
     )
-    table = Table("agent", "status", "step", "replying", box=None)
+    table = Table("agent", "status", "step", "replying", "retries", "last error", box=None)
     for agent in line["agents"]:
         # The model's text as it is, never markup: rich reads a Text as plain characters.
         said = Text(line["live"].get(agent["name"], ""), style="italic")
-        table.add_row(agent["name"], agent["status"], str(agent["step"]), said)
+        failed = Text.from_markup(_last_error(agent.get("last_error")), style="red")
+        table.add_row(agent["name"], agent["status"], str(agent["step"]), said,
+                      str(agent.get("retries", 0)), failed)  # fmt: skip
     return Group(head, table)
