@@ -65,7 +65,7 @@ class StepFailure(BaseModel):
 
 
 def record_failure(
-    client: redis.Redis | redis.client.Pipeline,
+    client: redis.Redis,
     task: str,
     agent: str,
     superstep: int,
@@ -79,7 +79,8 @@ def record_failure(
 ) -> None:
     """Add one event to the task's failures, dropping the oldest past `KEEP`.
 
-    Idempotent: the member is built here, once, so the same write sent again is a no-op.
+    Idempotent: the member is built here, once, so the same write sent again (redis-py's
+    retry of the whole transaction) adds nothing and drops nothing more.
     """
     now = time.time()
     member = json.dumps(
@@ -97,17 +98,10 @@ def record_failure(
         sort_keys=True,
     )
     key = keys.failures(task)
-    if isinstance(client, redis.client.Pipeline):
-        _write(client, key, member, now)
-        return
     with client.pipeline(transaction=True) as pipe:
-        _write(pipe, key, member, now)
+        pipe.zadd(key, {member: int(now * 1000)})
+        pipe.zremrangebyrank(key, 0, -KEEP - 1)
         pipe.execute()
-
-
-def _write(pipe: redis.client.Pipeline, key: str, member: str, now: float) -> None:
-    pipe.zadd(key, {member: int(now * 1000)})
-    pipe.zremrangebyrank(key, 0, -KEEP - 1)
 
 
 def record_quietly(client: redis.Redis, task: str, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - `record_failure`'s
