@@ -34,9 +34,11 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.aio import AsyncClient, AsyncTask
     from cairn.client import Client, Task
     from cairn.coordinator.diff import Diff
+    from cairn.coordinator.failures import StepFailure
     from cairn.coordinator.runs import TaskState
     from cairn.coordinator.settings import Settings
     from cairn.coordinator.spec import TaskSpec, Team
+    from cairn.coordinator.tasklogs import LogLine
     from cairn.coordinator.timeline import Timeline
     from cairn.coordinator.views import (
         AgentStatus,
@@ -85,6 +87,8 @@ _HOMES = {
     "Price": "cairn.agents.accounting",
     "RestoreResult": "cairn.coordinator.views",
     "Settings": "cairn.coordinator.settings",
+    "StepFailure": "cairn.coordinator.failures",
+    "LogLine": "cairn.coordinator.tasklogs",
     "Task": "cairn.client",
     "TaskResult": "cairn.coordinator.views",
     "TaskSpec": "cairn.coordinator.spec",
@@ -117,6 +121,7 @@ __all__ = [
     "Lineage",
     "LiveCall",
     "LiveReply",
+    "LogLine",
     "MemberBudget",
     "Outcome",
     "PendingCall",
@@ -124,6 +129,7 @@ __all__ = [
     "Reply",
     "RestoreResult",
     "Settings",
+    "StepFailure",
     "Task",
     "TaskResult",
     "TaskSpec",

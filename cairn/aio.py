@@ -42,7 +42,9 @@ from cairn.agents.accounting import Budget, MemberBudget
 from cairn.agents.live import LiveReply
 from cairn.client import OUTAGE, WAIT_POLL, Client, M, SpecSource, Task, Waiting, configure
 from cairn.coordinator.diff import Diff
+from cairn.coordinator.failures import StepFailure
 from cairn.coordinator.settings import Settings, display_url
+from cairn.coordinator.tasklogs import LogLine
 from cairn.coordinator.timeline import Timeline
 from cairn.coordinator.views import (
     CheckpointDetail,
@@ -303,6 +305,16 @@ class AsyncTask:
     async def trace(self, agent: str | None = None) -> list[TraceEntry]:
         """What the agents (or one) did, model turn by tool call, in the order it happened."""
         return await self._call(Task.trace, agent)
+
+    async def failures(self, agent: str | None = None) -> list[StepFailure]:
+        """`Task.failures`."""
+        return await self._call(Task.failures, agent)
+
+    async def logs(
+        self, agent: str | None = None, *, after: str | None = None, wait: float = 0.0
+    ) -> list[LogLine]:
+        """`Task.logs`: a `wait` holds a thread while Redis blocks (2 s at most)."""
+        return await self._call(Task.logs, agent, after=after, wait=wait)
 
     async def timeline(self) -> Timeline:
         """Steps, checkpoints, retries and restores, as the HTML timeline draws them."""

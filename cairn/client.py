@@ -25,6 +25,7 @@ from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
 from cairn.coordinator import export, views
 from cairn.coordinator.diff import Diff, diff
+from cairn.coordinator.failures import StepFailure, read_failures
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.settings import (
     Settings,
@@ -34,6 +35,7 @@ from cairn.coordinator.settings import (
     read_settings,
 )
 from cairn.coordinator.spec import TaskSpec, load_spec
+from cairn.coordinator.tasklogs import LogLine, read_logs
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.timeline import Timeline, gather
 from cairn.coordinator.views import (
@@ -401,6 +403,30 @@ class Task:
     def trace(self, agent: str | None = None) -> list[TraceEntry]:
         """What the agents (or one) did, model turn by tool call, in the order it happened."""
         return views.trace(self.client._store, self.id, agent)
+
+    @_redis_errors
+    def failures(self, agent: str | None = None) -> list[StepFailure]:
+        """The failed step attempts of the agents (or one) and what came of them, oldest first.
+
+        Recorded as they happen, so a step that keeps failing shows while it fails: each
+        failed attempt, each retry, rollback and the giving up. The newest few hundred are
+        kept.
+        """
+        return read_failures(self.client._redis, self.id, agent)
+
+    @_redis_errors
+    def logs(
+        self, agent: str | None = None, *, after: str | None = None, wait: float = 0.0
+    ) -> list[LogLine]:
+        """The task's log lines from every worker and coordinator (or one agent's), oldest first.
+
+        In the order they reached Redis: time order, to within the moment a process takes
+        to ship a line. `after` (the last line's `id`) reads only the lines shipped after
+        it; `wait` waits up to that many seconds (at most 2) for one to arrive when none
+        has. Shipping is best effort: a process whose Redis failed may have lost some, and
+        the stream keeps about the newest 5,000 lines.
+        """
+        return read_logs(self.client._redis, self.id, agent, after, wait)
 
     @_redis_errors
     def timeline(self) -> Timeline:

@@ -16,6 +16,7 @@ import threading
 from types import FrameType
 
 from cairn.agents.logs import configure_logging
+from cairn.agents.logship import ship_logs
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import load_settings, open_store
@@ -37,6 +38,7 @@ def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -
         parser.exit(2, f"{parser.prog}: error: {exc}\n")
     configure_logging(settings.log_format, settings.log_level)
     client = connect(url)
+    ship_logs(client, "coordinator")  # `cairn logs TASK` reads a task's lines from Redis
     metrics.serve_coordinator(client, settings.metrics_port)
     store = open_store(settings, client)
     coordinator = kind(

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING
 import redis
 
 from cairn.agents.logs import get_logger
+from cairn.agents.logship import ship_logs
 from cairn.agents.mcp.config import load_mcp_config
 from cairn.agents.sandbox import Sandbox, sandbox_for, use_sandbox
 from cairn.agents.step import ModelFactory, build_model
@@ -71,6 +72,7 @@ def _environment() -> Environment:
     settings = process_settings()
     url, _origin = settings.redis()
     client = connect(url)
+    ship_logs(client, "worker")  # `cairn logs TASK` reads a task's lines from Redis
     store = open_store(settings, client, metered=True)
     serve_worker_metrics(settings)
     models = partial(build_model, environ=settings.environ)

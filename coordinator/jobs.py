@@ -15,9 +15,11 @@ import redis
 
 from cairn.agents.heartbeat import Heartbeat, worker_token
 from cairn.agents.logs import get_logger
+from cairn.agents.logship import process_name
 from cairn.agents.spec import TaskRecord
 from cairn.agents.step import run_step
 from cairn.coordinator.environment import environment
+from cairn.coordinator.failures import FailureEvent, record_quietly
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.verify import JOB as VERIFY_JOB
 from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
@@ -57,6 +59,36 @@ def record_outcome(
     client.hset(keys.outcomes(task, epoch, superstep), agent, value)
 
 
+def report_failure(
+    client: redis.Redis,
+    task: str,
+    agent: str,
+    superstep: int,
+    epoch: int,
+    attempt: int,
+    exc: BaseException,
+) -> None:
+    """Say, as it happens, that an attempt failed: in the task's failures and its log.
+
+    The log line carries the traceback (`cairn logs --verbose`); neither write may change
+    what the step's failure does next.
+    """
+    record_quietly(client, task, agent, superstep, epoch, attempt, FailureEvent.FAILED,
+                   str(exc) or type(exc).__name__, error_class=type(exc).__name__,
+                   process=process_name("worker"))  # fmt: skip
+    log.warning(
+        "step failed",
+        task=task,
+        agent=agent,
+        superstep=superstep,
+        epoch=epoch,
+        attempt=attempt,
+        error=str(exc),
+        error_class=type(exc).__name__,
+        exc_info=exc,
+    )
+
+
 def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) -> str:
     """Run one attempt of one step; return the agent's status after it.
 
@@ -88,9 +120,11 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
     except ModelError as exc:
         kind = "refused" if exc.refused else "retryable" if exc.retryable else "fatal"
         record_outcome(*where, kind, str(exc))
+        report_failure(*where, exc)
         raise
     except (ToolUnreachable, AgentCodeError) as exc:  # another attempt may do better
         record_outcome(*where, "retryable", str(exc))
+        report_failure(*where, exc)
         raise
     except redis.OutOfMemoryError as exc:  # Redis full for now: memory may be freed
         log.warning("step failed: Redis is out of memory", task=task, agent=agent, error=str(exc))
@@ -99,6 +133,7 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
         raise
     except CairnError as exc:
         record_outcome(*where, "fatal", f"{type(exc).__name__}: {exc}")
+        report_failure(*where, exc)
         raise
     return result.status.value
 

@@ -23,6 +23,7 @@ from datetime import datetime
 import redis
 
 from cairn.coordinator import views
+from cairn.coordinator.failures import FailureEvent, StepFailure, read_failures
 from cairn.coordinator.views import JSON
 from cairn.errors import CairnError, TaskNotFound
 from cairn.storage.public import public
@@ -132,6 +133,8 @@ class Timeline:
     # member spawned at run time → who spawned it, in any checkpoint (also ones a restore
     # went back before)
     spawned: dict[str, str] = field(default_factory=dict)
+    # failed attempts, retries, rollbacks, as recorded while they happened (failures.py)
+    attempts: list[StepFailure] = field(default_factory=list)
 
     def cell(self, agent: str, superstep: int) -> StepCell | None:
         """The agent's step in that superstep of the latest checkpoint's history, if any."""
@@ -147,14 +150,21 @@ class Timeline:
 
     @property
     def retries(self) -> int:
-        """How many extra attempts the steps took."""
-        return sum(cell.attempt - 1 for cell in self.steps)
+        """How many extra attempts the steps took: as recorded, or as their checkpoints say.
+
+        The checkpoints know only the retries of steps that went on to commit; the record
+        also knows those of a step still failing, or rolled back.
+        """
+        kept = sum(cell.attempt - 1 for cell in self.steps)
+        recorded = sum(1 for event in self.attempts if event.event is FailureEvent.RETRIED)
+        return max(kept, recorded)
 
     @property
     def failures(self) -> int:
-        """How many steps had an error, plus the aborted checkpoints."""
+        """How many steps had an error, the attempts that failed, and the aborted checkpoints."""
         aborted = sum(1 for mark in self.checkpoints if mark.status == GCStatus.ABORTED.value)
-        return sum(1 for cell in self.steps if cell.errors) + aborted
+        failed = {(e.epoch, e.superstep, e.agent, e.attempt) for e in self.attempts}
+        return sum(1 for cell in self.steps if cell.errors) + len(failed) + aborted
 
 
 class _Pool:
@@ -338,6 +348,7 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
         records=chains.records.items,
         files=files,
         spawned={child: parent for m in checkpoints for child, parent in m.spawned.items()},
+        attempts=read_failures(client, task),
     )
 
 

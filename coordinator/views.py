@@ -23,6 +23,7 @@ from cairn.agents.spec import TaskRecord
 from cairn.agents.team import spawned_by
 from cairn.agents.team import team as team_at
 from cairn.coordinator.budgets import held_members
+from cairn.coordinator.failures import StepFailure, read_failures, troubles
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
 from cairn.errors import CairnError, CheckpointNotFound, InvalidSpec, NoResult, TaskNotFound
@@ -94,6 +95,10 @@ class AgentStatus(View):
     spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
     # Why it takes no step: its subtree's budget is reached (coordinator/budgets.py).
     held: str | None = Field(default=None, exclude_if=lambda why: why is None)
+    # Its steps' retries and latest failure, as recorded while they happen (failures.py);
+    # left out of the JSON while it has none, as `held` is.
+    retries: int = Field(default=0, exclude_if=lambda retries: retries == 0)
+    last_error: StepFailure | None = Field(default=None, exclude_if=lambda last: last is None)
 
 
 @public
@@ -302,6 +307,7 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
         usage = _spending(client, store, task, run, gc, members)
         parents = spawned_by(gc)
         holding = held_members(client, store, task, gc)
+        trouble = troubles(read_failures(client, task))
         agents = [
             AgentStatus(
                 name=agent,
@@ -310,6 +316,8 @@ def task_status(client: redis.Redis, store: CheckpointStore, task: str) -> TaskS
                 usage=usage[agent],
                 spawned_by=parents.get(agent),
                 held=holding.get(agent),
+                retries=trouble[agent][0] if agent in trouble else 0,
+                last_error=trouble[agent][1] if agent in trouble else None,
             )
             for agent in gc.members
         ]

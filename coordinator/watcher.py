@@ -17,9 +17,12 @@ from rq.exceptions import InvalidJobOperation, NoSuchJobError
 from rq.serializers import JSONSerializer
 
 from cairn.agents.barrier import StepOutputs, read_outputs
+from cairn.agents.logship import process_name
 from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.context import Context, log
+from cairn.coordinator.failures import FailureEvent, record_quietly
+from cairn.coordinator.finisher import MAX_ROLLBACKS
 from cairn.coordinator.jobstate import JobState, backoff, step_failure
 from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.runs import Look, StepRun
@@ -141,12 +144,22 @@ class Watcher:
         ctx = self.ctx
         kind, message = failure
         why = f"step of {agent} in superstep {superstep}: {message}"
+        epoch = int(run["epoch"])
+
+        def note(event: FailureEvent) -> None:  # what `status` and the timeline show now
+            record_quietly(ctx.redis, task, agent, superstep, epoch, step.attempt, event,
+                           message, process=process_name("coordinator"))  # fmt: skip
+
         if kind == "refused":  # a rollback would send the same request, unchanged
+            note(FailureEvent.GAVE_UP)
             ctx.finisher.give_up(task, run, why, rollback=False)
             return False
         if kind == "fatal" or step.attempt > self._max_retries(task, agent):
+            last = int(run.get("rollbacks", "0")) >= MAX_ROLLBACKS
+            note(FailureEvent.GAVE_UP if last else FailureEvent.ROLLED_BACK)
             ctx.finisher.give_up(task, run, why)
             return False
+        note(FailureEvent.RETRIED)
         # Fence the failed attempt first: whatever it does from now on is refused.
         ctx.store.hot.begin_attempt(
             task, agent, superstep, step.attempt + 1, epoch=int(run["epoch"])

@@ -151,6 +151,21 @@ def outcomes(task: str, epoch_: int, superstep: int) -> str:
     return f"{task_prefix(task)}outcomes:{epoch_}:{superstep}"
 
 
+def failures(task: str) -> str:
+    """Sorted set, scored by time (ms): the task's failed step attempts and what came of them.
+
+    Each member is one event as JSON (`cairn.coordinator.failures`), the newest few hundred
+    kept: written by workers as attempts fail and by the coordinator as it retries a step
+    or rolls the task back, so they show while the task runs.
+    """
+    return task_prefix(task) + "failures"
+
+
+def logs(task: str) -> str:
+    """Stream, capped: the task's log lines from every process (`cairn.agents.logship`)."""
+    return task_prefix(task) + "logs"
+
+
 def verdict(task: str, epoch_: int, number: int) -> str:
     """String with a TTL: JSON, what the task's verify command said of GC `number`'s files.
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -343,6 +344,36 @@ def test_the_task_page_shows_who_spawned_whom(stack: Stack, page: tuple[Page, Se
         row = tab.locator(f'#agents tr[data-agent="{name}"] td').first
         expect(row).to_have_text(f"{name} (spawned by lead)", timeout=WAIT_S * 1000)
     expect(tab.locator('#agents tr[data-agent="lead"] td').first).to_have_text("lead")
+    assert [] == seen.errors
+
+
+def test_the_task_page_shows_an_agents_retries_and_last_error_while_it_fails(
+    stack: Stack, page: tuple[Page, Seen]
+) -> None:
+    """A model at a closed port: the writer's row counts its retries and shows the error."""
+    tab, seen = page
+    task = stack.submit(TaskSpec.model_validate({
+        "name": "Unreachable", "goal": "Say hello.",
+        "agents": [{"name": "writer", "model": "openai:gpt-test", "timeout": 1,
+                    "base_url": f"http://127.0.0.1:{free_port()}/v1", "max_retries": 20}],
+    }))  # fmt: skip
+    try:
+        tab.goto(f"{stack.url}/tasks/{task}")
+        live(tab)
+        row = tab.locator('#agents tr[data-agent="writer"]')
+        expect(row.locator(".last-error")).to_contain_text(
+            "ModelError: model call failed", timeout=WAIT_S * 1000
+        )
+        expect(row.locator(".last-error")).to_contain_text("ConnectionRefusedError")
+        expect(row.locator(".retries")).not_to_have_text("0", timeout=WAIT_S * 1000)
+        assert "running" == stack.status(task)["status"]
+        tab.click("#timeline-reload")  # the timeline counts the failed attempts too
+        summary = tab.frame_locator("#timeline").locator("#summary")
+        expect(summary).to_contain_text(re.compile(r"[1-9]\d* failures?, [1-9]\d* retr"))
+        expect(tab.frame_locator("#timeline").locator("#attempts")).to_contain_text("retried")
+        tab.screenshot(path=stack.tmp / "console-failing.png", full_page=True)
+    finally:
+        stack.cluster.tasks.cancel(task)
     assert [] == seen.errors
 
 

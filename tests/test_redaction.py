@@ -10,9 +10,11 @@ import base64
 import binascii
 import contextlib
 import dataclasses
+import io
 import subprocess
 import sys
 import textwrap
+import time
 import zlib
 from collections.abc import Iterator
 from pathlib import Path
@@ -20,14 +22,19 @@ from typing import cast
 
 import pytest
 import redis
+import structlog
 import zstandard
 
 from cairn import Client
+from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.logship import ship_logs
 from cairn.agents.models.anthropic import AnthropicModel
 from cairn.agents.models.openai import OpenAIModel
+from cairn.coordinator.failures import FailureEvent, read_failures, record_failure
 from cairn.coordinator.jobs import record_outcome
 from cairn.coordinator.runs import RunState, TaskState, read_run
 from cairn.coordinator.spec import TaskSpec
+from cairn.coordinator.tasklogs import read_logs
 from cairn.errors import ModelError
 from cairn.storage import keys
 from cairn.storage.backends.redis import RedisHotStore
@@ -184,6 +191,29 @@ def test_a_step_failure_is_recorded_redacted(redis_client: redis.Redis) -> None:
     raw = cast(bytes, redis_client.hget(keys.outcomes("t-1", 0, 1), "a"))
     assert LEAK.encode() not in raw
     assert REDACTED.encode() in raw
+
+
+def test_a_failure_event_and_a_shipped_log_line_are_redacted(redis_client: redis.Redis) -> None:
+    """What `status`, `trace` and `cairn logs` show of a failed step holds no secret."""
+    redis_client.delete(keys.failures("t-1"), keys.logs("t-1"))
+    record_failure(redis_client, "t-1", "a", 1, 0, 1, FailureEvent.FAILED,
+                   f"upstream said Bearer {LEAK}", error_class="ModelError")  # fmt: skip
+    [event] = read_failures(redis_client, "t-1")
+    assert f"upstream said Bearer {REDACTED}" == event.error
+    saved = structlog.get_config()
+    try:
+        configure_logging("json", "info", stream=io.StringIO())
+        ship_logs(redis_client, "worker")
+        get_logger("test").warning("step failed", task="t-1", agent="a", error=f"key {LEAK}")
+        deadline = time.monotonic() + 10
+        while not redis_client.xlen(keys.logs("t-1")) and time.monotonic() < deadline:
+            time.sleep(0.02)
+    finally:
+        structlog.configure(**saved)
+    [line] = read_logs(redis_client, "t-1")
+    assert ("a", "step failed") == (line.agent, line.message)
+    assert LEAK not in line.model_dump_json()
+    assert REDACTED in str(line.fields["error"])
 
 
 RQ_LOGS = f"""

@@ -158,7 +158,15 @@ def trace(args: argparse.Namespace, session: Session) -> int:
         else:
             console.print(f"wrote the timeline of {task.id} to {args.html}")
         return Exit.OK
-    return _show(args, console, task.trace(args.agent), render.show_trace)
+    if args.json:
+        render.emit_json(task.trace(args.agent))
+        return Exit.OK
+    render.show_trace(console, render.plain(task.trace(args.agent)))
+    failures = task.failures(args.agent)
+    if failures:  # a step that keeps failing shows here before its task fails
+        console.print("failed attempts, retries and rollbacks (newest last):")
+        render.show_failures(console, render.plain(failures))
+    return Exit.OK
 
 
 def watch(args: argparse.Namespace, session: Session) -> int:

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from cairn.cli import commands
+from cairn.cli import logs as task_logs
 from cairn.cli.exits import EPILOG
 from cairn.coordinator.settings import LOG_FORMATS, LOG_LEVELS
 
@@ -146,6 +147,9 @@ def build_parser() -> Parser:
     cmd.add_argument("task")
     cmd.add_argument("--agent", help="only this agent")
     cmd.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
+    task_logs.add_parser(
+        command("logs", task_logs.logs, "a task's log lines from every process, in time order")
+    )
     command(
         "watch", commands.watch, "follow a task live until it ends (exit 0 if it succeeded)"
     ).add_argument("task")

@@ -25,6 +25,7 @@ from typing import IO
 from rich.console import Console
 
 from cairn.agents.logs import get_logger
+from cairn.agents.logship import ship_logs
 from cairn.client import Client
 from cairn.connection import client_for, ping
 from cairn.coordinator import metrics
@@ -195,6 +196,7 @@ def run_coordinator(settings: Settings, name: str, lease_ms: int) -> int:
     url, origin = settings.redis()
     ping(url, origin)
     connection = client_for(url)
+    ship_logs(connection, "coordinator")  # `cairn logs TASK` reads a task's lines from Redis
     stop = stop_on_signals()
     metrics.serve_coordinator(connection, settings.metrics_port)
     coordinator = Coordinator(

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 from rich.console import Console, Group
+from rich.markup import escape
 from rich.table import Column, Table
 from rich.text import Text
 
@@ -115,7 +116,7 @@ def show_status(console: Console, status: JSON) -> None:
     status = plain(status)
     head = f"[bold]{status['task_id']}[/]  {styled(status['status'])}"
     console.print(f"{head}  {describe_progress(status)}")
-    table = Table("agent", "status", "step", "tokens", "replayed")
+    table = Table("agent", "status", "step", "tokens", "replayed", "retries", "last error")
     for agent in status.get("agents", []):
         step = "" if agent["step"] is None else str(agent["step"])
         usage = agent.get("usage") or {}
@@ -124,7 +125,8 @@ def show_status(console: Console, status: JSON) -> None:
             name += f" (spawned by {agent['spawned_by']})"
         state = styled(agent["status"]) + (" (held: budget)" if agent.get("held") else "")
         table.add_row(name, state, step, _spent(usage),
-                      _spent(usage.get("replayed") or {}))  # fmt: skip
+                      _spent(usage.get("replayed") or {}), str(agent.get("retries", 0)),
+                      _last_error(agent.get("last_error")))  # fmt: skip
     console.print(table)
     usage = status.get("usage") or {}
     console.print(f"spent: {_spent(usage)}; replayed: {_spent(usage.get('replayed') or {})}")
@@ -144,6 +146,27 @@ def show_status(console: Console, status: JSON) -> None:
         given = status["result"]
         console.print(f"result: given by {given['agent']} in superstep {given['superstep']} "
                       f"(`cairn result {status['task_id']}`)", markup=False)  # fmt: skip
+
+
+def _last_error(last: JSON | None) -> str:
+    """An agent's latest failure: when, which attempt, what (`StepFailure`'s JSON)."""
+    if not last:
+        return ""
+    what = last["error_class"] + ": " if last.get("error_class") else ""
+    said = _short(last["error"], 100)
+    return escape(f"{_when(last['at'])} attempt {last['attempt']}: {what}{said}")
+
+
+def show_failures(console: Console, events: Sequence[JSON]) -> None:
+    """The failed attempts and what the coordinator made of them, oldest first."""
+    table = Table("at", "superstep", "epoch", "agent", "attempt", "what", "error")
+    for event in plain(events):
+        what = event["error_class"] + ": " if event.get("error_class") else ""
+        table.add_row(_when(event["at"]), str(event["superstep"]), str(event["epoch"]),
+                      escape(event["agent"]), str(event["attempt"]),
+                      event["event"].replace("_", " "),
+                      escape(what + _short(event["error"], 120)))  # fmt: skip
+    console.print(table)
 
 
 def show_result(console: Console, value: object) -> None:
@@ -356,9 +379,11 @@ def live_view(status: object, live: Mapping[str, LiveReply] | None = None) -> Gr
     line = watch_line(status, live)
     where = describe_progress(line)
     head = Text.from_markup(f"[bold]{line['task_id']}[/]  {styled(line['status'])}  {where}")
-    table = Table("agent", "status", "step", "replying", box=None)
+    table = Table("agent", "status", "step", "replying", "retries", "last error", box=None)
     for agent in line["agents"]:
         # The model's text as it is, never markup: rich reads a Text as plain characters.
         said = Text(line["live"].get(agent["name"], ""), style="italic")
-        table.add_row(agent["name"], agent["status"], str(agent["step"]), said)
+        failed = Text.from_markup(_last_error(agent.get("last_error")), style="red")
+        table.add_row(agent["name"], agent["status"], str(agent["step"]), said,
+                      str(agent.get("retries", 0)), failed)  # fmt: skip
     return Group(head, table)

@@ -379,6 +379,25 @@ def _checkpoints(timeline: Timeline) -> str:
     )
 
 
+def _attempts(timeline: Timeline) -> str:
+    """The failed attempts and what the coordinator made of them, as they were recorded."""
+    if not timeline.attempts:
+        return '<h2>Failed attempts</h2><p id="attempts">no attempt failed</p>'
+    rows = "".join(
+        f'<tr data-agent="{_e(e.agent)}" data-event="{_e(e.event.value)}">'
+        f"<td>{_e(e.at.isoformat())}</td><td>{_e(e.agent)}</td><td>{e.superstep}</td>"
+        f"<td>{e.epoch}</td><td>{e.attempt}</td><td>{_e(e.event.value.replace('_', ' '))}</td>"
+        f"<td>{_e(e.error_class or '')}</td><td>{_e(e.error)}</td>"
+        f"<td>{_e(e.process or '')}</td></tr>"
+        for e in reversed(timeline.attempts)
+    )
+    return (
+        '<h2>Failed attempts</h2><table id="attempts"><tr><th>at</th><th>agent</th>'
+        "<th>superstep</th><th>epoch</th><th>attempt</th><th>what</th><th>class</th>"
+        f"<th>error</th><th>recorded by</th></tr>{rows}</table>"
+    )
+
+
 def _clip(value: object) -> object:
     """A JSON value with each string past TEXT_LIMIT characters cut, saying how much was."""
     if isinstance(value, str) and len(value) > TEXT_LIMIT:
@@ -417,6 +436,8 @@ def _data(timeline: Timeline) -> str:
         "messages": _clip(timeline.messages),
         "records": _clip(timeline.records),
         "files": {sha: asdict(version) for sha, version in timeline.files.items()},
+        "failed": timeline.failures,
+        "retries": timeline.retries,
     }
     text = json.dumps(data, default=str, separators=(",", ":"))
     return text.replace("&", "\\u0026").replace("<", "\\u003c").replace(">", "\\u003e")
@@ -446,6 +467,7 @@ def render(timeline: Timeline) -> str:
 <section id="detail" data-view="none"><p>Click a step for its messages, tool calls and usage;
 click two checkpoints (or pick them above) for what changed between them.</p></section>
 {_grid(timeline)}
+{_attempts(timeline)}
 {_checkpoints(timeline)}
 {_ranked("Slowest steps", timeline.slowest, "no steps")}
 {_ranked("Most failing or retried steps", timeline.troubled, "no step failed or was retried")}

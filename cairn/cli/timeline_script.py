@@ -137,14 +137,15 @@ SCRIPT = """
   }
   function plural(n, one, many) { return n + ' ' + (n === 1 ? one : many || one + 's'); }
 
-  var retries = data.steps.reduce(function (n, s) { return n + s.attempt - 1; }, 0);
-  var failed = data.steps.filter(function (s) { return s.errors.length > 0; }).length;
+  // Counted by the server: failed attempts recorded as they happened count too.
+  var retries = data.retries;
+  var failed = data.failed;
   var undone = data.steps.filter(function (s) { return s.undone; }).length;
   var restores = data.checkpoints.filter(function (m) { return m.restore; }).length;
   document.getElementById('summary').textContent = data.agents.length + ' agents (' +
     data.agents.join(', ') + '), ' + plural(data.steps.length, 'step') + ' (' + undone +
     ' undone by restores), ' + plural(data.checkpoints.length, 'checkpoint') + ', ' +
-    plural(failed, 'failed step') + ', ' + plural(retries, 'retry', 'retries') +
+    plural(failed, 'failure') + ', ' + plural(retries, 'retry', 'retries') +
     ', ' + plural(restores, 'restore');
 
   function messageView(m) {

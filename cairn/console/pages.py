@@ -78,7 +78,7 @@ def task_page(csrf: str, task: str) -> str:
 <button type="button" data-action="cancel" hidden>cancel</button></p>
 <h2>Agents</h2>
 <table id="agents"><thead><tr><th>agent</th><th>status</th><th>step</th><th>tokens</th>
-<th>replayed</th></tr></thead><tbody></tbody></table>
+<th>replayed</th><th>retries</th><th>last error</th></tr></thead><tbody></tbody></table>
 <h2>Replying now</h2>
 <div id="streaming"></div>
 <h2>Waiting for approval</h2>

@@ -209,8 +209,9 @@
       var held = a.held ? el("span", { className: "reason", title: a.held, text: " (held: budget)" }) : "";
       return el("tr", { "data-agent": a.name }, el("td", { text: who }), el("td", {}, state(a.status), held),
         el("td", { text: a.step === null ? "?" : a.step }), el("td", { text: tokens(a.usage) }),
-        el("td", { text: tokens(a.usage.replayed) }));
-    }), "no agents yet", 5);
+        el("td", { text: tokens(a.usage.replayed) }), el("td", { className: "retries", text: a.retries || 0 }),
+        lastError(a.last_error));
+    }), "no agents yet", 7);
     document.getElementById("verify").textContent = s.verify_output || "(verify has not run, or printed nothing)";
     // Pause, resume and cancel are offered (they start hidden) only while the task can take them.
     var ended = ENDED.indexOf(s.status) >= 0;
@@ -218,6 +219,15 @@
       button.hidden = ended;
       button.disabled = ended;
     });
+  }
+
+  // An agent's latest failed attempt, recorded as it happened: when, which, what.
+  function lastError(e) {
+    if (!e) return el("td", { className: "last-error" });
+    var what = (e.error_class ? e.error_class + ": " : "") + e.error;
+    var when = new Date(e.at).toLocaleTimeString();
+    return el("td", { className: "last-error error", title: e.at + " · " + e.event.replace("_", " ") + " · " + (e.process || ""),
+      text: when + " · superstep " + e.superstep + " attempt " + e.attempt + " · " + what });
   }
 
   // What each agent's model has replied so far, while its reply streams (`stream: true`).

@@ -1,0 +1,117 @@
+"""Shipping a process's task-scoped log lines into the task's capped stream in Redis.
+
+Workers and coordinators may run on other hosts than the person asking what a task did:
+`cairn logs TASK` reads the lines of every process from Redis (`keys.logs`). A process
+ships each event that names a task (bound per step, or given) once structlog rendered
+its fields: redacted, its traceback made text.
+
+Best effort, and never in a step's way: an event is put on a bounded in-memory queue
+(dropped when full) and a thread of its own writes queued lines in batches; a Redis that
+fails loses those lines, and nothing else. Each stream keeps about `MAXLEN` lines. Each
+line carries an id of its own: a write redis-py sends again after a lost reply may store
+a line twice, and readers drop the repeat (`cairn.coordinator.tasklogs`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import queue
+import socket
+import threading
+import uuid
+from datetime import UTC, datetime
+
+import redis
+import structlog
+from structlog.typing import EventDict, WrappedLogger
+
+from cairn.errors import CairnError
+from cairn.storage import keys
+
+MAXLEN = 5_000  # lines kept per task (approximately: Redis trims whole stream nodes)
+QUEUED = 10_000  # lines waiting to be shipped, at most; more are dropped
+BATCH = 200  # lines written in one round trip
+# The fields a line shows as such; the others are its "key fields".
+OWN_FIELDS = frozenset({"task", "agent", "timestamp", "level", "event", "exception", "logger"})
+
+_WHO = f"{socket.gethostname()}:{os.getpid()}"
+
+
+def process_name(role: str = "") -> str:
+    """The name log lines give this process: `worker@host:pid` (or `host:pid`)."""
+    return f"{role}@{_WHO}" if role else _WHO
+
+
+class LogShipper:
+    """A structlog processor that queues task-scoped events, and the thread that ships them."""
+
+    def __init__(self, client: redis.Redis, process: str) -> None:
+        self.client, self.process = client, process
+        self.dropped = 0  # lines lost: the queue was full, or Redis refused them
+        self._queue: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue(QUEUED)
+        self._thread = threading.Thread(target=self._ship, name="cairn-log-shipper", daemon=True)
+        self._thread.start()
+
+    def __call__(self, _logger: WrappedLogger, method: str, event: EventDict) -> EventDict:
+        """Queue `event` if it names a task; hand it on unchanged either way."""
+        task = event.get("task")
+        if isinstance(task, str):
+            try:
+                self._queue.put_nowait((task, self._line(method, event)))
+            except queue.Full:
+                self.dropped += 1
+        return event
+
+    def _line(self, method: str, event: EventDict) -> dict[str, str]:
+        """The stream entry of one event: strings only, as Redis keeps them."""
+        extra = {name: value for name, value in event.items() if name not in OWN_FIELDS}
+        stamp = event.get("timestamp")
+        return {
+            "id": uuid.uuid4().hex,
+            "at": stamp if isinstance(stamp, str) else datetime.now(UTC).isoformat(),
+            "level": str(event.get("level", method)),
+            "process": self.process,
+            "agent": str(event.get("agent") or ""),
+            "message": str(event.get("event", "")),
+            "fields": json.dumps(extra, default=str, sort_keys=True),
+            "exception": str(event.get("exception") or ""),
+        }
+
+    def _ship(self) -> None:
+        while True:
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < BATCH:
+                    batch.append(self._queue.get_nowait())
+            try:
+                with self.client.pipeline(transaction=False) as pipe:
+                    for task, line in batch:
+                        try:
+                            stream = keys.logs(task)
+                        except CairnError:  # not a task's name: no stream of its own
+                            self.dropped += 1
+                            continue
+                        pipe.xadd(stream, line, maxlen=MAXLEN, approximate=True)  # type: ignore[arg-type]
+                    pipe.execute()
+            except (redis.RedisError, OSError):  # lost lines, nothing more
+                self.dropped += len(batch)
+
+
+def ship_logs(client: redis.Redis, role: str) -> LogShipper | None:
+    """Ship this process's task-scoped log lines to Redis from now on, as `role`.
+
+    Runs once configured (`configure_logging`): None while structlog is not, and the
+    shipper already installed when called again.
+    """
+    if not structlog.is_configured():
+        return None
+    processors = list(structlog.get_config()["processors"])
+    for processor in processors:
+        if isinstance(processor, LogShipper):
+            return processor
+    shipper = LogShipper(client, process_name(role))
+    processors.insert(len(processors) - 1, shipper)  # the last one renders the event
+    structlog.configure(processors=processors)
+    return shipper

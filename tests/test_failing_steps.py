@@ -1,0 +1,231 @@
+"""A step that keeps failing shows while it fails: in status, trace, timeline and logs.
+
+One private stack serves the module: a redis-server, a `cairn coordinator` and a `cairn
+worker` process. The task's writer asks a model at a closed port: each attempt fails
+within its one-second timeout, the coordinator retries it, rolls the task back, and at
+last fails it. The tests read the task as a person does, with `cairn` processes, while
+it is still retrying.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
+import pytest
+
+from cairn import Client, StepFailure
+from cairn.coordinator.failures import KEEP, FailureEvent, read_failures, record_failure
+from cairn.storage import keys
+from cairn.testing.redis_server import RedisServer, free_port
+from tests.cli_harness import cairn, spawn, stop
+
+ROOT = Path(__file__).resolve().parents[1]
+UNREACHABLE = """
+name: Unreachable
+goal: Say hello.
+agents:
+  - name: writer
+    model: openai:gpt-test
+    base_url: http://127.0.0.1:PORT/v1
+    timeout: 1
+    max_retries: 3
+  - name: helper
+    model: scripted
+    script:
+      - say: done
+"""
+
+
+@dataclass
+class Stack:
+    """The module's private Redis, with a coordinator and a worker process on it."""
+
+    url: str
+    env: dict[str, str]
+    tmp: Path
+
+    def client(self) -> Client:
+        """A client of the stack's Redis and archive."""
+        return Client(redis_url=self.url, archive_dir=self.tmp / "archive")
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """A private redis-server, `cairn coordinator` and `cairn worker` for the module."""
+    tmp = tmp_path_factory.mktemp("failing")
+    server = RedisServer(tmp / "redis", appendonly=True).start()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_REDIS_URL": server.url,
+        "CAIRN_STATE_DIR": str(tmp / "state"),
+        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
+        "CAIRN_CACHE_DIR": str(tmp / "cache"),
+        "CAIRN_LOG_FORMAT": "json",
+    }
+    processes = [
+        spawn(["coordinator", "--name", "failing", "--lease-ms", "1000"], env, tmp / "c.log"),
+        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
+    ]
+    try:
+        yield Stack(server.url, env, tmp)
+    finally:
+        for process in processes:
+            stop(process)
+        server.stop()
+
+
+@pytest.fixture(scope="module")
+def retrying(stack: Stack) -> str:
+    """The task, submitted and seen retrying its writer's step (it has not failed yet)."""
+    spec = stack.tmp / "unreachable.yaml"
+    spec.write_text(UNREACHABLE.replace("PORT", str(free_port())))
+    done = cairn("submit", str(spec), "--json", env=stack.env)
+    assert 0 == done.returncode, done.stderr
+    task: str = json.loads(done.stdout)["task_id"]
+    with stack.client() as client:
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            status = client.task(task).status()
+            writer = next((a for a in status.agents if a.name == "writer"), None)
+            if writer is not None and writer.retries >= 1:
+                assert not status.ended, status
+                return task
+            time.sleep(0.1)
+    raise AssertionError(f"task {task} never retried: {status}")
+
+
+def test_status_shows_an_agents_retries_and_last_error_while_it_retries(
+    stack: Stack, retrying: str
+) -> None:
+    """`cairn status` (table and JSON) names the retries and the last error, with its time."""
+    shown = cairn("status", retrying, env={**stack.env, "COLUMNS": "250"})
+    assert 0 == shown.returncode, shown.stderr
+    assert "running" in shown.stdout
+    row = next(line for line in shown.stdout.splitlines() if "writer" in line)
+    assert "ModelError: model call failed" in row, shown.stdout
+    assert "ConnectionRefusedError" in row, shown.stdout
+    assert re.search(r"\d\d-\d\d \d\d:\d\d:\d\d", shown.stdout), shown.stdout
+    assert re.search(r"│\s+[1-9]\d*\s+│", row), row  # the retries column
+    data = json.loads(cairn("status", retrying, "--json", env=stack.env).stdout)
+    assert "running" == data["status"]
+    writer = next(a for a in data["agents"] if a["name"] == "writer")
+    assert writer["retries"] >= 1
+    last = writer["last_error"]
+    assert "writer" == last["agent"]
+    assert "ConnectionRefusedError" in last["error"]
+    assert last["at"].endswith("+00:00")
+    helper = next(a for a in data["agents"] if a["name"] == "helper")
+    assert "retries" not in helper  # none: left out, as `held` is
+    assert "last_error" not in helper
+
+
+def test_trace_and_timeline_show_the_failed_attempts_while_they_happen(
+    stack: Stack, retrying: str
+) -> None:
+    """`cairn trace` lists the failed attempts; the timeline's summary counts them."""
+    shown = cairn("trace", retrying, env={**stack.env, "COLUMNS": "250"})
+    assert 0 == shown.returncode, shown.stderr
+    assert "failed attempts, retries and rollbacks" in shown.stdout
+    assert "ModelError" in shown.stdout
+    assert "retried" in shown.stdout
+    page = stack.tmp / "timeline.html"
+    drawn = cairn("trace", retrying, "--html", str(page), env=stack.env)
+    assert 0 == drawn.returncode, drawn.stderr
+    html = page.read_text()
+    assert '<table id="attempts">' in html
+    data = json.loads(html.split('id="cairn-data">')[1].split("</script>")[0])
+    assert data["failed"] >= 1
+    assert data["retries"] >= 1
+    with stack.client() as client:
+        timeline = client.task(retrying).timeline()
+    assert timeline.retries >= 1
+    assert any(e.event is FailureEvent.FAILED for e in timeline.attempts)
+
+
+def test_logs_print_the_workers_lines_one_each_tracebacks_only_when_verbose(
+    stack: Stack, retrying: str
+) -> None:
+    """`cairn logs` prints the worker's failure, no traceback; `--verbose` adds it."""
+    shown = cairn("logs", retrying, env=stack.env)
+    assert 0 == shown.returncode, shown.stderr
+    failed = [line for line in shown.stdout.splitlines() if " step failed " in line]
+    assert failed, shown.stdout
+    assert re.match(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}\+00:00 worker@\S+ writer WARNING ",
+                    failed[0]), failed[0]  # fmt: skip
+    assert "error_class=ModelError" in failed[0]
+    assert "Traceback" not in shown.stdout
+    assert any("coordinator@" in line and "step retried" in line
+               for line in shown.stdout.splitlines())  # fmt: skip
+    verbose = cairn("logs", retrying, "--verbose", env=stack.env)
+    assert "Traceback (most recent call last)" in verbose.stdout
+    helper = cairn("logs", retrying, "--agent", "helper", env=stack.env)
+    assert 0 == helper.returncode, helper.stderr
+    assert "step failed" not in helper.stdout
+    writer = cairn("logs", retrying, "--agent", "writer", "--json", env=stack.env)
+    lines = [json.loads(line) for line in writer.stdout.splitlines()]
+    assert lines
+    assert {"writer"} == {line["agent"] for line in lines}
+    assert all("exception" not in line for line in lines)
+
+
+def test_logs_follow_ends_when_the_task_ends(stack: Stack, retrying: str) -> None:
+    """`cairn logs --follow` prints lines as they come and exits 0 once the task has ended."""
+    follow = subprocess.Popen(
+        [sys.executable, "-m", "cairn.cli", "logs", retrying, "--follow"],
+        env=stack.env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        out, err = follow.communicate(timeout=120)
+    finally:
+        if follow.poll() is None:
+            follow.kill()
+    assert 0 == follow.returncode, err
+    with stack.client() as client:
+        status = client.task(retrying).status()
+        assert "failed" == status.state.value
+        events = client.task(retrying).failures("writer")
+    assert "task ended" in out
+    assert "rollbacks did not help" in (status.reason or "")
+    assert FailureEvent.GAVE_UP == events[-1].event
+    assert {FailureEvent.FAILED, FailureEvent.RETRIED, FailureEvent.ROLLED_BACK} <= {
+        e.event for e in events
+    }
+    assert all(isinstance(e, StepFailure) for e in events)
+
+
+def test_an_unknown_task_has_no_logs(stack: Stack) -> None:
+    """`cairn logs` of a task Cairn does not know: exit 2, one line."""
+    done = cairn("logs", "no-such-task", env=stack.env)
+    assert done.returncode != 0
+    assert 1 == len(done.stderr.splitlines()), done.stderr
+    assert "Traceback" not in done.stderr
+
+
+def test_failures_are_bounded_and_a_repeated_write_adds_nothing(stack: Stack) -> None:
+    """At most `KEEP` events are kept, the newest; the same event written twice is kept once."""
+    with stack.client() as client:
+        redis_client = client._redis
+        task = "bounded"
+        redis_client.delete(keys.failures(task))
+        for attempt in range(KEEP + 5):
+            record_failure(redis_client, task, "a", 1, 1, attempt, FailureEvent.FAILED, "boom")
+        events = read_failures(redis_client, task)
+        assert KEEP == len(events)
+        assert 5 == events[0].attempt
+        found = redis_client.zrange(keys.failures(task), -1, -1, withscores=True)
+        member, score = cast(list[tuple[bytes, float]], found)[0]
+        redis_client.zadd(keys.failures(task), {member: score})  # a retried write
+        assert KEEP == redis_client.zcard(keys.failures(task))
