@@ -2,9 +2,9 @@
 
 In a fresh directory: `cairn up` in the background; the README's Python tour and CLI tour
 run as written, read out of README.md (a tour that no longer runs fails here); the example
-team submitted, watched to its end, its status and checkpoints read; the terminal running `cairn up` closed
-(SIGHUP), `cairn up` again, the task still there; `cairn down`. Nothing the test started
-may be left running, by process group or by descent.
+team submitted, watched to its end, its status and checkpoints read; the terminal running
+`cairn up` closed (SIGHUP), `cairn up` again, the task still there; `cairn down`.
+Nothing the test started may be left running, by process group or by descent.
 """
 
 from __future__ import annotations

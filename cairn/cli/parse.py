@@ -143,10 +143,7 @@ def build_parser() -> Parser:
         command("diff", commands.diff, "compare two checkpoints: TASK A B, or TASK@A OTHER@B"),
         command("budget", commands.budget, "set a task's budget (then `resume` a paused task)"),
     )
-    cmd = command("trace", commands.trace, "what the agents did, step by step")
-    cmd.add_argument("task")
-    cmd.add_argument("--agent", help="only this agent")
-    cmd.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
+    _trace_options(command("trace", commands.trace, "what the agents did, step by step"))
     task_logs.add_parser(
         command("logs", task_logs.logs, "a task's log lines from every process, in time order")
     )
@@ -188,6 +185,13 @@ def build_parser() -> Parser:
     cmd = command("down", commands.down, "stop the `cairn up` of this directory", json=False)
     cmd.add_argument("--dir", type=Path, help="the directory `cairn up` runs in (default: here)")
     return parser
+
+
+def _trace_options(trace: argparse.ArgumentParser) -> None:
+    """What `cairn trace` shows: one agent's calls, or an HTML timeline of all of them."""
+    trace.add_argument("task")
+    trace.add_argument("--agent", help="only this agent")
+    trace.add_argument("--html", type=Path, help="write a self-contained HTML timeline here")
 
 
 def _lineage_options(
