@@ -20,6 +20,7 @@ from cairn.agents.barrier import StepOutputs, read_outputs
 from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.context import Context, log
+from cairn.coordinator.finisher import SAME_WORKERS
 from cairn.coordinator.jobstate import JobState, backoff, step_failure
 from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.runs import Look, StepRun
@@ -143,6 +144,9 @@ class Watcher:
         why = f"step of {agent} in superstep {superstep}: {message}"
         if kind == "refused":  # a rollback would send the same request, unchanged
             ctx.finisher.give_up(task, run, why, rollback=False)
+            return False
+        if kind == "missing":  # the agent names what a worker lacks: no retry, no rollback
+            ctx.finisher.give_up(task, run, why, rollback=False, unhelped=SAME_WORKERS)
             return False
         if kind == "fatal" or step.attempt > self._max_retries(task, agent):
             ctx.finisher.give_up(task, run, why)
