@@ -18,6 +18,7 @@ from __future__ import annotations
 import difflib
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import redis
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -31,6 +32,7 @@ from cairn.storage import keys
 
 OFFER_TTL = 30  # seconds an offer outlives its worker's last beat (beats come every 5 to 10 s)
 MAX_PROBLEMS = 5  # what one refusal names
+MAX_LISTED = 12  # names of what the workers have, listed when none is close
 
 
 class Offer(BaseModel):
@@ -66,8 +68,8 @@ def withdraw(client: redis.Redis | Pipeline, name: str) -> None:
 
 def live_offers(client: redis.Redis) -> list[Offer]:
     """The offers of the live workers; names whose offer expired are dropped from the index."""
-    names = sorted(n.decode() if isinstance(n, bytes) else str(n)
-                   for n in client.smembers(keys.WORKERS))  # type: ignore[union-attr]  # fmt: skip
+    members = cast("set[bytes]", client.smembers(keys.WORKERS))
+    names = sorted(member.decode() for member in members)
     if not names:
         return []
     with client.pipeline(transaction=False) as batch:
@@ -161,5 +163,5 @@ def _problem(agent: str, need: Need, offers: Sequence[Offer]) -> str:
 def _listed(names: list[str]) -> str:
     if not names:
         return "none"
-    shown = ", ".join(names[:12])
-    return shown + (f", … ({len(names)} in all)" if len(names) > 12 else "")
+    shown = ", ".join(names[:MAX_LISTED])
+    return shown + (f", … ({len(names)} in all)" if len(names) > MAX_LISTED else "")

@@ -87,7 +87,7 @@ def agent_tools(
 
 
 def _guesses(missing: list[str], registry: ToolRegistry) -> str:
-    """" (did you mean 'write_file'?)" for the missing names spelled like a tool the worker has."""
+    """What the missing names were likely meant to be: " (did you mean 'write_file'?)", or ""."""
     meant = [
         repr(close[0])
         for shown in missing
