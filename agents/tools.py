@@ -351,7 +351,8 @@ SPAWN_PARAMETERS: dict[str, JsonValue] = {
                   "description": "its tools, some of yours (default: yours but spawn_agent)"},
     },
     "required": ["name", "goal"],
-    "additionalProperties": False,
+    # Open: a scripted member's spawn takes its `script` too (`cairn.agents.spawn`), which
+    # a model is not offered.
 }  # fmt: skip
 
 

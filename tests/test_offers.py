@@ -33,24 +33,13 @@ TYPO = {
 }  # fmt: skip
 
 
-def wait_for_offers(cluster: Cluster, count: int = 1, timeout: float = 30) -> list[Offer]:
-    """The live workers' offers, once `count` of them are in Redis."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        offers = live_offers(cluster.client)
-        if len(offers) == count:
-            return offers
-        time.sleep(0.05)
-    raise AssertionError(f"{count} offers never appeared: {live_offers(cluster.client)}")
-
-
 # what a worker says it has -----------------------------------------------------------------
 def test_a_worker_says_what_it_has_while_it_lives_and_withdraws_it_as_it_stops(
     cluster: Cluster,
 ) -> None:
     """Its offer names its tools and providers, carries a TTL, and is gone after SIGTERM."""
     worker = cluster.start_worker()
-    (offer,) = wait_for_offers(cluster)
+    (offer,) = cluster.wait_for_offers()
     assert f"{socket.gethostname()}:{worker.pid}" == offer.worker
     assert set(TOOLS) <= set(offer.tools)
     assert {"scripted", "openai", "anthropic"} <= set(offer.providers)
@@ -79,7 +68,7 @@ def test_cairn_submit_refuses_a_tool_no_live_worker_has_in_one_line(
 ) -> None:
     """`cairn submit` with `write_fle`: exit 2, one line naming agent, tool and the fix."""
     cluster.start_worker()
-    wait_for_offers(cluster)
+    cluster.wait_for_offers()
     spec = tmp_path / "typo.yaml"
     spec.write_text(yaml.safe_dump(TYPO))
     done = cairn("submit", str(spec), env=cluster._env("cli"))
@@ -95,7 +84,7 @@ def test_cairn_submit_refuses_a_tool_no_live_worker_has_in_one_line(
 def test_client_submit_and_fork_refuse_what_every_live_worker_lacks(cluster: Cluster) -> None:
     """A kind, a model provider and an MCP server no worker has: `InvalidSpec` naming each."""
     cluster.start_worker()
-    wait_for_offers(cluster)
+    cluster.wait_for_offers()
     client = Client(cluster.server.url, cluster.tmp / "archive")
     try:
         with pytest.raises(InvalidSpec) as raised:
