@@ -12,6 +12,7 @@ import signal
 import socket
 import time
 from pathlib import Path
+from typing import cast
 
 import pytest
 import yaml
@@ -43,7 +44,7 @@ def test_a_worker_says_what_it_has_while_it_lives_and_withdraws_it_as_it_stops(
     assert f"{socket.gethostname()}:{worker.pid}" == offer.worker
     assert set(TOOLS) <= set(offer.tools)
     assert {"scripted", "openai", "anthropic"} <= set(offer.providers)
-    (name,) = cluster.client.smembers(keys.WORKERS)
+    (name,) = cast("set[bytes]", cluster.client.smembers(keys.WORKERS))
     assert 0 < cluster.client.ttl(keys.worker_offer(name.decode())) <= 30
     worker.send_signal(signal.SIGTERM)
     worker.wait(20)
@@ -99,7 +100,8 @@ def test_client_submit_and_fork_refuse_what_every_live_worker_lacks(cluster: Clu
             "which no live worker has (live workers have none); agent b is of kind 'echoer', "
             "which no live worker has (live workers have none)"
         ) == str(raised.value)
-        good = {**TYPO, "agents": [{**TYPO["agents"][0], "tools": ["read_file"]}]}  # type: ignore[index]
+        good = json.loads(json.dumps(TYPO))
+        good["agents"][0]["tools"] = ["read_file"]
         task = client.submit(good)
         with pytest.raises(InvalidSpec, match=r"did you mean write_file\?"):
             task.fork(0, TYPO)
@@ -118,7 +120,9 @@ def test_what_no_worker_has_is_named_with_the_closest_name_or_what_they_have() -
     plain = Offer(worker="h:1", tools=["read_file"], kinds=["echoer"], mcp=[], providers=[])
     other = Offer(worker="h:2", tools=[], kinds=[], mcp=["notes"], providers=["scripted"],
                   refused={"run_command": "worker h:2 cannot sandbox commands"})  # fmt: skip
-    agents = [AgentSpec(name="a", kind="echoer", tools=["read_file", "mcp:notes/get"])]
+    agents = [
+        AgentSpec(name="a", kind="echoer", model="none", tools=["read_file", "mcp:notes/get"])
+    ]
     check_offers(agents, [plain, other])  # each thing on some worker
     check_offers([AgentSpec(name="a", model="scripted", tools=["nope"])], [])
     with pytest.raises(InvalidSpec) as raised:
