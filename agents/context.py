@@ -21,6 +21,7 @@ from pydantic import JsonValue
 from cairn.agents import faults, spawn
 from cairn.agents.accounting import cost
 from cairn.agents.approval import decision_for
+from cairn.agents.arguments import check_names
 from cairn.agents.compaction import (
     Fold,
     budget,
@@ -358,6 +359,7 @@ class StepContext:
         # The trace records an external call's key; a tool that reads it works it out.
         traced = own.idempotency_key if tool.effects is Effects.EXTERNAL else None
         try:
+            check_names(tool.name, tool.parameters, call.args)
             result = tool.run(own, call.args)
         except ToolError as exc:
             self._result(call, tool, None, str(exc), started, clock, traced,

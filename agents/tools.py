@@ -146,7 +146,9 @@ def _object(optional: tuple[str, ...] = (), **properties: str) -> dict[str, Json
         name: {"type": "string", "description": text} for name, text in properties.items()
     }
     required: list[JsonValue] = [name for name in properties if name not in optional]
-    return {"type": "object", "properties": described, "required": required}
+    # Closed: an argument of another name is the model's mistake, said before the tool runs.
+    return {"type": "object", "properties": described, "required": required,
+            "additionalProperties": False}  # fmt: skip
 
 
 def _handoff_schema() -> dict[str, JsonValue]:
@@ -349,6 +351,8 @@ SPAWN_PARAMETERS: dict[str, JsonValue] = {
                   "description": "its tools, some of yours (default: yours but spawn_agent)"},
     },
     "required": ["name", "goal"],
+    # Open: a scripted member's spawn takes its `script` too (`cairn.agents.spawn`), which
+    # a model is not offered.
 }  # fmt: skip
 
 

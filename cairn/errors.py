@@ -32,7 +32,7 @@ CairnError
 │   ├── SpawnRefused     a member cannot be spawned: its name, spec or the task's limit
 │   └── ToolUnreachable  a tool's server cannot be reached (worth retrying)
 ├── InvalidWorkspace     a step's tree holds a file over its limit, or is not a tree
-├── MissingTool          an agent names a tool or kind its worker does not have
+├── MissingTool          an agent names a tool, kind or provider its worker does not have
 ├── AgentCodeError       an agent written in Python raised (retried)
 ├── InvalidState         an agent in code left a state that is not JSON, or returned no outcome
 │   └── Diverged         an agent's code, replayed after a crash, did something else
@@ -268,10 +268,11 @@ class InvalidWorkspace(CairnError):
 
 
 class MissingTool(CairnError):
-    """Raised when an agent names a tool (or an agent kind) its worker does not have.
+    """Raised when an agent names a tool (or a kind, MCP server, model provider) its worker lacks.
 
-    The step fails fatally, with no retry: another attempt on the same worker would find
-    the tool missing again. The message names the tool and the worker (`host:pid`).
+    The step fails fatally, and its task at once, with no retry and no rollback: another
+    attempt on a worker like this one would find it missing again. The message names what
+    is missing and the worker (`host:pid`).
     """
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import socket
 import sys
 import threading
 from dataclasses import dataclass
@@ -27,11 +28,13 @@ import redis
 from cairn.agents.logs import get_logger
 from cairn.agents.logship import ship_logs
 from cairn.agents.mcp.config import load_mcp_config
+from cairn.agents.models.registry import provider_names
 from cairn.agents.sandbox import Sandbox, sandbox_for, use_sandbox
 from cairn.agents.step import ModelFactory, build_model
 from cairn.agents.toolkit import ToolRegistry, load_tools
 from cairn.agents.tools import Tool
 from cairn.coordinator import metrics
+from cairn.coordinator.offers import Offer
 from cairn.coordinator.settings import Settings, open_store, process_settings
 from cairn.coordinator.slots import Lanes, slot_number, worker_slot
 from cairn.errors import MissingTool
@@ -67,6 +70,11 @@ def environment() -> Environment:
         return _environment()
 
 
+def built_environment() -> Environment | None:
+    """The process's environment if it was built, else None (nothing is built here)."""
+    return _environment() if _environment.cache_info().currsize else None
+
+
 @cache
 def _environment() -> Environment:
     settings = process_settings()
@@ -88,6 +96,21 @@ def _environment() -> Environment:
         atexit.register(mcp.close)  # a stdio server's process ends with the worker
     lanes = Lanes(worker_slot(settings.cache))
     return Environment(settings, client, store, lanes, models, tools, mcp, sandbox)
+
+
+def offer_of(env: Environment) -> Offer:
+    """What the worker of `env` has, as its offer in Redis says (`cairn.coordinator.offers`)."""
+    refused = {}
+    if isinstance(env.tools, RefusingTools):
+        refused = {name: env.tools.refusal for name in COMMAND_TOOLS if name in env.tools}
+    return Offer(
+        worker=f"{socket.gethostname()}:{os.getpid()}",
+        tools=[name for name in env.tools if name not in refused],
+        kinds=sorted(env.tools.kinds),
+        mcp=sorted(env.mcp.servers) if env.mcp is not None else [],
+        providers=sorted(provider_names()),
+        refused=refused,
+    )
 
 
 def open_sandbox(settings: Settings) -> Sandbox:

@@ -18,6 +18,9 @@ from cairn.storage import keys
 from cairn.storage.records import GlobalCheckpoint
 
 MAX_ROLLBACKS = 3
+# Why a task failed without a rollback, for each reason a rollback cannot help.
+SAME_REQUEST = "not rolled back: the same request would be sent again"
+SAME_WORKERS = "not rolled back: a configuration the workers cannot run fails the same way again"
 
 
 class Finisher:
@@ -27,13 +30,21 @@ class Finisher:
         self.ctx = ctx
 
     def give_up(
-        self, task: str, run: dict[str, str], reason: str, *, rollback: bool = True
+        self,
+        task: str,
+        run: dict[str, str],
+        reason: str,
+        *,
+        rollback: bool = True,
+        unhelped: str = SAME_REQUEST,
     ) -> None:
         """Abort the superstep and roll the task back to its latest committed GC.
 
         After `MAX_ROLLBACKS` rollbacks the task fails instead: a step that fails the same
-        way from the same state would fail again. Without `rollback` it fails at once: a
-        model call whose request was refused would, from that GC, send it again unchanged.
+        way from the same state would fail again. Without `rollback` it fails at once,
+        `unhelped` saying why a rollback would not help: a model call whose request was
+        refused would, from that GC, send it again unchanged (`SAME_REQUEST`); a worker
+        that lacks what the agent names would lack it again (`SAME_WORKERS`).
         """
         ctx = self.ctx
         ctx.phase = "rollback"
@@ -42,8 +53,7 @@ class Finisher:
         if rollbacks >= MAX_ROLLBACKS or not rollback:
             ctx.store.raise_epoch(task, int(run["epoch"]) + 1, ctx.lease.token)
             abort_in_flight(ctx.runs, ctx.store, task)
-            why = (f"{rollbacks} rollbacks did not help" if rollback
-                   else "not rolled back: the same request would be sent again")  # fmt: skip
+            why = f"{rollbacks} rollbacks did not help" if rollback else unhelped
             self.finish(task, TaskState.FAILED, f"{reason}; {why}")
             return
         ctx.runs.write(task, {"rollbacks": rollbacks + 1})

@@ -23,7 +23,14 @@ from cairn.coordinator.failures import FailureEvent, record_quietly
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.verify import JOB as VERIFY_JOB
 from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
-from cairn.errors import AgentCodeError, CairnError, FencedWrite, ModelError, ToolUnreachable
+from cairn.errors import (
+    AgentCodeError,
+    CairnError,
+    FencedWrite,
+    MissingTool,
+    ModelError,
+    ToolUnreachable,
+)
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.redact import redact
@@ -47,10 +54,13 @@ def record_outcome(
     kind: str,
     message: str,
 ) -> None:
-    """Say why an attempt ended without a vote: `retryable`, `fatal`, `refused` or `fenced`.
+    """Say why an attempt ended without a vote (its `kind`, and the message).
+
+    Kinds: `retryable`, `fatal`, `refused`, `missing`, `fenced`.
 
     `refused`: the model call's request is at fault (`ModelError.refused`), and the same
-    request sent again would fail the same way.
+    request sent again would fail the same way. `missing`: the worker lacks a tool, MCP
+    server, agent kind or model provider the agent names (`MissingTool`).
 
     The message is kept redacted: it becomes the task's reason, its timeline, its log.
     """
@@ -130,6 +140,9 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
         log.warning("step failed: Redis is out of memory", task=task, agent=agent, error=str(exc))
         with contextlib.suppress(redis.RedisError):  # a full Redis may refuse this too
             record_outcome(*where, "retryable", f"Redis is out of memory (maxmemory): {exc}")
+        raise
+    except MissingTool as exc:  # any worker like this one lacks it too: fail, not roll back
+        record_outcome(*where, "missing", f"{type(exc).__name__}: {exc}")
         raise
     except CairnError as exc:
         record_outcome(*where, "fatal", f"{type(exc).__name__}: {exc}")

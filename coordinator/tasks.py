@@ -24,6 +24,7 @@ from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.fork import fork_task
+from cairn.coordinator.offers import check_offers, live_offers
 from cairn.coordinator.replication import require
 from cairn.coordinator.restore import LOCK_TTL_MS
 from cairn.coordinator.runs import TERMINAL, RunState, TaskState, abort_in_flight
@@ -59,8 +60,11 @@ class Tasks:
     def submit(self, spec: TaskSpec, base: Path = Path()) -> str:
         """Store a task, commit its GC 0 and queue it to run; return its id.
 
-        `base` is the directory a spec's `workspace` is relative to.
+        `base` is the directory a spec's `workspace` is relative to. Raises `InvalidSpec`
+        when an agent names a tool, MCP server, agent kind or model provider that every
+        live worker lacks (`cairn.coordinator.offers`); with no worker live, none is.
         """
+        check_offers(spec.agents, live_offers(self.redis))
         task = task_id(spec.name)
         files = spec.workspace_files(base)
         start_task(self.store, spec.record(task), files)
@@ -86,9 +90,12 @@ class Tasks:
         """Start a new task from GC `at` of `source` (default: its latest); return its id.
 
         See `cairn.coordinator.fork`. Raises `TaskNotFound` for an unknown source, `InvalidSpec`
-        for an absent checkpoint or a spec naming other agents.
+        for an absent checkpoint or a spec naming other agents, or naming what no live
+        worker has (as `submit`).
         """
         self.require(source)
+        if spec is not None:
+            check_offers(spec.agents, live_offers(self.redis))
         new = task_id(spec.name if spec is not None else source.rsplit("-", 1)[0])
         fork_task(self.store, self.runs, source, new, at, spec)
         return new

@@ -22,7 +22,7 @@ from cairn.agents.team import member_spec
 from cairn.coordinator import metrics
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.failures import FailureEvent, record_quietly
-from cairn.coordinator.finisher import MAX_ROLLBACKS
+from cairn.coordinator.finisher import MAX_ROLLBACKS, SAME_WORKERS
 from cairn.coordinator.jobstate import JobState, backoff, step_failure
 from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.runs import Look, StepRun
@@ -153,6 +153,10 @@ class Watcher:
         if kind == "refused":  # a rollback would send the same request, unchanged
             note(FailureEvent.GAVE_UP)
             ctx.finisher.give_up(task, run, why, rollback=False)
+            return False
+        if kind == "missing":  # the agent names what a worker lacks: no retry, no rollback
+            note(FailureEvent.GAVE_UP)
+            ctx.finisher.give_up(task, run, why, rollback=False, unhelped=SAME_WORKERS)
             return False
         if kind == "fatal" or step.attempt > self._max_retries(task, agent):
             last = int(run.get("rollbacks", "0")) >= MAX_ROLLBACKS

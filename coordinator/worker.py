@@ -17,6 +17,10 @@ process, apart from the lanes, so a step busy on the CPU delays the beats by the
 interpreter's switch interval, not by its work.
 Measured against asyncio and processes: docs/benchmarks.md#worker-lanes-threads-asyncio-processes
 
+Each worker says what it has (tools, agent kinds, MCP servers, model providers) in an
+offer with a TTL, written as it starts and refreshed with its liveness beat
+(`cairn.coordinator.offers`): a submit naming what no live worker has is refused.
+
 A Redis at `maxmemory` refuses writes for a while, and a Redis failing over or
 restarting is out of reach for seconds, longer than redis-py's own retries last: the
 worker quits over neither (stock RQ quits on any error outside its wait for a job). Its
@@ -69,8 +73,9 @@ from rq.utils import decode_redis_hash, now
 from rq.worker import WorkerStatus
 
 from cairn.agents.logs import configure_logging, get_logger
-from cairn.coordinator.environment import environment
+from cairn.coordinator.environment import built_environment, environment, offer_of
 from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
+from cairn.coordinator.offers import Offer, advertise, withdraw
 from cairn.coordinator.settings import display_url, load_settings, process_settings, use_settings
 from cairn.errors import InvalidSpec, RefusedJob, one_line
 from cairn.storage.backends.redis import connect
@@ -226,11 +231,30 @@ class CairnWorker(SimpleWorker):
         self._stop_at: float | None = None
         self._force = threading.Event()
         self._trouble_since: float | None = None  # when Redis began refusing or went out of reach
+        self._offer: Offer | None = None  # what it has, once its environment is built
         super().__init__(*args, **kwargs)
         if not issubclass(self.job_class, CairnJob):
             self.job_class = CairnJob
         for queue in self.queues:  # RQ's sweeps of a queue's registries read its job class
             queue.job_class = self.job_class
+
+    def register_birth(self) -> None:
+        """Register the worker with RQ, and write its offer (`cairn.coordinator.offers`)."""
+        super().register_birth()  # type: ignore[no-untyped-call]
+        with self._waiting_out("offer not written"), self.connection.pipeline() as batch:
+            self._advertise(batch)
+            batch.execute()
+
+    def _advertise(self, batch: Pipeline) -> None:
+        """Add the worker's offer to `batch`, once its environment is built.
+
+        `cairn worker` builds it before the first job; under stock `rq worker` the offer
+        follows the first job (which builds it).
+        """
+        if self._offer is None and (env := built_environment()) is not None:
+            self._offer = offer_of(env)
+        if self._offer is not None:
+            advertise(batch, self.name, self._offer)
 
     def set_state(self, state: str, pipeline: Pipeline | None = None) -> None:
         """Set the worker's state, skipping the round trip when it is already that state.
@@ -256,6 +280,7 @@ class CairnWorker(SimpleWorker):
         # out of reach is no reason for the worker to quit, which RQ does on any error.
         with self._waiting_out("worker beat skipped"), self.connection.pipeline() as batch:
             super().heartbeat(None, batch)
+            self._advertise(batch)  # its TTL refreshed in the same round trip
             batch.execute()
 
     @contextlib.contextmanager
@@ -423,10 +448,17 @@ class CairnWorker(SimpleWorker):
         self._force.set()
 
     def teardown(self) -> None:
-        """Let the running jobs finish (within `drain` of a stop), hand back the rest."""
+        """Let the running jobs finish (within `drain` of a stop), hand back the rest.
+
+        The worker's offer is withdrawn: a spec is checked against the workers still live.
+        """
         self._drain()
-        # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`.
+        # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`,
+        # its offer within `OFFER_TTL`.
         with self._waiting_out("the worker's end not recorded"):
+            with self.connection.pipeline() as batch:
+                withdraw(batch, self.name)
+                batch.execute()
             super().teardown()  # type: ignore[no-untyped-call]
 
     def _drain(self) -> None:

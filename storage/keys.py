@@ -204,6 +204,12 @@ ACTIVE_TASKS = f"{PREFIX}:tasks:active"
 LEASE = f"{PREFIX}:coordinator:lease"
 LEASE_TOKEN = f"{PREFIX}:coordinator:token"
 RUNS = f"{PREFIX}:{{*}}:run"  # a SCAN pattern: the run hash of every task Redis knows
+WORKERS = f"{PREFIX}:workers"  # Set: the names of workers that said what they have
+
+
+def worker_offer(worker: str) -> str:
+    """String with a TTL: what live worker `worker` has (`cairn.coordinator.offers`)."""
+    return f"{PREFIX}:worker:{worker}"
 
 
 def task_of_run(key: str) -> str:

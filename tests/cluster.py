@@ -18,6 +18,7 @@ from rq.serializers import JSONSerializer
 
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.offers import Offer, live_offers
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.worker import CairnJob, CairnWorker, queues
@@ -137,6 +138,15 @@ class Cluster:
             if time.monotonic() > deadline:
                 raise AssertionError(f"fewer than {count} workers started\n{self.worker_logs()}")
             time.sleep(0.05)
+
+    def wait_for_offers(self, count: int = 1, timeout: float = 30.0) -> list[Offer]:
+        """The live workers' offers (what each has), once `count` of them are in Redis."""
+        deadline = time.monotonic() + timeout
+        while len(offers := live_offers(self.client)) != count:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{count} offers never appeared\n{self.worker_logs()}")
+            time.sleep(0.05)
+        return offers
 
     def worker_logs(self, lines: int = 15) -> str:
         """The last `lines` lines of each worker's log, each under its name."""

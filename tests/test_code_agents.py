@@ -181,9 +181,23 @@ def test_a_call_a_person_approves_stops_the_code_until_one_decides(cluster: Clus
 def test_code_that_cannot_run_fails_the_task_naming_the_agent(
     cluster: Cluster, kind: str, reason: str
 ) -> None:
-    """A wrong return, a state that is not JSON, a kind no worker has: fatal, and said."""
+    """A wrong return, a state that is not JSON, a kind no worker has: fatal, and said.
+
+    The kind no worker has is submitted before any worker is live (accepted: one may come);
+    once the worker is live, it is refused at submit.
+    """
     member = AgentSpec(name=kind, kind=kind, model="none", max_retries=0)
-    task = run(cluster, cairn.Team("Fail clearly.", [member], max_supersteps=3))
+    spec = cairn.Team("Fail clearly.", [member], max_supersteps=3)
+    if kind == "nowhere":
+        task = cluster.tasks.submit(spec)
+        cluster.start_worker()
+        cluster.drive(task, timeout=90)
+        cluster.wait_for_offers()
+        with pytest.raises(InvalidSpec, match="agent nowhere is of kind 'nowhere', which no "
+                           "live worker has"):  # fmt: skip
+            cluster.tasks.submit(spec)
+    else:
+        task = run(cluster, spec)
     status = cluster.status(task)
     assert "failed" == status["status"]
     assert reason in str(status["reason"]), status

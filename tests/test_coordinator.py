@@ -130,7 +130,7 @@ def test_a_workers_own_redis_calls_wait_out_redis_out_of_reach(tmp_path: Path) -
     queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
     worker = CairnWorker([queue], connection=client, serializer=JSONSerializer, job_class=CairnJob)
     try:
-        worker.register_birth()  # type: ignore[no-untyped-call]
+        worker.register_birth()
         assert 1 == Worker.count(connection=client)
         queue.enqueue_call(STEP_JOB, args=("t", "a", 1, 1, 1), job_id="taken")
         taken = Queue.dequeue_any([queue], None, connection=client, job_class=CairnJob,

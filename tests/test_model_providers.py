@@ -10,6 +10,8 @@ with pip would outlive the test and need a build backend and the network).
 from __future__ import annotations
 
 import importlib
+import os
+import socket
 import sys
 from collections.abc import Iterator
 from functools import partial
@@ -25,7 +27,7 @@ from cairn.agents.models.scripted import ScriptedModel
 from cairn.agents.spec import AgentSpec, parse_model
 from cairn.agents.step import build_model as step_build_model
 from cairn.agents.task import start_task
-from cairn.errors import InvalidSpec, ModelError
+from cairn.errors import InvalidSpec, MissingTool, ModelError
 from cairn.storage.records import Usage
 from cairn.storage.store import CheckpointStore
 from tests.agent_harness import record, superstep
@@ -158,13 +160,14 @@ def test_a_provider_refusing_its_config_is_fatal(echo_plugin: str) -> None:
     assert not caught.value.retryable
 
 
-def test_an_unknown_provider_is_fatal_and_names_what_is_known() -> None:
+def test_an_unknown_provider_is_a_missing_tool_naming_the_worker_and_what_is_known() -> None:
     """A provider no package on the worker offers fails at once, listing the known ones."""
-    with pytest.raises(ModelError) as caught:
+    with pytest.raises(MissingTool) as caught:
         build_model(agent(model="nosuch:model"), {})
-    assert str(caught.value).startswith("unknown model provider 'nosuch' on this worker; known:")
+    worker = f"{socket.gethostname()}:{os.getpid()}"
+    said = f"unknown model provider 'nosuch' on worker {worker}; known:"
+    assert str(caught.value).startswith(said)
     assert "'anthropic'" in str(caught.value)
-    assert not caught.value.retryable
 
 
 @pytest.mark.parametrize(

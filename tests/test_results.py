@@ -118,7 +118,7 @@ def test_a_finish_without_the_result_is_a_tool_error_too(
     gc = superstep(real_store, task, tmp_path / "cache")
     assert gc is not None
     assert AgentState.ACTIVE == gc.statuses["solver"]
-    assert (True, "error: finish takes `result`: the task's result, as its schema says") == (
+    assert (True, "error: finish: missing required argument 'result'") == (
         last_message(real_store, task, "solver")
     )
 

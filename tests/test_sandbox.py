@@ -251,11 +251,11 @@ def test_a_worker_without_bwrap_refuses_command_steps_saying_why(cluster: Cluste
     """No bwrap on the worker's PATH: a step whose agent has run_command fails, saying why.
 
     It fails fatally, before its model is asked; the task's reason says why, and the
-    worker said so as it started.
+    worker said so as it started. Submitted while the worker is live, it is refused.
     """
     cluster.env.update({"CAIRN_SANDBOX": "bwrap", "PATH": str(cluster.tmp / "empty")})
+    task = cluster.tasks.submit(spec_running("bare", "echo ran > ran.txt"))  # no worker yet
     cluster.start_worker()
-    task = cluster.tasks.submit(spec_running("bare", "echo ran > ran.txt"))
     status = cluster.drive(task, timeout=90)
     assert "failed" == status["status"]
     reason = str(status["reason"])
@@ -265,11 +265,14 @@ def test_a_worker_without_bwrap_refuses_command_steps_saying_why(cluster: Cluste
     assert "CAIRN_SANDBOX=off" in reason
     outcome = cluster.client.hget(keys.outcomes(task, 1, 1), "agent")
     assert outcome is not None
-    assert b'"kind": "fatal"' in outcome
+    assert b'"kind": "missing"' in outcome
     assert cluster.store.hot.get_votes(task, 1, 1) == {}  # no step ran, no model was asked
     log = (cluster.tmp / "worker-0.log").read_text()
     assert "cairn worker: warning: worker" in log
     assert "cannot sandbox commands" in log
+    with pytest.raises(InvalidSpec, match=r"names tool 'run_command', which no live worker "
+                       r"has: worker \S+ cannot sandbox commands"):  # fmt: skip
+        cluster.tasks.submit(spec_running("bare", "echo ran > ran.txt"))
 
 
 def test_a_worker_opted_out_runs_commands_unsandboxed_and_says_so(cluster: Cluster) -> None:

@@ -11,6 +11,7 @@ MCP servers passes no manager.
 
 from __future__ import annotations
 
+import difflib
 import os
 import socket
 from collections.abc import Iterable
@@ -80,9 +81,19 @@ def agent_tools(
     if missing:
         raise MissingTool(
             f"{agent} names tool{'s' * (len(missing) > 1)} {', '.join(missing)}, which worker "
-            f"{_worker()} does not have"
+            f"{_worker()} does not have{_guesses(missing, registry)}"
         )
     return tools
+
+
+def _guesses(missing: list[str], registry: ToolRegistry) -> str:
+    """What the missing names were likely meant to be: " (did you mean 'write_file'?)", or ""."""
+    meant = [
+        repr(close[0])
+        for shown in missing
+        if (close := difflib.get_close_matches(shown.strip("'"), list(registry), n=1, cutoff=0.6))
+    ]
+    return f" (did you mean {', '.join(meant)}?)" if meant else ""
 
 
 def _tool(manager: McpManager, info: McpToolInfo) -> Tool:

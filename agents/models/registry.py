@@ -9,7 +9,9 @@ variables (`CAIRN_<PROVIDER>_API_KEY`, then `<PROVIDER>_API_KEY`).
 
 from __future__ import annotations
 
+import os
 import re
+import socket
 from collections.abc import Mapping
 from importlib.metadata import entry_points
 
@@ -18,18 +20,19 @@ from cairn.agents.models.base import Model, ModelConfig, ModelProvider, ModelRep
 from cairn.agents.models.openai import build_openai
 from cairn.agents.models.scripted import ScriptedModel
 from cairn.agents.spec import NO_MODEL, AgentSpec
-from cairn.errors import ModelError
+from cairn.errors import MissingTool, ModelError
 
 ENTRY_POINT_GROUP = "cairn.models"
 BUILT_IN: dict[str, ModelProvider] = {"openai": build_openai, "anthropic": build_anthropic}
 
 
 def build_model(spec: AgentSpec, environ: Mapping[str, str]) -> Model:
-    """The model `spec` names, its key taken from `environ`; raise a fatal `ModelError` if none.
+    """The model `spec` names, its key taken from `environ`; raise a fatal error if none.
 
-    Fatal, because another attempt on a worker with the same installation and environment
-    fails the same way: an unknown provider, a key variable that is not set, a provider
-    that refuses the agent's options.
+    `MissingTool` for a provider the worker lacks, else a `ModelError`. Fatal, because
+    another attempt on a worker with the same installation and environment fails the same
+    way: an unknown provider, a key variable that is not set, a provider that refuses the
+    agent's options.
     """
     if spec.model == "scripted":
         return ScriptedModel(spec.script)
@@ -70,16 +73,24 @@ def default_key_variables(provider: str) -> tuple[str, str]:
     return f"CAIRN_{stem}_API_KEY", f"{stem}_API_KEY"
 
 
+def provider_names() -> set[str]:
+    """The providers this installation offers: `scripted`, the built-ins, the entry points'."""
+    return {"scripted", *BUILT_IN, *(e.name for e in entry_points(group=ENTRY_POINT_GROUP))}
+
+
 def find_provider(name: str) -> ModelProvider:
-    """The built-in provider `name`, else the `cairn.models` entry point of that name."""
+    """The built-in provider `name`, else the `cairn.models` entry point of that name.
+
+    Raises `MissingTool` for a provider the worker does not have (every worker with the
+    same installation lacks it), a fatal `ModelError` for one it cannot load.
+    """
     if name in BUILT_IN:
         return BUILT_IN[name]
     found = sorted(entry_points(group=ENTRY_POINT_GROUP, name=name), key=lambda e: e.value)
     if not found:
-        known = sorted({*BUILT_IN, *(e.name for e in entry_points(group=ENTRY_POINT_GROUP))})
-        raise ModelError(
-            f"unknown model provider {name!r} on this worker; known: {known}", retryable=False
-        )
+        known = sorted(provider_names())
+        worker = f"{socket.gethostname()}:{os.getpid()}"
+        raise MissingTool(f"unknown model provider {name!r} on worker {worker}; known: {known}")
     if len({e.value for e in found}) > 1:
         where = [e.value for e in found]
         raise ModelError(
