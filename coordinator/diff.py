@@ -5,6 +5,14 @@ the second checkpoint's history has past the longest prefix it shares with the f
 for the workspace, the files added, removed and changed, each change as a unified diff (a
 binary file is named, not dumped).
 
+One counting rule for messages, tool calls and compactions: an entry of the second
+history is added when it lies past the longest prefix the two histories share, two
+entries being the same when they say and do the same: a message by its whole content, a
+trace record (a model turn, a tool call, a compaction) by its step, superstep, tool,
+arguments, result, error, effects and what it compacted; never by when it ran, how long
+it took, what it cost or its idempotency key, which name a run, not what was done. Two
+branches that did the same (a fork replayed to the same end) thus differ by nothing.
+
 Histories are read from their ends: both agents' LC chains are walked back, one delta at a
 time, until they meet at a common LC (within one task, where the later GC grew from the
 earlier or both from one before a restore), so a diff reads what was added rather than
@@ -166,7 +174,7 @@ def _added(
 ) -> AgentDiff:
     """What b's history has past the longest prefix it shares with a's."""
     new_messages = messages_b[_common(messages_a, messages_b) :]
-    new_trace = trace_b[_common(trace_a, trace_b) :]
+    new_trace = trace_b[_common([_done(r) for r in trace_a], [_done(r) for r in trace_b]) :]
     return AgentDiff(
         messages_added=[m.model_dump(mode="json", exclude_defaults=True) for m in new_messages],
         tool_calls_added=[_call(r) for r in new_trace if r.tool is not None],
@@ -185,6 +193,14 @@ def _common(a: list[Any], b: list[Any]) -> int:
             break
         n += 1
     return n
+
+
+# What a trace record did, which the counting rule compares (see the module's docstring).
+DONE = {"step", "superstep", "tool", "arguments", "result", "error", "effects", "compacted"}
+
+
+def _done(record: TraceRecord) -> JSON:
+    return record.model_dump(mode="json", include=DONE)
 
 
 def _call(record: TraceRecord) -> JSON:

@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from cairn.agents.live import LiveReply
 
 KIB = 1024
+MEMBER_NAMES = 3  # a GC listed with more members shows how many, not their names
 JSON = Mapping[str, Any]  # parsed JSON: the views' own shapes
 STATUS_STYLE = {
     "running": "cyan",
@@ -224,25 +225,56 @@ def show_diff(console: Console, found: JSON) -> None:
 
 
 def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
-    """One line per global checkpoint: state, tiers, size; then why each damaged one is."""
-    table = Table("GC", "status", "superstep", "agents", "hot", "cold", "created", "size")
-    damaged = []
-    for row in plain(rows):
+    """One line per global checkpoint: state, epoch, members, origin, tiers, when written.
+
+    Then why each damaged one is, and what an aborted one is (its number stays taken).
+    """
+    table = Table("GC", "status", "superstep", "epoch", "members", "origin", "hot", "cold",
+                  "written", "size")  # fmt: skip
+    notes, rows = [], plain(rows)
+    for row in rows:
         if row.get("damaged"):
-            damaged.append(f"GC {row['number']} is damaged: {row.get('error')}")
+            notes.append(f"GC {row['number']} is damaged: {row.get('error')}")
         table.add_row(
             str(row["number"]),
             styled("damaged" if row.get("damaged") else row["status"]),
             "" if row["superstep"] is None else str(row["superstep"]),
-            str(len(row["members"])),
+            "" if row.get("epoch") is None else str(row["epoch"]),
+            _members(row["members"]),
+            origin_of(row),
             "yes" if row["hot"] else "",
             "yes" if row["cold"] else "",
             _when(row["created_at"]),
-            _size(row["size_bytes"]),
+            "" if row.get("dropped") else _size(row["size_bytes"]),
         )
     console.print(table)
-    for line in damaged:
+    for line in notes:
         console.print(line, style="red", markup=False, highlight=False)
+    if any(row["status"] == "ABORTED" for row in rows):
+        console.print(
+            "ABORTED: a superstep or restore that committed nothing; its number is never "
+            "used again (an aborted GC's record leaves Redis; the archive keeps its number)",
+            markup=False,
+            highlight=False,
+        )
+
+
+def origin_of(row: JSON) -> str:
+    """What wrote a GC, as a person reads it: `restore of 3`, `fork of T@1`; `-`: unknown."""
+    origin, source = row.get("origin"), row.get("source")
+    if origin is None:
+        return "-"  # a record of schema 6 or older: it did not say
+    if source is None:
+        return str(origin)
+    if origin == "fork":
+        return f"fork of {row.get('source_task')}@{source}"
+    return f"{origin} {'to' if origin == 'rollback' else 'of'} {source}"
+
+
+def _members(members: dict[str, str]) -> str:
+    """A GC's members: their names, or how many when more than a line holds."""
+    names = sorted(members)
+    return ", ".join(names) if len(names) <= MEMBER_NAMES else f"{len(names)} agents"
 
 
 def show_checkpoint(console: Console, gc: JSON) -> None:
@@ -252,7 +284,7 @@ def show_checkpoint(console: Console, gc: JSON) -> None:
     console.print(
         f"[bold]{gc['name']}[/]  {styled(gc['status'])}  superstep {gc['superstep']}  "
         f"epoch {gc['epoch']}  {tiers}  {_size(gc['size_bytes'])}  "
-        f"created {_when(gc['created_at'])}"
+        f"written {_when(gc['created_at'])}  origin {origin_of(gc)}"
     )
     members = Table("agent", "status", "step", "local checkpoint")
     for agent in gc["agents"]:
