@@ -12,9 +12,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from cairn.coordinator.runs import read_run
+from cairn.coordinator.spec import TaskSpec
 from tests.cli_harness import cairn
-from tests.cluster import Cluster, team_spec
+from tests.cluster import TEAM, Cluster, team_spec
 from tests.test_restore import run_until
 
 
@@ -112,3 +115,91 @@ def test_a_fork_says_which_checkpoint_of_which_task_it_started_from(
     assert written(start).timestamp() >= asked
     text = cairn("checkpoints", forked, env={**cluster._env("cli"), "COLUMNS": "200"})
     assert f"fork of {source}@1" in text.stdout
+
+
+def diffed(cluster: Cluster, a: str, b: str) -> dict[str, Any]:
+    """`cairn diff A B --json` (each side TASK@N), parsed."""
+    done = cairn("diff", a, b, "--json", env=cluster._env("cli"))
+    assert 0 == done.returncode, done.stderr
+    found: dict[str, Any] = json.loads(done.stdout)
+    return found
+
+
+def counts(found: dict[str, Any]) -> dict[str, tuple[int, list[str]]]:
+    """Per agent: how many messages the diff says were added, and which tool calls."""
+    return {
+        name: (len(agent["messages_added"]), [c["tool"] for c in agent["tool_calls_added"]])
+        for name, agent in found["agents"].items()
+    }
+
+
+def made(message: dict[str, Any]) -> list[str]:
+    """The tools an added message calls."""
+    return [call["name"] for call in message.get("tool_calls", [])]
+
+
+def test_a_fork_replayed_to_the_same_end_differs_by_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Identical states compare as identical: no message, no tool call, no file added.
+
+    The fork's GC k is its source's GC k + 1 replayed: its trace ran at other times, which
+    no count of the diff may read as something done.
+    """
+    cluster.start_worker()
+    source = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    assert "succeeded" == cluster.drive(source)["status"]
+    forked = cluster.tasks.fork(source, at=1)
+    assert "succeeded" == cluster.drive(forked)["status"]
+    last = max(row["number"] for row in listed(cluster, forked))
+    nothing = (0, [])
+    for k in range(1, last + 1):
+        found = diffed(cluster, f"{source}@{k + 1}", f"{forked}@{k}")
+        assert {name: nothing for name in found["agents"]} == counts(found), k
+        assert {"added": [], "removed": [], "changed": {}} == found["files"]
+    text = cairn(
+        "diff", f"{source}@3", f"{forked}@2", env={**cluster._env("cli"), "COLUMNS": "200"}
+    )
+    assert 0 == text.returncode, text.stderr
+    for tool in ("write_file", "run_command", "send_message"):
+        assert tool not in text.stdout
+
+
+def test_two_branches_that_differ_count_messages_and_tool_calls_alike(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A tool call is added exactly when the message that makes it is, on either side.
+
+    Two pairs of branches of GC 1. The source restored to GC 1 runs on with a note in each
+    history that its plain fork lacks: from the note on, every message and call differ.
+    A fork that gives the coder another system prompt differs from the source in the
+    coder's whole history, and in no other agent's, whose steps merely ran at other times.
+    """
+    cluster.start_worker()
+    source = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    run_until(cluster, source, 1)
+    forked = cluster.tasks.fork(source, at=1)
+    data = yaml.safe_load(TEAM.replace("LEDGER", str(tmp_path / "ledger")).replace("SLOW", "0"))
+    data["agents"][1]["system"] = "You are a careful coder."
+    careful = cluster.tasks.fork(source, at=1, spec=TaskSpec.model_validate(data))
+    for task in (forked, careful):
+        assert "succeeded" == cluster.drive(task)["status"]
+    cluster.coordinator.restorer.restore(source, to=1)
+    assert "succeeded" == cluster.drive(source)["status"]
+    end = {task: f"{task}@{max(row['number'] for row in listed(cluster, task))}"
+           for task in (source, forked, careful)}  # fmt: skip
+
+    prompted = counts(diffed(cluster, end[forked], end[careful]))
+    assert {"planner": (0, []), "reviewer": (0, [])} == {
+        name: found for name, found in prompted.items() if name != "coder"
+    }
+    assert prompted["coder"][0] and prompted["coder"][1]
+    pairs = [(end[source], end[forked]), (end[forked], end[source]), (end[forked], end[careful])]
+    for a, b in pairs:
+        found = diffed(cluster, a, b)
+        for name, agent in found["agents"].items():
+            calls = [tool for message in agent["messages_added"] for tool in made(message)]
+            assert calls == [c["tool"] for c in agent["tool_calls_added"]], (a, b, name)
+        assert any(agent["messages_added"] for agent in found["agents"].values())
+        assert any(agent["tool_calls_added"] for agent in found["agents"].values())
+        assert {"added": [], "removed": [], "changed": {}} == found["files"]
