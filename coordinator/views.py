@@ -521,13 +521,13 @@ def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
                 entry.update(origin=gc.origin, source=gc.source, source_task=gc.source_task)
         listed.append(CheckpointInfo.model_validate(entry))
     numbers = {info.number for info in listed}
-    for note in aborted_gcs(store, task).values():
-        if note.number not in numbers:
-            listed.append(CheckpointInfo(
-                number=note.number, status=GCStatus.ABORTED, superstep=note.superstep,
-                members={}, hot=False, cold=False, created_at=note.created_at, size_bytes=0,
-                epoch=note.epoch, origin=note.origin, dropped=True,
-            ))  # fmt: skip
+    notes = [note for note in aborted_gcs(store, task).values() if note.number not in numbers]
+    listed.extend(
+        CheckpointInfo(number=note.number, status=GCStatus.ABORTED, superstep=note.superstep,
+                       members={}, hot=False, cold=False, created_at=note.created_at,
+                       size_bytes=0, epoch=note.epoch, origin=note.origin, dropped=True)
+        for note in notes
+    )  # fmt: skip
     return sorted(listed, key=lambda info: info.number)
 
 

@@ -20,8 +20,13 @@ from cairn.storage.store import CheckpointStore
 def note_aborted(store: CheckpointStore, task: str, gcs: Iterable[GlobalCheckpoint]) -> None:
     """Add `gcs` (aborted GCs of `task`) to the archive's note, durably, each number once."""
     notes = [
-        AbortedGC(number=gc.number, superstep=gc.superstep, epoch=gc.epoch,
-                  created_at=gc.created_at, origin=gc.origin)  # fmt: skip
+        AbortedGC(
+            number=gc.number,
+            superstep=gc.superstep,
+            epoch=gc.epoch,
+            created_at=gc.created_at,
+            origin=gc.origin,
+        )
         for gc in gcs
     ]
     if not notes:

@@ -152,10 +152,10 @@ def test_a_fork_replayed_to_the_same_end_differs_by_nothing(
     forked = cluster.tasks.fork(source, at=1)
     assert "succeeded" == cluster.drive(forked)["status"]
     last = max(row["number"] for row in listed(cluster, forked))
-    nothing = (0, [])
+    nothing: tuple[int, list[str]] = (0, [])
     for k in range(1, last + 1):
         found = diffed(cluster, f"{source}@{k + 1}", f"{forked}@{k}")
-        assert {name: nothing for name in found["agents"]} == counts(found), k
+        assert dict.fromkeys(found["agents"], nothing) == counts(found), k
         assert {"added": [], "removed": [], "changed": {}} == found["files"]
     text = cairn(
         "diff", f"{source}@3", f"{forked}@2", env={**cluster._env("cli"), "COLUMNS": "200"}
@@ -193,7 +193,8 @@ def test_two_branches_that_differ_count_messages_and_tool_calls_alike(
     assert {"planner": (0, []), "reviewer": (0, [])} == {
         name: found for name, found in prompted.items() if name != "coder"
     }
-    assert prompted["coder"][0] and prompted["coder"][1]
+    assert prompted["coder"][0]
+    assert prompted["coder"][1]
     pairs = [(end[source], end[forked]), (end[forked], end[source]), (end[forked], end[careful])]
     for a, b in pairs:
         found = diffed(cluster, a, b)
