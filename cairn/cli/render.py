@@ -20,7 +20,6 @@ if TYPE_CHECKING:
     from cairn.agents.live import LiveReply
 
 KIB = 1024
-MEMBER_NAMES = 3  # a GC listed with more members shows how many, not their names
 JSON = Mapping[str, Any]  # parsed JSON: the views' own shapes
 STATUS_STYLE = {
     "running": "cyan",
@@ -228,32 +227,36 @@ def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
     """One line per global checkpoint: state, epoch, members, origin, tiers, when written.
 
     Then why each damaged one is, and what an aborted one is (its number stays taken).
+    Sized to fit 80 columns: sizes are in `--json`; the time drops its date when every
+    GC listed was written on one day.
     """
-    table = Table("GC", "status", "superstep", "epoch", "members", "origin", "hot", "cold",
-                  "written", "size")  # fmt: skip
+    table = Table("GC", "status", "superstep", "epoch", "members", "origin", "where",
+                  "written", collapse_padding=True, pad_edge=False)  # fmt: skip
     notes, rows = [], plain(rows)
+    days = {str(row["created_at"])[:10] for row in rows if row["created_at"]}
     for row in rows:
         if row.get("damaged"):
             notes.append(f"GC {row['number']} is damaged: {row.get('error')}")
+        written = _when(row["created_at"])
         table.add_row(
             str(row["number"]),
             styled("damaged" if row.get("damaged") else row["status"]),
             "" if row["superstep"] is None else str(row["superstep"]),
             "" if row.get("epoch") is None else str(row["epoch"]),
-            _members(row["members"]),
+            "" if row.get("dropped") else str(len(row["members"])),
             origin_of(row),
-            "yes" if row["hot"] else "",
-            "yes" if row["cold"] else "",
-            _when(row["created_at"]),
-            "" if row.get("dropped") else _size(row["size_bytes"]),
+            "+".join(tier for tier in ("hot", "cold") if row[tier]),
+            written[6:] if len(days) == 1 else written,
         )
     console.print(table)
+    if len(days) == 1:
+        console.print(f"written on {days.pop()} (UTC)", markup=False, highlight=False)
     for line in notes:
         console.print(line, style="red", markup=False, highlight=False)
     if any(row["status"] == "ABORTED" for row in rows):
         console.print(
-            "ABORTED: a superstep or restore that committed nothing; its number is never "
-            "used again (an aborted GC's record leaves Redis; the archive keeps its number)",
+            "ABORTED: committed nothing (a superstep given up, a restore's fallback); "
+            "its number is never used again",
             markup=False,
             highlight=False,
         )
@@ -269,12 +272,6 @@ def origin_of(row: JSON) -> str:
     if origin == "fork":
         return f"fork of {row.get('source_task')}@{source}"
     return f"{origin} {'to' if origin == 'rollback' else 'of'} {source}"
-
-
-def _members(members: dict[str, str]) -> str:
-    """A GC's members: their names, or how many when more than a line holds."""
-    names = sorted(members)
-    return ", ".join(names) if len(names) <= MEMBER_NAMES else f"{len(names)} agents"
 
 
 def show_checkpoint(console: Console, gc: JSON) -> None:
