@@ -58,7 +58,9 @@ def committed_gc(store: CheckpointStore, task: str, number: int | None) -> Globa
         return latest
     listed = store.list_gcs(task)
     if any(g.number == number and g.status is GCStatus.ABORTED for g in listed):
-        raise CheckpointNotFound(f"checkpoint {number} of task {task} was aborted: it committed nothing")
+        raise CheckpointNotFound(
+            f"checkpoint {number} of task {task} was aborted: it committed nothing"
+        )
     if number not in {g.number for g in listed if g.status is GCStatus.COMMITTED}:
         raise CheckpointNotFound(f"task {task} has no committed checkpoint {number}")
     return store.read_gc(task, number)

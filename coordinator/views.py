@@ -536,7 +536,9 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
     listed = store.list_gcs(task)
     info = next((i for i in listed if i.number == number), None)
     if info is None:
-        raise CheckpointNotFound(missing_checkpoint(store, task, number, [i.number for i in listed]))
+        raise CheckpointNotFound(
+            missing_checkpoint(store, task, number, [i.number for i in listed])
+        )
     gc = store.read_gc(task, number)
     try:
         steps = {a: o.step for a, o in store.read_lcs_fields(task, gc.members, StepOutputs).items()}
