@@ -18,6 +18,7 @@ from cairn.agents.workspace import Conflict, manifest_blob, merge
 from cairn.storage.ids import new_id
 from cairn.storage.records import (
     AgentState,
+    GCOrigin,
     GlobalCheckpoint,
     InboxMessage,
     LCRef,
@@ -128,6 +129,7 @@ def build_gc(
         inbox=inbox,
         delivered=delivered,
         spawned=previous.spawned,
+        origin=GCOrigin.SUPERSTEP,
     )
     spawns = [(agent, request) for agent, lc in stored.items() for request in lc.spawns]
     return Barrier(gc, conflicts, spawns)

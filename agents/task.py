@@ -8,7 +8,14 @@ from cairn.agents.workspace import check_path, tree_clashes
 from cairn.errors import InvalidSpec, ToolError
 from cairn.storage.chain import WorkingState
 from cairn.storage.keys import SPEC_DOC
-from cairn.storage.records import AgentState, GlobalCheckpoint, Message, Role, WorkspaceManifest
+from cairn.storage.records import (
+    AgentState,
+    GCOrigin,
+    GlobalCheckpoint,
+    Message,
+    Role,
+    WorkspaceManifest,
+)
 from cairn.storage.store import CheckpointStore
 
 
@@ -53,6 +60,7 @@ def start_task(
         members=members,
         statuses=dict.fromkeys(members, AgentState.ACTIVE),
         workspace=workspace,
+        origin=GCOrigin.SUPERSTEP,  # submitted: GC 0 opens superstep 0
     )
     store.prepare_gc(gc)
     return store.commit_gc(gc)

@@ -54,7 +54,7 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
         TraceEntry,
     )
     from cairn.storage.archive import ArchiveReport
-    from cairn.storage.records import AgentState, GCStatus
+    from cairn.storage.records import AgentState, GCOrigin, GCStatus
 
     __version__: str
 
@@ -78,6 +78,7 @@ _HOMES = {
     "Decision": "cairn.coordinator.views",
     "Diff": "cairn.coordinator.diff",
     "Export": "cairn.coordinator.views",
+    "GCOrigin": "cairn.storage.records",
     "GCStatus": "cairn.storage.records",
     "Lineage": "cairn.coordinator.views",
     "MemberBudget": "cairn.agents.accounting",
@@ -117,6 +118,7 @@ __all__ = [
     "Decision",
     "Diff",
     "Export",
+    "GCOrigin",
     "GCStatus",
     "Lineage",
     "LiveCall",

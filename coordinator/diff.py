@@ -5,6 +5,17 @@ the second checkpoint's history has past the longest prefix it shares with the f
 for the workspace, the files added, removed and changed, each change as a unified diff (a
 binary file is named, not dumped).
 
+One counting rule for messages and tool calls: what the second history adds is every
+message past the longest prefix of messages the two histories share (messages compared
+by their whole content), and the tool calls added are the calls those added messages
+make, each shown with its trace record (matched in order by tool name; a call still
+waiting for approval has none). So a tool call is added exactly when the message making
+it is, never by when it ran, how long it took, what it cost or its idempotency key,
+which name a run, not what was done: two branches that did the same (a fork replayed to
+the same end) differ by nothing. Compactions change no message: they are the trace
+records past the longest prefix of the two traces, records compared by what they did
+(step, superstep, tool, arguments, result, error, effects, what they compacted).
+
 Histories are read from their ends: both agents' LC chains are walked back, one delta at a
 time, until they meet at a common LC (within one task, where the later GC grew from the
 earlier or both from one before a restore), so a diff reads what was added rather than
@@ -164,12 +175,12 @@ def _added(
     trace_a: list[TraceRecord],
     trace_b: list[TraceRecord],
 ) -> AgentDiff:
-    """What b's history has past the longest prefix it shares with a's."""
-    new_messages = messages_b[_common(messages_a, messages_b) :]
-    new_trace = trace_b[_common(trace_a, trace_b) :]
+    """What b's history has past the longest prefix it shares with a's (the module's rule)."""
+    cut = _common(messages_a, messages_b)
+    new_trace = trace_b[_common([_done(r) for r in trace_a], [_done(r) for r in trace_b]) :]
     return AgentDiff(
-        messages_added=[m.model_dump(mode="json", exclude_defaults=True) for m in new_messages],
-        tool_calls_added=[_call(r) for r in new_trace if r.tool is not None],
+        messages_added=[m.model_dump(mode="json", exclude_defaults=True) for m in messages_b[cut:]],
+        tool_calls_added=_calls(messages_b, trace_b, cut),
         compactions_added=[
             r.model_dump(mode="json", include={"step", "superstep", "compacted", "result"})
             for r in new_trace
@@ -185,6 +196,37 @@ def _common(a: list[Any], b: list[Any]) -> int:
             break
         n += 1
     return n
+
+
+# What a trace record did, which the counting rule compares (see the module's docstring).
+DONE = {"step", "superstep", "tool", "arguments", "result", "error", "effects", "compacted"}
+
+
+def _done(record: TraceRecord) -> JSON:
+    return record.model_dump(mode="json", include=DONE)
+
+
+def _calls(messages: list[Message], trace: list[TraceRecord], cut: int) -> list[JSON]:
+    """The tool calls the messages from `cut` on make, each with its trace record.
+
+    Calls and tool records are paired in order over the whole history, a call with the
+    next record of its tool's name: a call no record answers (it waits for approval) is
+    shown from its message alone.
+    """
+    records = [r for r in trace if r.tool is not None]
+    at, calls = 0, []
+    for index, message in enumerate(messages):
+        for call in message.tool_calls:
+            match = next((j for j in range(at, len(records)) if records[j].tool == call.name), None)
+            if match is not None:
+                at = match + 1
+            if index < cut:
+                continue
+            calls.append(
+                _call(records[match]) if match is not None
+                else {"tool": call.name, "arguments": call.args, "result": None, "error": None}
+            )  # fmt: skip
+    return calls
 
 
 def _call(record: TraceRecord) -> JSON:

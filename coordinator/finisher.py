@@ -15,7 +15,7 @@ from cairn.coordinator.context import Context, log
 from cairn.coordinator.runs import RESTORING, TERMINAL, TaskState, abort_in_flight
 from cairn.errors import CommitRefused, RestoreFailed
 from cairn.storage import keys
-from cairn.storage.records import GlobalCheckpoint
+from cairn.storage.records import GCOrigin, GlobalCheckpoint
 
 MAX_ROLLBACKS = 3
 # Why a task failed without a rollback, for each reason a rollback cannot help.
@@ -59,7 +59,9 @@ class Finisher:
         ctx.runs.write(task, {"rollbacks": rollbacks + 1})
         log.info("superstep aborted; rolling back", task=task, reason=reason)
         try:
-            ctx.restorer.restore(task, reason=f"superstep aborted: {reason}")
+            ctx.restorer.restore(
+                task, reason=f"superstep aborted: {reason}", origin=GCOrigin.ROLLBACK
+            )
         except RestoreFailed as exc:
             log.warning("rollback failed", task=task, error=str(exc))
 

@@ -32,6 +32,7 @@ from cairn.storage import keys
 from cairn.storage.chain import WorkingState
 from cairn.storage.keys import SPEC_DOC
 from cairn.storage.records import (
+    GCOrigin,
     GCStatus,
     GlobalCheckpoint,
     LCRef,
@@ -55,8 +56,12 @@ def committed_gc(store: CheckpointStore, task: str, number: int | None) -> Globa
         if latest is None:
             raise CheckpointNotFound(f"task {task} has no committed checkpoint")
         return latest
-    committed = {g.number for g in store.list_gcs(task) if g.status is GCStatus.COMMITTED}
-    if number not in committed:
+    listed = store.list_gcs(task)
+    if any(g.number == number and g.status is GCStatus.ABORTED for g in listed):
+        raise CheckpointNotFound(
+            f"checkpoint {number} of task {task} was aborted: it committed nothing"
+        )
+    if number not in {g.number for g in listed if g.status is GCStatus.COMMITTED}:
         raise CheckpointNotFound(f"task {task} has no committed checkpoint {number}")
     return store.read_gc(task, number)
 
@@ -111,16 +116,16 @@ def fork_task(
         members[name] = store.write_lc(state, vote=True)
         histories[name] = state.usage
     inherit(runs.redis, new, histories)  # spent by the source: not the fork's own spend
-    start = gc.model_copy(
-        update={
-            "task": new,
-            "number": 0,
-            "epoch": epoch,
-            "status": GCStatus.PREPARING,
-            "members": members,
-            "workspace": workspace,
-            "committed_at": None,
-        }
+    start = gc.written(
+        GCOrigin.FORK,
+        gc.number,
+        source_task=source,
+        task=new,
+        number=0,
+        epoch=epoch,
+        status=GCStatus.PREPARING,
+        members=members,
+        workspace=workspace,
     )
     store.prepare_gc(start)
     committed = store.commit_gc(start)

@@ -19,7 +19,7 @@ from cairn.coordinator.plan import Barrier, Plan, Then
 from cairn.coordinator.runs import StepRun, TaskState
 from cairn.coordinator.spec import Limits
 from cairn.coordinator.spend import BUDGET_REASON, budget_of, budget_reached
-from cairn.storage.records import AgentState, GlobalCheckpoint
+from cairn.storage.records import AgentState, GCOrigin, GlobalCheckpoint
 
 
 class Launcher:
@@ -49,8 +49,8 @@ class Launcher:
         plan = self.plan(task, gc, barrier)
         if plan.agents:
             superstep, epoch = gc.superstep + 1, barrier.epoch
-            intent = gc.model_copy(
-                update={"number": gc.number + 1, "superstep": superstep, "epoch": epoch}
+            intent = gc.written(
+                GCOrigin.SUPERSTEP, number=gc.number + 1, superstep=superstep, epoch=epoch
             )
             self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent)
         elif plan.then is Then.VERIFY:

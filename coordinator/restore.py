@@ -43,7 +43,7 @@ from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC
-from cairn.storage.records import GCStatus, GlobalCheckpoint
+from cairn.storage.records import GCOrigin, GCStatus, GlobalCheckpoint
 from cairn.storage.store import CheckpointStore
 
 log = get_logger(__name__)
@@ -82,16 +82,23 @@ class Restorer:
         to: int | None = None,
         reason: str = "a person asked for it",
         wait: float = 60.0,
+        origin: GCOrigin = GCOrigin.RESTORE,
     ) -> Restored:
-        """Restore `task` to GC `to` (default: the latest committed) or an older sound one."""
+        """Restore `task` to GC `to` (default: the latest committed) or an older sound one.
+
+        The GC recording it says it was written by `origin` (a rollback is a restore to
+        the latest committed GC) and names the GC restored to as its `source`.
+        """
         token = uuid.uuid4().hex
         self._lock(task, token, wait)
         try:
-            return self._restore(task, to, reason, wait)
+            return self._restore(task, to, reason, wait, origin)
         finally:
             self._unlock(task, token)
 
-    def _restore(self, task: str, to: int | None, reason: str, wait: float) -> Restored:
+    def _restore(
+        self, task: str, to: int | None, reason: str, wait: float, origin: GCOrigin
+    ) -> Restored:
         record = self.store.read_doc(task, SPEC_DOC, TaskRecord)
         policy = read_policy(self.store, task)  # before anything is touched: it may be unreadable
         candidates = self._candidates(task, to)
@@ -121,7 +128,7 @@ class Restorer:
             except (CorruptCheckpoint, RecordNotFound) as exc:  # damaged: the next older
                 failures.append(f"GC {target}: {exc}")
                 continue
-            attempt = gc.model_copy(update={"number": number, "epoch": epoch})
+            attempt = gc.written(origin, target, number=number, epoch=epoch)
             try:
                 refused = self._stage_all(task, record, gc, epoch, reason, wait)
             except RestoreFailed:  # given up: drop what was staged, as for a refusal

@@ -28,7 +28,7 @@ from cairn.storage import keys
 from cairn.storage.backends.redis import parse_ref, script, translated, translating
 from cairn.storage.base import HotStore
 from cairn.storage.public import public
-from cairn.storage.records import GlobalCheckpoint, LCRef
+from cairn.storage.records import GCOrigin, GlobalCheckpoint, LCRef
 from cairn.storage.redact import redact
 from cairn.storage.store import CheckpointStore
 
@@ -267,6 +267,9 @@ def _in_flight(
 ) -> GlobalCheckpoint:
     """The GC of the superstep in flight, to abort: the latest GC, renumbered, as its shape.
 
+    Written now, by a superstep (`GlobalCheckpoint.written`): not a copy of the latest's
+    time and origin.
+
     A latest GC that cannot be read (damaged in Redis and on disk, which a restore falls
     back past) lends no shape; the record prepared for the superstep does. Raises
     `CorruptCheckpoint` or `RecordNotFound` when neither can be read.
@@ -279,4 +282,4 @@ def _in_flight(
                     why=str(exc))  # fmt: skip
         latest = None
     shape = latest if latest is not None else store.read_gc(task, number)
-    return shape.model_copy(update=at)
+    return shape.written(GCOrigin.SUPERSTEP, **at)

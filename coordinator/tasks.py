@@ -33,6 +33,7 @@ from cairn.coordinator.spend import RAISED_BUDGETS, budget_of
 from cairn.coordinator.views import TaskStatus, list_tasks, require_task, task_status
 from cairn.errors import InvalidSpec, TaskNotFound
 from cairn.storage import keys
+from cairn.storage.aborted import note_aborted
 from cairn.storage.archive import ArchiveReport, archive_gc
 from cairn.storage.ids import new_id
 from cairn.storage.keys import SPEC_DOC
@@ -240,6 +241,9 @@ class Tasks:
         try:
             self.archive(task)
             self._ended(task)  # a restore that ended as the lock was taken may have run it
+            aborted = [i.number for i in self.store.hot.list_gcs(task)
+                       if i.status is GCStatus.ABORTED]  # fmt: skip
+            note_aborted(self.store, task, (self.store.read_gc(task, n) for n in aborted))
         except BaseException:
             if self.redis.get(keys.restore_lock(task)) == lock.encode():
                 self.redis.delete(keys.restore_lock(task))

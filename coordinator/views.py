@@ -28,12 +28,14 @@ from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
 from cairn.errors import CairnError, CheckpointNotFound, InvalidSpec, NoResult, TaskNotFound
 from cairn.storage import keys
+from cairn.storage.aborted import aborted_gcs
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.public import public
 from cairn.storage.records import (
     AgentResult,
     AgentState,
     Effects,
+    GCOrigin,
     GCStatus,
     GlobalCheckpoint,
     InboxMessage,
@@ -149,7 +151,14 @@ class TaskStatus(View):
 
 @public
 class CheckpointInfo(View):
-    """One global checkpoint of a task, as `cairn checkpoints` lists it."""
+    """One global checkpoint of a task, as `cairn checkpoints` lists it.
+
+    `created_at` is when its record was written (a restore's GC: when the restore wrote
+    it, not when the GC it restored was). `origin` says what wrote it (None: a record of
+    schema 6 or older, which did not say), `source` which GC a restore, a rollback or a
+    fork started from (of task `source_task`, for a fork). An aborted GC whose record left
+    Redis is listed from the archive's note of it, `dropped`: its number stays taken.
+    """
 
     number: int
     status: GCStatus
@@ -162,6 +171,10 @@ class CheckpointInfo(View):
     epoch: int | None = None
     damaged: bool = False  # its record cannot be read whole: no restore uses it
     error: str | None = None  # why the record could not be read whole, when it could not
+    origin: GCOrigin | None = None
+    source: int | None = None
+    source_task: str | None = None
+    dropped: bool = False  # aborted, its record gone from Redis: only the note is left
 
 
 @public
@@ -235,8 +248,11 @@ class CheckpointDetail(View):
     status: GCStatus
     superstep: int
     epoch: int
-    created_at: IsoTime
+    created_at: IsoTime  # when its record was written
     committed_at: IsoTime | None
+    origin: GCOrigin | None  # what wrote it; None: a record of schema 6 or older
+    source: int | None  # the GC a restore, rollback or fork started from
+    source_task: str | None  # a fork's source task
     hot: bool
     cold: bool
     size_bytes: int
@@ -467,8 +483,9 @@ def checkpoint_at(store: CheckpointStore, task: str, number: int | None) -> Glob
     """GC `number` of the task (the latest committed when None); `CheckpointNotFound` if absent."""
     if number is None:
         return latest(store, task)
-    if number not in {info.number for info in store.list_gcs(task)}:
-        raise CheckpointNotFound(f"task {task} has no checkpoint {number}")
+    listed = [info.number for info in store.list_gcs(task)]
+    if number not in listed:
+        raise CheckpointNotFound(missing_checkpoint(store, task, number, listed))
     return store.read_gc(task, number)
 
 
@@ -501,15 +518,27 @@ def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
                 entry["members"] = {agent: ref.id for agent, ref in gc.members.items()}
                 entry["created_at"] = gc.created_at
                 entry["epoch"] = gc.epoch
+                entry.update(origin=gc.origin, source=gc.source, source_task=gc.source_task)
         listed.append(CheckpointInfo.model_validate(entry))
-    return listed
+    numbers = {info.number for info in listed}
+    notes = [note for note in aborted_gcs(store, task).values() if note.number not in numbers]
+    listed.extend(
+        CheckpointInfo(number=note.number, status=GCStatus.ABORTED, superstep=note.superstep,
+                       members={}, hot=False, cold=False, created_at=note.created_at,
+                       size_bytes=0, epoch=note.epoch, origin=note.origin, dropped=True)
+        for note in notes
+    )  # fmt: skip
+    return sorted(listed, key=lambda info: info.number)
 
 
 def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDetail:
     """One GC in detail: its record, where it lives, each member's step and the files."""
-    info = next((i for i in store.list_gcs(task) if i.number == number), None)
+    listed = store.list_gcs(task)
+    info = next((i for i in listed if i.number == number), None)
     if info is None:
-        raise CheckpointNotFound(f"task {task} has no checkpoint {number}")
+        raise CheckpointNotFound(
+            missing_checkpoint(store, task, number, [i.number for i in listed])
+        )
     gc = store.read_gc(task, number)
     try:
         steps = {a: o.step for a, o in store.read_lcs_fields(task, gc.members, StepOutputs).items()}
@@ -525,6 +554,9 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
         epoch=gc.epoch,
         created_at=gc.created_at,
         committed_at=gc.committed_at,
+        origin=gc.origin,
+        source=gc.source,
+        source_task=gc.source_task,
         hot=info.hot,
         cold=info.cold,
         size_bytes=info.size,
@@ -545,6 +577,22 @@ def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDeta
         files=dict(sorted(manifest.files.items())),
         inbox=gc.inbox,
     )
+
+
+def missing_checkpoint(store: CheckpointStore, task: str, number: int, listed: list[int]) -> str:
+    """Why `task` keeps no record of GC `number`: aborted and dropped, or never one."""
+    note = aborted_gcs(store, task).get(number)
+    if note is not None:
+        return (
+            f"checkpoint {number} of task {task} was aborted (superstep {note.superstep}, "
+            f"epoch {note.epoch}): it committed nothing, and its record is no longer kept"
+        )
+    if listed and number < max(listed):
+        return (
+            f"task {task} keeps no checkpoint {number}: its number was taken by a GC that "
+            "aborted, or one trimmed from the archive (cold_keep)"
+        )
+    return f"task {task} has no checkpoint {number}"
 
 
 def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[TraceEntry]:

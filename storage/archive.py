@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 from cairn.errors import ArchiveConflict, NotCommitted
+from cairn.storage.aborted import note_aborted
 from cairn.storage.codec import Codec
 from cairn.storage.public import public
 from cairn.storage.records import GCStatus, GlobalCheckpoint
@@ -167,8 +168,10 @@ def trim_hot(
     # The committed GCs that stay in Redis unarchived need their blobs there too.
     staying = [store.read_gc(task, n) for n in unarchived if n not in keep]
     needed_blobs = _blobs_of(store, task, [*kept_gcs, *staying])
-    read = (store.read_gc(task, n) for n in dropping)
+    read = [store.read_gc(task, n) for n in dropping]
     dropped_gcs = [gc for gc in read if gc.status is GCStatus.COMMITTED]
+    # Never archived, an aborted GC leaves a note there first: its number is no bare gap.
+    note_aborted(store, task, (gc for gc in read if gc.status is GCStatus.ABORTED))
     # The kept chains are closed under "parent of": a walk from a dropped GC that reaches
     # one of their LCs would find only kept LCs beyond it, so it stops there.
     lcs_out = hot.walk_chains(task, _heads(dropped_gcs), known=needed_lcs)

@@ -17,6 +17,7 @@ from cairn.errors import InvalidName
 PREFIX = "cairn"
 SPEC_DOC = "spec"  # the task document every step reads
 EPOCH_DOC = "epoch"  # the archive's record of the highest epoch a task ever handed out
+ABORTED_DOC = "aborted"  # the archive's note of aborted GCs whose records left Redis
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,127}")
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import hashlib
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Annotated, Generic, TypeVar
+from typing import Annotated, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from cairn.storage.public import public
 
-SCHEMA_VERSION = 6  # what this code writes; older records are read through storage/upcast.py
+SCHEMA_VERSION = 7  # what this code writes; older records are read through storage/upcast.py
 
 
 def utcnow() -> datetime:
@@ -91,6 +91,21 @@ class GCStatus(str, Enum):
     PREPARING = "PREPARING"
     COMMITTED = "COMMITTED"
     ABORTED = "ABORTED"
+
+
+@public
+class GCOrigin(str, Enum):
+    """What wrote a global checkpoint.
+
+    `superstep`: a barrier (and a submit, whose GC 0 opens superstep 0); `restore`: a
+    restore a person or a coordinator asked for; `rollback`: a superstep given up, the task
+    rolled back to its latest committed GC; `fork`: GC 0 of a task forked from another's.
+    """
+
+    SUPERSTEP = "superstep"
+    RESTORE = "restore"
+    ROLLBACK = "rollback"
+    FORK = "fork"
 
 
 class ToolCall(BaseModel):
@@ -390,13 +405,52 @@ class GlobalCheckpoint(Record):
     spawned: dict[str, Spawned] = Field(
         default_factory=dict, exclude_if=lambda spawned: not spawned
     )
+    # When this record was written (an aborted GC's: when it was marked aborted).
     created_at: datetime = Field(default_factory=utcnow)
     committed_at: datetime | None = None
+    # What wrote it; None in records of schema 6 and older, which did not say (every
+    # writer of schema 7 on names it).
+    origin: GCOrigin | None = None
+    # The GC a restore, a rollback or a fork started from (a fork's is of `source_task`).
+    # Left out of the stored form when unset, as for every superstep's GC.
+    source: int | None = Field(default=None, exclude_if=lambda number: number is None)
+    source_task: str | None = Field(default=None, exclude_if=lambda task: task is None)
+
+    def written(self, origin: GCOrigin, source: int | None = None, **update: object) -> Self:
+        """A copy of this GC as a new record written now by `origin` (`update` on top).
+
+        Its `created_at` is the present: a restore's GC is written now, whatever GC it
+        copies. `source` is the GC a restore, rollback or fork started from.
+        """
+        fields = {"created_at": utcnow(), "committed_at": None, "origin": origin}
+        return self.model_copy(update={**fields, "source": source, "source_task": None, **update})
 
     @property
     def name(self) -> str:
         """The name a person reads: `{task}_{superstep}_gc{number}`."""
         return f"{self.task}_{self.superstep}_gc{self.number}"
+
+
+class AbortedGC(BaseModel):
+    """What is kept of an aborted GC once its record left Redis: where it stood, and when."""
+
+    model_config = STRICT
+
+    number: int
+    superstep: int
+    epoch: int
+    created_at: datetime
+    origin: GCOrigin | None = None
+
+
+class AbortedGCs(Record):
+    """A task's aborted GCs whose records left Redis, kept in the archive, oldest first.
+
+    An aborted GC is never archived (it committed nothing), so without this note its
+    number would be a gap in the task's checkpoints that nothing explains.
+    """
+
+    gcs: list[AbortedGC] = Field(default_factory=list)
 
 
 class WorkspaceManifest(Record):

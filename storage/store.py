@@ -29,6 +29,7 @@ from cairn.storage.codec import GC_ZSTD_LEVEL, Codec, Place, canonical_bytes, pa
 from cairn.storage.keys import EPOCH_DOC
 from cairn.storage.records import (
     EpochFloor,
+    GCOrigin,
     GCStatus,
     GlobalCheckpoint,
     LCRef,
@@ -517,7 +518,7 @@ class CheckpointStore:
         """
         committed = gc.model_copy(update={"status": GCStatus.COMMITTED, "committed_at": utcnow()})
         intent = _preparing(
-            committed.model_copy(update={"number": gc.number + 1, "superstep": gc.superstep + 1})
+            committed.written(GCOrigin.SUPERSTEP, number=gc.number + 1, superstep=gc.superstep + 1)
         )
         then = NextSuperstep(self.seal_gc(intent), attempts)
         began = self.hot.commit_gc(self.seal_gc(committed), owner, then)

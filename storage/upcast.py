@@ -25,6 +25,12 @@ Steps:
          checkpoint those spawned at run time, with their specs and spawners
          (`spawned`), and a task's record its `max_agents`. All added, with defaults,
          and left out of the stored form while unset.
+  6 → 7: a global checkpoint says what wrote it (`origin`: superstep, restore, rollback
+         or fork) and which GC a restore, rollback or fork started from (`source`, with
+         `source_task` for a fork); its `created_at` is when it was written, where a
+         restore's GC of schema 6 carried its source's. Added, with defaults: an older
+         GC's `origin` is None, unknown (shown as "-"), since schema 6 wrote a restore's
+         GC as it wrote a barrier's. A task's archive may keep `AbortedGCs`, a new record.
 """
 
 from __future__ import annotations
@@ -44,7 +50,14 @@ def _additive(record: Json) -> Json:
 
 ADDITIVE: Final[Upcaster] = _additive
 # version → the step from it to the next one
-UPCASTERS: dict[int, Upcaster] = {1: ADDITIVE, 2: ADDITIVE, 3: ADDITIVE, 4: ADDITIVE, 5: ADDITIVE}
+UPCASTERS: dict[int, Upcaster] = {
+    1: ADDITIVE,
+    2: ADDITIVE,
+    3: ADDITIVE,
+    4: ADDITIVE,
+    5: ADDITIVE,
+    6: ADDITIVE,
+}
 
 
 def needs_json(version: int) -> bool:

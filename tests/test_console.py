@@ -333,6 +333,39 @@ def test_a_restore_to_gc_1_made_on_the_page_puts_the_task_back(
     assert [] == seen.errors
 
 
+def test_the_diff_pickers_offer_committed_checkpoints_only(
+    stack: Stack, page: tuple[Page, Seen]
+) -> None:
+    """A restore made mid-superstep aborts its GC: listed ABORTED, never offered to diff.
+
+    The table shows each GC's epoch, members and origin (the restore's GC: `restore of 0`).
+    """
+    tab, seen = page
+    task = stack.submit(team_spec(stack.tmp / "aborted.ledger", slow=3.0))
+    deadline = time.monotonic() + WAIT_S
+    while int(stack.status(task)["superstep"] or 0) < 1:  # then the coder's slow step runs
+        assert time.monotonic() < deadline, stack.status(task)
+        time.sleep(0.05)
+    # In this process: a CLI's start-up may outlast the step.
+    stack.cluster.coordinator.restorer.restore(task, to=0)
+    stack.wait_for(task, "succeeded")
+    rows = json.loads(cairn("checkpoints", task, "--json", env=stack.env).stdout)
+    aborted = [row["number"] for row in rows if row["status"] == "ABORTED"]
+    committed = [str(row["number"]) for row in rows if row["status"] == "COMMITTED"]
+    assert 1 == len(aborted), rows
+    tab.goto(f"{stack.url}/tasks/{task}")
+    live(tab)
+    expect(tab.locator(f'#checkpoints tr[data-gc="{aborted[0]}"]')).to_contain_text("ABORTED")
+    restore = tab.locator(f'#checkpoints tr[data-gc="{aborted[0] + 1}"]')
+    expect(restore.locator("td.origin")).to_have_text("restore of 0")
+    expect(restore.locator("td.members")).to_have_text("coder, planner, reviewer")
+    for picker in ("#diff-a", "#diff-b"):
+        options = tab.locator(f"{picker} option")
+        expect(options).to_have_count(len(committed))
+        assert committed == [options.nth(i).get_attribute("value") for i in range(len(committed))]
+    assert [] == seen.errors
+
+
 def test_the_task_page_shows_who_spawned_whom(stack: Stack, page: tuple[Page, Seen]) -> None:
     """A lead that spawns three workers: each worker's row names its spawner."""
     tab, seen = page

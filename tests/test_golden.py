@@ -33,6 +33,7 @@ from cairn.storage.records import (
     SCHEMA_VERSION,
     AgentState,
     Effects,
+    GCOrigin,
     GlobalCheckpoint,
     InboxMessage,
     LCRef,
@@ -254,6 +255,15 @@ def test_the_global_checkpoint_reads_back_committed(golden: Golden, store: Check
     delta = golden.fields("lc_delta")
     head = LCRef(id=delta["id"], checksum=golden.checksum("lc_delta"))
     assert {delta["agent"]: head} == gc.members
+
+
+def test_a_gc_says_what_wrote_it_from_schema_7_and_is_unknown_before(golden: Golden) -> None:
+    """Schema 6 and older did not say what wrote a GC: it reads as None, never a guess."""
+    gc = golden.codec("gc").decode(golden.data["gc"], GlobalCheckpoint, "gc")
+    if golden.version < 7:
+        assert (None, None, None) == (gc.origin, gc.source, gc.source_task)
+    else:
+        assert (GCOrigin.RESTORE, 0, None) == (gc.origin, gc.source, gc.source_task)
 
 
 def test_the_manifest_and_its_file_read_back(golden: Golden, store: CheckpointStore) -> None:

@@ -224,25 +224,54 @@ def show_diff(console: Console, found: JSON) -> None:
 
 
 def show_checkpoints(console: Console, rows: Sequence[JSON]) -> None:
-    """One line per global checkpoint: state, tiers, size; then why each damaged one is."""
-    table = Table("GC", "status", "superstep", "agents", "hot", "cold", "created", "size")
-    damaged = []
-    for row in plain(rows):
+    """One line per global checkpoint: state, epoch, members, origin, tiers, when written.
+
+    Then why each damaged one is, and what an aborted one is (its number stays taken).
+    Sized to fit 80 columns: sizes are in `--json`; the time drops its date when every
+    GC listed was written on one day.
+    """
+    table = Table("GC", "status", "superstep", "epoch", "members", "origin", "where",
+                  "written", collapse_padding=True, pad_edge=False)  # fmt: skip
+    notes, rows = [], plain(rows)
+    days = {str(row["created_at"])[:10] for row in rows if row["created_at"]}
+    for row in rows:
         if row.get("damaged"):
-            damaged.append(f"GC {row['number']} is damaged: {row.get('error')}")
+            notes.append(f"GC {row['number']} is damaged: {row.get('error')}")
+        written = _when(row["created_at"])
         table.add_row(
             str(row["number"]),
             styled("damaged" if row.get("damaged") else row["status"]),
             "" if row["superstep"] is None else str(row["superstep"]),
-            str(len(row["members"])),
-            "yes" if row["hot"] else "",
-            "yes" if row["cold"] else "",
-            _when(row["created_at"]),
-            _size(row["size_bytes"]),
+            "" if row.get("epoch") is None else str(row["epoch"]),
+            "" if row.get("dropped") else str(len(row["members"])),
+            origin_of(row),
+            "+".join(tier for tier in ("hot", "cold") if row[tier]),
+            written[6:] if len(days) == 1 else written,
         )
     console.print(table)
-    for line in damaged:
+    if len(days) == 1:
+        console.print(f"written on {days.pop()} (UTC)", markup=False, highlight=False)
+    for line in notes:
         console.print(line, style="red", markup=False, highlight=False)
+    if any(row["status"] == "ABORTED" for row in rows):
+        console.print(
+            "ABORTED: committed nothing (a superstep given up, a restore's fallback); "
+            "its number is never used again",
+            markup=False,
+            highlight=False,
+        )
+
+
+def origin_of(row: JSON) -> str:
+    """What wrote a GC, as a person reads it: `restore of 3`, `fork of T@1`; `-`: unknown."""
+    origin, source = row.get("origin"), row.get("source")
+    if origin is None:
+        return "-"  # a record of schema 6 or older: it did not say
+    if source is None:
+        return str(origin)
+    if origin == "fork":
+        return f"fork of {row.get('source_task')}@{source}"
+    return f"{origin} {'to' if origin == 'rollback' else 'of'} {source}"
 
 
 def show_checkpoint(console: Console, gc: JSON) -> None:
@@ -252,7 +281,7 @@ def show_checkpoint(console: Console, gc: JSON) -> None:
     console.print(
         f"[bold]{gc['name']}[/]  {styled(gc['status'])}  superstep {gc['superstep']}  "
         f"epoch {gc['epoch']}  {tiers}  {_size(gc['size_bytes'])}  "
-        f"created {_when(gc['created_at'])}"
+        f"written {_when(gc['created_at'])}  origin {origin_of(gc)}"
     )
     members = Table("agent", "status", "step", "local checkpoint")
     for agent in gc["agents"]:

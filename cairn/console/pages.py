@@ -88,7 +88,8 @@ def task_page(csrf: str, task: str) -> str:
 <pre id="verify" class="verify"></pre>
 <h2>Checkpoints</h2>
 <table id="checkpoints"><thead><tr><th>GC</th><th>status</th><th>superstep</th>
-<th>epoch</th><th>where</th><th>created</th><th>size</th><th></th></tr></thead>
+<th>epoch</th><th>members</th><th>origin</th><th>where</th><th>written</th><th>size</th>
+<th></th></tr></thead>
 <tbody></tbody></table>
 <h2>Diff</h2>
 <p class="controls"><label>from <select id="diff-a"></select></label>

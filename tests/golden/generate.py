@@ -36,6 +36,7 @@ from cairn.storage.records import (
     AgentState,
     ContextView,
     Effects,
+    GCOrigin,
     GCStatus,
     GlobalCheckpoint,
     ImagePart,
@@ -301,7 +302,11 @@ def build_delta_lc(
 
 
 def build_gc(head: LCRef, outbox: list[InboxMessage], manifest_id: str) -> GlobalCheckpoint:
-    """The committed barrier of superstep 1: alice's delta LC, the workspace, bob's inbox."""
+    """Superstep 1's committed GC: alice's delta LC, the workspace, bob's inbox.
+
+    Written by a restore of GC 0 (from v7, a GC says what wrote it), so its origin and
+    source are both stored.
+    """
     return GlobalCheckpoint(
         task=TASK,
         number=GC_NUMBER,
@@ -322,6 +327,8 @@ def build_gc(head: LCRef, outbox: list[InboxMessage], manifest_id: str) -> Globa
         },
         created_at=at(65),
         committed_at=at(65.5),
+        origin=GCOrigin.RESTORE,
+        source=0,
     )
 
 

@@ -254,6 +254,14 @@
     });
   }
 
+  // What wrote a GC, as `cairn checkpoints` says it: "restore of 3", "fork of T@1", "-".
+  function originOf(gc) {
+    if (!gc.origin) return "-";
+    if (gc.source === null || gc.source === undefined) return gc.origin;
+    if (gc.origin === "fork") return "fork of " + gc.source_task + "@" + gc.source;
+    return gc.origin + (gc.origin === "rollback" ? " to " : " of ") + gc.source;
+  }
+
   function drawCheckpoints(task, gcs) {
     fill(document.querySelector("#checkpoints tbody"), gcs.map(function (gc) {
       var restore = el("button", { type: "button", className: "restore", text: "restore" });
@@ -269,19 +277,24 @@
       var where = [gc.hot ? el("span", { className: "tag hot", text: "hot" }) : null, " ",
         gc.cold ? el("span", { className: "tag cold", text: "cold" }) : null];
       var committed = gc.status === "COMMITTED";
+      var members = Object.keys(gc.members).sort();
       return el("tr", { "data-gc": gc.number }, el("td", { text: gc.number }), el("td", {}, state(gc.status)),
         el("td", { text: gc.superstep }), el("td", { text: gc.epoch === null || gc.epoch === undefined ? "" : gc.epoch }),
+        el("td", { className: "members", text: members.length > 3 ? members.length + " agents" : members.join(", ") }),
+        el("td", { className: "origin", text: originOf(gc) }),
         el.apply(null, ["td", {}].concat(where)), el("td", { text: gc.created_at ? new Date(gc.created_at).toLocaleTimeString() : "" }),
-        el("td", { text: gc.size_bytes + " B" }), el("td", {}, committed ? restore : null, " ", committed ? fork : null,
+        el("td", { text: gc.dropped ? "" : gc.size_bytes + " B" }), el("td", {}, committed ? restore : null, " ", committed ? fork : null,
           gc.error ? el("span", { className: "error", text: gc.error }) : null));
-    }), "no checkpoint yet", 8);
+    }), "no checkpoint yet", 10);
+    // A diff compares committed states: an aborted GC committed nothing to compare.
+    var comparable = gcs.filter(function (gc) { return gc.status === "COMMITTED"; });
     ["diff-a", "diff-b"].forEach(function (id, side) {
       var select = document.getElementById(id);
       var kept = select.value;
       select.replaceChildren();
-      gcs.forEach(function (gc) { select.appendChild(el("option", { value: gc.number, text: "GC " + gc.number })); });
-      if (kept) select.value = kept;
-      else if (gcs.length) select.value = String(gcs[side === 0 ? 0 : gcs.length - 1].number);
+      comparable.forEach(function (gc) { select.appendChild(el("option", { value: gc.number, text: "GC " + gc.number })); });
+      if (kept && comparable.some(function (gc) { return String(gc.number) === kept; })) select.value = kept;
+      else if (comparable.length) select.value = String(comparable[side === 0 ? 0 : comparable.length - 1].number);
     });
   }
 
