@@ -8,6 +8,7 @@ started (and the command lines they run with).
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -18,8 +19,10 @@ import pytest
 import structlog
 
 from cairn.cli import main
+from cairn.testing.redis_server import RedisServer
 
 Run = Callable[..., tuple[int, str, str]]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @contextlib.contextmanager
@@ -64,6 +67,38 @@ def spawn(args: list[str], env: dict[str, str], log: Path) -> subprocess.Popen[b
             stdout=subprocess.DEVNULL,
             stderr=sink,
         )
+
+
+@contextlib.contextmanager
+def private_stack(
+    tmp: Path, name: str, *, appendonly: bool = True, **extra: str
+) -> Iterator[tuple[str, dict[str, str]]]:
+    """A redis-server of its own, a `cairn coordinator` and a `cairn worker` process on it.
+
+    Yields the Redis URL and the environment `cairn` processes run with (every setting
+    under `tmp`, JSON logs, `extra` on top); stops them all after.
+    """
+    server = RedisServer(tmp / "redis", appendonly=appendonly).start()
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "CAIRN_REDIS_URL": server.url,
+        "CAIRN_STATE_DIR": str(tmp / "state"),
+        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
+        "CAIRN_CACHE_DIR": str(tmp / "cache"),
+        "CAIRN_LOG_FORMAT": "json",
+        **extra,
+    }
+    processes = [
+        spawn(["coordinator", "--name", name, "--lease-ms", "1000"], env, tmp / "coordinator.log"),
+        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
+    ]
+    try:
+        yield server.url, env
+    finally:
+        for process in processes:
+            stop(process)
+        server.stop()
 
 
 def stop(process: subprocess.Popen[bytes], timeout: float = 20) -> int:

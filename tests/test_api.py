@@ -49,7 +49,7 @@ from cairn.errors import (
 )
 from cairn.storage.records import TraceRecord
 from cairn.testing.redis_server import RedisServer, free_port
-from tests.cli_harness import spawn, stop
+from tests.cli_harness import private_stack
 from tests.cluster import TEAM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -78,26 +78,8 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A private redis-server, `cairn coordinator` and `cairn worker` for the module."""
     tmp = tmp_path_factory.mktemp("api")
-    server = RedisServer(tmp / "redis", appendonly=True).start()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CAIRN_REDIS_URL": server.url,
-        "CAIRN_STATE_DIR": str(tmp / "state"),
-        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
-        "CAIRN_CACHE_DIR": str(tmp / "cache"),
-        "CAIRN_LOG_FORMAT": "json",
-    }
-    processes = [
-        spawn(["coordinator", "--name", "api-test", "--lease-ms", "1000"], env, tmp / "c.log"),
-        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
-    ]
-    try:
-        yield Stack(server.url, tmp)
-    finally:
-        for process in processes:
-            stop(process)
-        server.stop()
+    with private_stack(tmp, "api-test") as (url, _env):
+        yield Stack(url, tmp)
 
 
 @pytest.fixture

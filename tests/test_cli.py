@@ -34,6 +34,7 @@ from tests.cli_harness import (
     children,
     cli_runner,
     cmdline,
+    private_stack,
     spawn,
     stop,
     wait_until,
@@ -100,30 +101,8 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A private redis-server, `cairn coordinator` and `cairn worker` for the module."""
     tmp = tmp_path_factory.mktemp("cli")
-    server = RedisServer(tmp / "redis", appendonly=True).start()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CAIRN_REDIS_URL": server.url,
-        "CAIRN_STATE_DIR": str(tmp / "state"),
-        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
-        "CAIRN_CACHE_DIR": str(tmp / "cache"),
-        "CAIRN_LOG_FORMAT": "json",
-    }
-    processes = [
-        spawn(
-            ["coordinator", "--name", "cli-test", "--lease-ms", "1000"],
-            env,
-            tmp / "coordinator.log",
-        ),
-        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
-    ]
-    try:
-        yield Stack(server.url, env, tmp)
-    finally:
-        for process in processes:
-            stop(process)
-        server.stop()
+    with private_stack(tmp, "cli-test") as (url, env):
+        yield Stack(url, env, tmp)
 
 
 @pytest.fixture

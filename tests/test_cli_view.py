@@ -8,7 +8,6 @@ terminal of that width shows it, and is read as a person (or a shell script) rea
 from __future__ import annotations
 
 import json
-import os
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -16,8 +15,7 @@ from pathlib import Path
 import pytest
 
 from cairn import Client, TaskStatus
-from cairn.testing.redis_server import RedisServer
-from tests.cli_harness import cairn, spawn, stop
+from tests.cli_harness import cairn, private_stack
 from tests.cluster import TEAM
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,29 +67,11 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A private redis-server, `cairn coordinator` and `cairn worker`, 80 columns wide."""
     tmp = tmp_path_factory.mktemp("view")
-    server = RedisServer(tmp / "redis").start()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "COLUMNS": "80",
-        "CAIRN_REDIS_URL": server.url,
-        "CAIRN_STATE_DIR": str(tmp / "state"),
-        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
-        "CAIRN_CACHE_DIR": str(tmp / "cache"),
-    }
-    processes = [
-        spawn(["coordinator", "--name", "view-test", "--lease-ms", "1000"], env,
-              tmp / "coordinator.log"),
-        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
-    ]  # fmt: skip
-    client = Client(server.url, tmp / "archive")
-    try:
+    with (
+        private_stack(tmp, "view-test", appendonly=False, COLUMNS="80") as (url, env),
+        Client(url, tmp / "archive") as client,
+    ):
         yield Stack(env, tmp, client)
-    finally:
-        client.close()
-        for process in processes:
-            stop(process)
-        server.stop()
 
 
 def submitted(stack: Stack, spec: Path) -> str:

@@ -10,7 +10,6 @@ it is still retrying.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -25,8 +24,8 @@ import pytest
 from cairn import Client, StepFailure
 from cairn.coordinator.failures import KEEP, FailureEvent, read_failures, record_failure
 from cairn.storage import keys
-from cairn.testing.redis_server import RedisServer, free_port
-from tests.cli_harness import cairn, spawn, stop
+from cairn.testing.redis_server import free_port
+from tests.cli_harness import cairn, private_stack
 
 ROOT = Path(__file__).resolve().parents[1]
 UNREACHABLE = """
@@ -62,26 +61,8 @@ class Stack:
 def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
     """A private redis-server, `cairn coordinator` and `cairn worker` for the module."""
     tmp = tmp_path_factory.mktemp("failing")
-    server = RedisServer(tmp / "redis", appendonly=True).start()
-    env = {
-        **os.environ,
-        "PYTHONPATH": str(ROOT),
-        "CAIRN_REDIS_URL": server.url,
-        "CAIRN_STATE_DIR": str(tmp / "state"),
-        "CAIRN_ARCHIVE_DIR": str(tmp / "archive"),
-        "CAIRN_CACHE_DIR": str(tmp / "cache"),
-        "CAIRN_LOG_FORMAT": "json",
-    }
-    processes = [
-        spawn(["coordinator", "--name", "failing", "--lease-ms", "1000"], env, tmp / "c.log"),
-        spawn(["worker", "--count", "1"], env, tmp / "worker.log"),
-    ]
-    try:
-        yield Stack(server.url, env, tmp)
-    finally:
-        for process in processes:
-            stop(process)
-        server.stop()
+    with private_stack(tmp, "failing") as (url, env):
+        yield Stack(url, env, tmp)
 
 
 @pytest.fixture(scope="module")

@@ -2,8 +2,9 @@
 
 In a fresh directory: `cairn up` in the background; the README's Python tour and CLI tour
 run as written, read out of README.md (a tour that no longer runs fails here); the example
-team submitted, watched to its end, its status and checkpoints read; the terminal running
-`cairn up` closed (SIGHUP), `cairn up` again, the task still there; `cairn down`.
+team submitted, watched to its end, its status and checkpoints read; a model that cannot
+be reached seen failing in `status` and `logs`, a misspelt tool refused at submit; the
+terminal running `cairn up` closed (SIGHUP), `cairn up` again, the task still there; `cairn down`.
 Nothing the test started may be left running, by process group or by descent.
 """
 
@@ -22,10 +23,24 @@ from pathlib import Path
 
 import pytest
 
+from cairn.testing.redis_server import free_port
 from tests.cli_harness import wait_until
 from tests.test_up import GONE_WITHIN, living
 
 ROOT = Path(__file__).resolve().parents[1]
+# A model nobody answers (a closed port), and a tool no worker has.
+UNREACHABLE = """
+name: Unreachable
+goal: Say hello.
+agents:
+  - {name: writer, model: openai:gpt-test, base_url: "http://127.0.0.1:PORT/v1", timeout: 1}
+"""
+MISSPELT = """
+name: Misspelt
+goal: Say hello.
+agents:
+  - {name: writer, model: scripted, tools: [write_fle], script: [{say: hi}]}
+"""
 
 
 def readme_block(section: str, language: str) -> str:
@@ -160,6 +175,8 @@ def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:
     assert (newcomer.path / "timeline.html").exists()
     assert "text.split(" in (newcomer.path / "at-gc-1" / "words.py").read_text()
     newcomer.note_family(first)
+    trip_over_a_failing_model_and_a_misspelt_tool(newcomer)
+    newcomer.note_family(first)
 
     first.send_signal(signal.SIGHUP)  # its terminal closed
     wait_until(lambda: first.poll() is not None and not newcomer.left(), GONE_WITHIN)
@@ -176,3 +193,28 @@ def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:
     assert set() == newcomer.left()  # `down` returned once all of it was gone
     assert 0 == second.wait(5)
     assert not (newcomer.state / "redis.url").exists()
+
+
+def trip_over_a_failing_model_and_a_misspelt_tool(newcomer: Newcomer) -> None:
+    """A model nobody answers shows in status and logs; a tool no worker has is refused."""
+    (newcomer.path / "unreachable.yaml").write_text(UNREACHABLE.replace("PORT", str(free_port())))
+    done = newcomer.cairn("submit", "unreachable.yaml")
+    assert 0 == done.returncode, done.stderr
+    task = done.stdout.strip()
+
+    def writer() -> dict[str, object]:
+        status = json.loads(newcomer.cairn("status", task, "--json").stdout)
+        return dict(status["agents"][0])
+
+    wait_until(lambda: "last_error" in writer(), 60)
+    assert "ConnectionRefusedError" in str(writer()["last_error"])
+    logs = newcomer.cairn("logs", task, "--agent", "writer")
+    assert (0, True) == (logs.returncode, " step failed " in logs.stdout), logs.stderr
+    assert "Traceback" not in logs.stdout
+    assert 0 == newcomer.cairn("cancel", task).returncode
+
+    (newcomer.path / "misspelt.yaml").write_text(MISSPELT)
+    refused = newcomer.cairn("submit", "misspelt.yaml")
+    assert 2 == refused.returncode
+    assert 1 == len(refused.stderr.splitlines()), refused.stderr
+    assert "did you mean write_file?" in refused.stderr
