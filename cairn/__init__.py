@@ -33,8 +33,10 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.agents.tools import ToolContext
     from cairn.aio import AsyncClient, AsyncTask
     from cairn.client import Client, Task
+    from cairn.coordinator.approvals import Decision, PendingCall
     from cairn.coordinator.diff import Diff
     from cairn.coordinator.failures import StepFailure
+    from cairn.coordinator.gcviews import CheckpointDetail, CheckpointInfo
     from cairn.coordinator.runs import TaskState
     from cairn.coordinator.settings import Settings
     from cairn.coordinator.spec import TaskSpec, Team
@@ -42,12 +44,8 @@ if _typing.TYPE_CHECKING:  # what mypy and editors see; at run time `__getattr__
     from cairn.coordinator.timeline import Timeline
     from cairn.coordinator.views import (
         AgentStatus,
-        CheckpointDetail,
-        CheckpointInfo,
-        Decision,
         Export,
         Lineage,
-        PendingCall,
         RestoreResult,
         TaskResult,
         TaskStatus,
@@ -72,10 +70,10 @@ _HOMES = {
     "AsyncClient": "cairn.aio",
     "AsyncTask": "cairn.aio",
     "Budget": "cairn.agents.accounting",
-    "CheckpointDetail": "cairn.coordinator.views",
-    "CheckpointInfo": "cairn.coordinator.views",
+    "CheckpointDetail": "cairn.coordinator.gcviews",
+    "CheckpointInfo": "cairn.coordinator.gcviews",
     "Client": "cairn.client",
-    "Decision": "cairn.coordinator.views",
+    "Decision": "cairn.coordinator.approvals",
     "Diff": "cairn.coordinator.diff",
     "Export": "cairn.coordinator.views",
     "GCOrigin": "cairn.storage.records",
@@ -84,7 +82,7 @@ _HOMES = {
     "MemberBudget": "cairn.agents.accounting",
     "LiveCall": "cairn.agents.live",
     "LiveReply": "cairn.agents.live",
-    "PendingCall": "cairn.coordinator.views",
+    "PendingCall": "cairn.coordinator.approvals",
     "Price": "cairn.agents.accounting",
     "RestoreResult": "cairn.coordinator.views",
     "Settings": "cairn.coordinator.settings",

@@ -41,17 +41,15 @@ from pydantic import JsonValue
 from cairn.agents.accounting import Budget, MemberBudget
 from cairn.agents.live import LiveReply
 from cairn.client import OUTAGE, WAIT_POLL, Client, M, SpecSource, Task, Waiting, configure
+from cairn.coordinator.approvals import Decision, PendingCall
 from cairn.coordinator.diff import Diff
 from cairn.coordinator.failures import StepFailure
+from cairn.coordinator.gcviews import CheckpointDetail, CheckpointInfo
 from cairn.coordinator.settings import Settings, display_url
 from cairn.coordinator.tasklogs import LogLine
 from cairn.coordinator.timeline import Timeline
 from cairn.coordinator.views import (
-    CheckpointDetail,
-    CheckpointInfo,
-    Decision,
     Export,
-    PendingCall,
     RestoreResult,
     TaskStatus,
     TraceEntry,

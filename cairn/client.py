@@ -23,9 +23,11 @@ from cairn.agents.accounting import Budget, MemberBudget, load_prices
 from cairn.agents.live import LiveReply, read_live
 from cairn.agents.spec import parse_model
 from cairn.connection import client_for, ping
-from cairn.coordinator import export, views
+from cairn.coordinator import approvals, export, gcviews, views
+from cairn.coordinator.approvals import Decision, PendingCall
 from cairn.coordinator.diff import Diff, diff
 from cairn.coordinator.failures import StepFailure, read_failures
+from cairn.coordinator.gcviews import CheckpointDetail, CheckpointInfo
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.settings import (
     Settings,
@@ -39,11 +41,7 @@ from cairn.coordinator.tasklogs import LogLine, read_logs
 from cairn.coordinator.tasks import Tasks
 from cairn.coordinator.timeline import Timeline, gather
 from cairn.coordinator.views import (
-    CheckpointDetail,
-    CheckpointInfo,
-    Decision,
     Export,
-    PendingCall,
     RestoreResult,
     TaskStatus,
     TraceEntry,
@@ -181,7 +179,7 @@ class Client:
             for status in self.tasks()
             if not status.ended
             and any(a.status is AgentState.WAITING_APPROVAL for a in status.agents)
-            for call in views.pending_approvals(self._store, status.task_id)
+            for call in approvals.pending_approvals(self._store, status.task_id)
         ]
 
     @_redis_errors
@@ -308,12 +306,12 @@ class Task:
     @_redis_errors
     def checkpoints(self) -> list[CheckpointInfo]:
         """Every global checkpoint, hot or cold, oldest first."""
-        return views.checkpoints(self.client._store, self.id)
+        return gcviews.checkpoints(self.client._store, self.id)
 
     @_redis_errors
     def checkpoint(self, number: int) -> CheckpointDetail:
         """One global checkpoint in detail: members, their steps, files, undelivered inbox."""
-        return views.checkpoint(self.client._store, self.id, number)
+        return gcviews.checkpoint(self.client._store, self.id, number)
 
     @_redis_errors
     def restore(self, to: int | None = None, *, on_workers: bool = False) -> RestoreResult:
@@ -436,17 +434,17 @@ class Task:
     @_redis_errors
     def approvals(self) -> list[PendingCall]:
         """The task's tool calls waiting for a person (agents in team order)."""
-        return views.pending_approvals(self.client._store, self.id)
+        return approvals.pending_approvals(self.client._store, self.id)
 
     @_redis_errors
     def approve(self, agent: str, call: str | None = None) -> Decision:
         """Let `agent` make its tool call that waits for a person (`call`, or the first)."""
-        return views.record_decision(self.client._store, self.id, agent, call, approved=True)
+        return approvals.record_decision(self.client._store, self.id, agent, call, approved=True)
 
     @_redis_errors
     def reject(self, agent: str, call: str | None = None, *, reason: str) -> Decision:
         """Refuse `agent`'s waiting tool call; the model reads `reason` as its result."""
-        return views.record_decision(
+        return approvals.record_decision(
             self.client._store, self.id, agent, call, approved=False, reason=reason
         )
 

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import Field
 
 from cairn.coordinator.fork import committed_gc
-from cairn.coordinator.views import JSON, View
+from cairn.coordinator.viewbase import JSON, View
 from cairn.storage.public import public
 from cairn.storage.records import GlobalCheckpoint, LCRef, LocalCheckpoint, Message, TraceRecord
 from cairn.storage.store import CheckpointStore

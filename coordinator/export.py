@@ -12,7 +12,8 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from cairn.agents.workspace import check_path, directories, tree_clashes
-from cairn.coordinator.views import Export, checkpoint_at
+from cairn.coordinator.gcviews import checkpoint_at
+from cairn.coordinator.views import Export
 from cairn.errors import InvalidSpec, ToolError
 from cairn.storage.store import CheckpointStore
 

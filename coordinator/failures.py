@@ -19,19 +19,18 @@ import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from enum import Enum
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import redis
-from pydantic import BaseModel, ConfigDict, PlainSerializer, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
+from cairn.coordinator.viewbase import IsoTime
 from cairn.storage import keys
 from cairn.storage.public import public
 from cairn.storage.redact import redact
 
 KEEP = 500  # events kept per task: the newest
 ERROR_CHARS = 500  # of an event's error line
-
-IsoTime = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str)]
 
 
 class FailureEvent(str, Enum):

@@ -9,18 +9,18 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime
-from typing import Annotated, Any, cast
+from typing import Any, cast
 
 import redis
-from pydantic import BaseModel, ConfigDict, JsonValue, PlainSerializer
+from pydantic import BaseModel, ConfigDict, JsonValue
 
+from cairn.coordinator.viewbase import IsoTime
 from cairn.storage import keys
 from cairn.storage.public import public
 
 MAX_WAIT = 2.0  # seconds one blocking read waits at most: well inside the socket's timeout
 PAGE = 1_000  # lines read in one round trip
 
-IsoTime = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str)]
 Entry = tuple[bytes, dict[bytes, bytes]]
 
 

@@ -22,9 +22,9 @@ from datetime import datetime
 
 import redis
 
-from cairn.coordinator import views
+from cairn.coordinator import gcviews, views
 from cairn.coordinator.failures import FailureEvent, StepFailure, read_failures
-from cairn.coordinator.views import JSON
+from cairn.coordinator.viewbase import JSON
 from cairn.errors import CairnError, TaskNotFound
 from cairn.storage.public import public
 from cairn.storage.records import GCStatus, LCRef, LocalCheckpoint, TraceRecord, Usage
@@ -259,8 +259,8 @@ def step_cell(agent: str, lc: LocalCheckpoint, trace: list[TraceRecord]) -> Step
     )
 
 
-def marks(checkpoints: list[views.CheckpointInfo]) -> list[CheckpointMark]:
-    """The GCs of `views.checkpoints`, oldest first, a restore marked where epoch rises."""
+def marks(checkpoints: list[gcviews.CheckpointInfo]) -> list[CheckpointMark]:
+    """The GCs of `gcviews.checkpoints`, oldest first, a restore marked where epoch rises."""
     found: list[CheckpointMark] = []
     epoch: int | None = None
     for info in sorted(checkpoints, key=lambda c: c.number):
@@ -292,7 +292,7 @@ def gather(client: redis.Redis, store: CheckpointStore, task: str) -> Timeline:
             forked_from = f"{status.forked_from.task_id}@{status.forked_from.checkpoint}"
     except TaskNotFound:  # only its archive is left
         state, reason = "unknown", None
-    checkpoints = marks(views.checkpoints(store, task))
+    checkpoints = marks(gcviews.checkpoints(store, task))
     problems: list[str] = []
     try:
         agents = views.team(store, task)

@@ -1,63 +1,45 @@
-"""What a user sees of a task: its status, its checkpoints, its trace, its files.
+"""What a user sees of a task: its status, its result, its trace, its calls awaiting a person.
 
-Every answer is typed: pydantic models (`TaskStatus`, `CheckpointInfo`, `CheckpointDetail`,
-`TraceEntry`, ...) whose JSON is what `cairn status --json` and its siblings print. Plain
+Every answer is typed: pydantic models (`TaskStatus`, `TaskResult`, `TraceEntry`,
+`PendingCall`, ...) whose JSON is what `cairn status --json` and its siblings print. Plain
 functions over Redis and the checkpoint store, so the Python API, the CLI, `watch` and the
-HTML timeline all read a task the same way. Every record read here is verified on the way
-(the store never hands out one that is not).
+HTML timeline all read a task the same way (its checkpoints: `gcviews`). Every record read
+here is verified on the way (the store never hands out one that is not).
 """
 
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import Annotated, Any, cast
+from typing import cast
 
 import redis
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, PlainSerializer
+from pydantic import ConfigDict, Field, JsonValue
 
 from cairn.agents.accounting import Budget
-from cairn.agents.approval import decide
-from cairn.agents.barrier import StepOutputs, pending_calls
 from cairn.agents.results import latest_result
 from cairn.agents.spec import TaskRecord
 from cairn.agents.team import spawned_by
 from cairn.agents.team import team as team_at
 from cairn.coordinator.budgets import held_members
 from cairn.coordinator.failures import StepFailure, read_failures, troubles
+from cairn.coordinator.gcviews import checkpoint_at, latest
 from cairn.coordinator.runs import RESTORING, TaskState, read_run
 from cairn.coordinator.spend import in_flight, read_spend, replayed, total
+from cairn.coordinator.viewbase import IsoTime, View
 from cairn.errors import CairnError, CheckpointNotFound, InvalidSpec, NoResult, TaskNotFound
 from cairn.storage import keys
-from cairn.storage.aborted import aborted_gcs
 from cairn.storage.keys import SPEC_DOC, check_name
 from cairn.storage.public import public
 from cairn.storage.records import (
     AgentResult,
     AgentState,
     Effects,
-    GCOrigin,
     GCStatus,
     GlobalCheckpoint,
-    InboxMessage,
     Record,
-    ToolCall,
     Usage,
 )
 from cairn.storage.store import CheckpointStore
-
-JSON = dict[str, Any]
-# A time as `datetime.isoformat` writes it (`+00:00`), in the JSON of the views that say when.
-IsoTime = Annotated[datetime, PlainSerializer(datetime.isoformat, return_type=str)]
-
-
-class View(BaseModel):
-    """A read model: immutable, serialized under its JSON names."""
-
-    model_config = ConfigDict(frozen=True, validate_by_name=True, serialize_by_alias=True)
-
-    def to_json(self) -> JSON:
-        """The JSON object scripts read (`--json`)."""
-        return self.model_dump(mode="json")
 
 
 class Tokens(View):
@@ -150,64 +132,12 @@ class TaskStatus(View):
 
 
 @public
-class CheckpointInfo(View):
-    """One global checkpoint of a task, as `cairn checkpoints` lists it.
-
-    `created_at` is when its record was written (a restore's GC: when the restore wrote
-    it, not when the GC it restored was). `origin` says what wrote it (None: a record of
-    schema 6 or older, which did not say), `source` which GC a restore, a rollback or a
-    fork started from (of task `source_task`, for a fork). An aborted GC whose record left
-    Redis is listed from the archive's note of it, `dropped`: its number stays taken.
-    """
-
-    number: int
-    status: GCStatus
-    superstep: int | None  # None: unknown, the archive's only copy of its record is damaged
-    members: dict[str, str]  # agent → its local checkpoint's id
-    hot: bool
-    cold: bool
-    created_at: IsoTime | None
-    size_bytes: int
-    epoch: int | None = None
-    damaged: bool = False  # its record cannot be read whole: no restore uses it
-    error: str | None = None  # why the record could not be read whole, when it could not
-    origin: GCOrigin | None = None
-    source: int | None = None
-    source_task: str | None = None
-    dropped: bool = False  # aborted, its record gone from Redis: only the note is left
-
-
-@public
 class RestoreResult(View):
     """A restore's outcome: the checkpoint restored, the new one recording it, the epoch."""
 
     restored_to: int
     epoch: int
     checkpoint: int
-
-
-@public
-class Decision(View):
-    """A person's decision on an agent's tool call that waited for approval."""
-
-    task_id: str
-    agent: str
-    call: str
-    tool: str
-    arguments: dict[str, Any]
-    approved: bool
-    reason: str
-
-
-@public
-class PendingCall(View):
-    """A tool call an agent waits on a person for (`cairn approvals --json`)."""
-
-    task_id: str
-    agent: str
-    call: str
-    tool: str
-    arguments: dict[str, Any]
 
 
 @public
@@ -219,49 +149,6 @@ class Export(View):
     out: str
     files: list[str]
     left_out: list[str] = Field(default_factory=list)
-
-
-class CheckpointMember(View):
-    """One agent of a global checkpoint: its local checkpoint, its status, its step."""
-
-    name: str
-    lc_id: str
-    checksum: str
-    status: AgentState
-    step: int | None  # None when its local checkpoint is gone (an aborted checkpoint's)
-    # The member that spawned it; None (and left out of the JSON): the task's spec lists it.
-    spawned_by: str | None = Field(default=None, exclude_if=lambda parent: parent is None)
-    # Why it takes no step: its subtree's budget is reached (coordinator/budgets.py).
-    held: str | None = Field(default=None, exclude_if=lambda why: why is None)
-
-
-@public
-class CheckpointDetail(View):
-    """One global checkpoint in detail, as `cairn checkpoint` shows it.
-
-    Its record, where it lives, each member's step, the workspace's files (path → sha256)
-    and the messages delivered but not yet read.
-    """
-
-    number: int
-    name: str
-    status: GCStatus
-    superstep: int
-    epoch: int
-    created_at: IsoTime  # when its record was written
-    committed_at: IsoTime | None
-    origin: GCOrigin | None  # what wrote it; None: a record of schema 6 or older
-    source: int | None  # the GC a restore, rollback or fork started from
-    source_task: str | None  # a fork's source task
-    hot: bool
-    cold: bool
-    size_bytes: int
-    checksum: str
-    members: dict[str, str]  # agent → its local checkpoint's id
-    agents: list[CheckpointMember]
-    workspace: str  # the workspace manifest's id
-    files: dict[str, str]
-    inbox: list[InboxMessage]
 
 
 @public
@@ -471,130 +358,6 @@ def team(store: CheckpointStore, task: str) -> list[str]:
     return team_at(latest(store, task), store.read_doc(task, SPEC_DOC, TaskRecord))
 
 
-def latest(store: CheckpointStore, task: str) -> GlobalCheckpoint:
-    """The task's latest committed GC; `CheckpointNotFound` when it has none."""
-    gc = store.latest_gc(task)
-    if gc is None:
-        raise CheckpointNotFound(f"task {task} has no committed checkpoint")
-    return gc
-
-
-def checkpoint_at(store: CheckpointStore, task: str, number: int | None) -> GlobalCheckpoint:
-    """GC `number` of the task (the latest committed when None); `CheckpointNotFound` if absent."""
-    if number is None:
-        return latest(store, task)
-    listed = [info.number for info in store.list_gcs(task)]
-    if number not in listed:
-        raise CheckpointNotFound(missing_checkpoint(store, task, number, listed))
-    return store.read_gc(task, number)
-
-
-def checkpoints(store: CheckpointStore, task: str) -> list[CheckpointInfo]:
-    """Every GC of the task, hot or cold, oldest first.
-
-    A GC whose record cannot be read whole is still listed, `damaged`, with `error` saying
-    why.
-    """
-    listed: list[CheckpointInfo] = []
-    for info in store.list_gcs(task):
-        entry: JSON = {
-            "number": info.number,
-            "status": info.status,
-            "superstep": info.superstep,
-            "members": {},
-            "hot": info.hot,
-            "cold": info.cold,
-            "created_at": None,
-            "size_bytes": info.size,
-        }
-        if info.damaged is not None:  # the listing read it already
-            entry["damaged"], entry["error"] = True, info.damaged
-        else:
-            try:
-                gc = store.read_gc(task, info.number)
-            except CairnError as exc:
-                entry["damaged"], entry["error"] = True, str(exc)
-            else:
-                entry["members"] = {agent: ref.id for agent, ref in gc.members.items()}
-                entry["created_at"] = gc.created_at
-                entry["epoch"] = gc.epoch
-                entry.update(origin=gc.origin, source=gc.source, source_task=gc.source_task)
-        listed.append(CheckpointInfo.model_validate(entry))
-    numbers = {info.number for info in listed}
-    notes = [note for note in aborted_gcs(store, task).values() if note.number not in numbers]
-    listed.extend(
-        CheckpointInfo(number=note.number, status=GCStatus.ABORTED, superstep=note.superstep,
-                       members={}, hot=False, cold=False, created_at=note.created_at,
-                       size_bytes=0, epoch=note.epoch, origin=note.origin, dropped=True)
-        for note in notes
-    )  # fmt: skip
-    return sorted(listed, key=lambda info: info.number)
-
-
-def checkpoint(store: CheckpointStore, task: str, number: int) -> CheckpointDetail:
-    """One GC in detail: its record, where it lives, each member's step and the files."""
-    listed = store.list_gcs(task)
-    info = next((i for i in listed if i.number == number), None)
-    if info is None:
-        raise CheckpointNotFound(
-            missing_checkpoint(store, task, number, [i.number for i in listed])
-        )
-    gc = store.read_gc(task, number)
-    try:
-        steps = {a: o.step for a, o in store.read_lcs_fields(task, gc.members, StepOutputs).items()}
-    except CairnError:  # an aborted GC's tentative LCs are gone: the GC is still shown
-        steps = {}
-    manifest = store.read_manifest(task, gc.workspace)
-    parents = spawned_by(gc)
-    return CheckpointDetail(
-        number=gc.number,
-        name=gc.name,
-        status=gc.status,
-        superstep=gc.superstep,
-        epoch=gc.epoch,
-        created_at=gc.created_at,
-        committed_at=gc.committed_at,
-        origin=gc.origin,
-        source=gc.source,
-        source_task=gc.source_task,
-        hot=info.hot,
-        cold=info.cold,
-        size_bytes=info.size,
-        checksum=gc.checksum,
-        members={agent: ref.id for agent, ref in gc.members.items()},
-        agents=[
-            CheckpointMember(
-                name=agent,
-                lc_id=ref.id,
-                checksum=ref.checksum,
-                status=gc.statuses.get(agent, AgentState.ACTIVE),
-                step=steps.get(agent),
-                spawned_by=parents.get(agent),
-            )
-            for agent, ref in gc.members.items()
-        ],
-        workspace=gc.workspace,
-        files=dict(sorted(manifest.files.items())),
-        inbox=gc.inbox,
-    )
-
-
-def missing_checkpoint(store: CheckpointStore, task: str, number: int, listed: list[int]) -> str:
-    """Why `task` keeps no record of GC `number`: aborted and dropped, or never one."""
-    note = aborted_gcs(store, task).get(number)
-    if note is not None:
-        return (
-            f"checkpoint {number} of task {task} was aborted (superstep {note.superstep}, "
-            f"epoch {note.epoch}): it committed nothing, and its record is no longer kept"
-        )
-    if listed and number < max(listed):
-        return (
-            f"task {task} keeps no checkpoint {number}: its number was taken by a GC that "
-            "aborted, or one trimmed from the archive (cold_keep)"
-        )
-    return f"task {task} has no checkpoint {number}"
-
-
 def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[TraceEntry]:
     """The trace records of the latest GC's agents (or of one), in the order they happened.
 
@@ -615,74 +378,3 @@ def trace(store: CheckpointStore, task: str, agent: str | None = None) -> list[T
             row = TraceEntry(agent=name, **record.model_dump(exclude={"schema_version"}))
             rows.append(((record.superstep, record.started_at, rank, position), row))
     return [row for _, row in sorted(rows, key=lambda pair: pair[0])]
-
-
-def pending_approval(
-    store: CheckpointStore, task: str, agent: str, call_id: str | None
-) -> tuple[str, ToolCall]:
-    """The LC `agent` waits in and its tool call waiting for a person (`call_id`, or the first).
-
-    Raises `InvalidSpec` when the agent is unknown, not waiting, or has no such call.
-    """
-    gc = latest(store, task)
-    ref = gc.members.get(agent)
-    if ref is None:
-        raise InvalidSpec(f"task {task} has no agent {agent!r}")
-    status = gc.statuses.get(agent, AgentState.ACTIVE)
-    if status is not AgentState.WAITING_APPROVAL:
-        raise InvalidSpec(f"{agent} of task {task} is not waiting for approval ({status.value})")
-    calls = pending_calls(store.read_state(task, agent, ref.id, ref.checksum).messages)
-    if not calls:
-        raise InvalidSpec(f"{agent} of task {task} has no tool call waiting")
-    if call_id is None:
-        return ref.id, calls[0]
-    for call in calls:
-        if call.id == call_id:
-            return ref.id, call
-    raise InvalidSpec(f"{agent} has no pending call {call_id!r}; pending: {[c.id for c in calls]}")
-
-
-def pending_approvals(store: CheckpointStore, task: str) -> list[PendingCall]:
-    """Every tool call of the task's agents that waits for a person, in team order.
-
-    Read at the latest committed GC, where a waiting agent waits; none before the first.
-    """
-    gc = store.latest_gc(task)
-    if gc is None:
-        return []
-    found: list[PendingCall] = []
-    for agent, ref in gc.members.items():
-        if gc.statuses.get(agent, AgentState.ACTIVE) is not AgentState.WAITING_APPROVAL:
-            continue
-        messages = store.read_state(task, agent, ref.id, ref.checksum).messages
-        found.extend(
-            PendingCall(task_id=task, agent=agent, call=c.id, tool=c.name, arguments=c.args)
-            for c in pending_calls(messages)
-        )
-    return found
-
-
-def record_decision(
-    store: CheckpointStore,
-    task: str,
-    agent: str,
-    call_id: str | None,
-    *,
-    approved: bool,
-    reason: str = "",
-) -> Decision:
-    """Approve or reject the agent's waiting tool call; the coordinator then runs it on.
-
-    The decision holds for that call where it waits now, and for no other (`cairn.agents.approval`).
-    """
-    at, call = pending_approval(store, task, agent, call_id)
-    decide(store, task, agent, at, call, approved, reason)
-    return Decision(
-        task_id=task,
-        agent=agent,
-        call=call.id,
-        tool=call.name,
-        arguments=call.args,
-        approved=approved,
-        reason=reason,
-    )

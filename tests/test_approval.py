@@ -16,8 +16,8 @@ from cairn.agents.models.base import ModelReply, ModelRequest
 from cairn.agents.models.openai import _parse_reply
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.task import start_task
+from cairn.coordinator.approvals import record_decision
 from cairn.coordinator.restore import Restorer
-from cairn.coordinator.views import record_decision
 from cairn.errors import InvalidSpec, RecordNotFound
 from cairn.storage.records import AgentState, Role, ToolCall, Usage
 from cairn.storage.store import CheckpointStore

@@ -17,7 +17,7 @@ import pytest
 import cairn
 from cairn.agents.kinds.journal import Journal
 from cairn.agents.spec import AgentSpec
-from cairn.coordinator import views
+from cairn.coordinator import approvals
 from cairn.errors import Diverged, InvalidSpec
 from cairn.storage.chain import WorkingState
 from tests import code_agents
@@ -156,10 +156,10 @@ def test_a_call_a_person_approves_stops_the_code_until_one_decides(cluster: Clus
     cluster.start_worker()
     cluster.wait_for_workers(1)
     task = cluster.tasks.submit(cairn.Team("Write with care.", [member]))
-    cluster.tick_until(lambda: bool(views.pending_approvals(cluster.store, task)))
-    [pending] = views.pending_approvals(cluster.store, task)
+    cluster.tick_until(lambda: bool(approvals.pending_approvals(cluster.store, task)))
+    [pending] = approvals.pending_approvals(cluster.store, task)
     assert ("careful", "write_file") == (pending.agent, pending.tool)
-    views.record_decision(cluster.store, task, "careful", None, approved=True)
+    approvals.record_decision(cluster.store, task, "careful", None, approved=True)
     assert "succeeded" == cluster.drive(task)["status"], cluster.worker_logs()
     state = final(cluster, task, "careful")
     assert {"state": {"done": True}} == state.kind_state

@@ -21,7 +21,7 @@ from cairn.agents.spec import AgentSpec, CheckpointTriggers, StepPolicy
 from cairn.agents.step import FIRST_BEAT_MS, run_step
 from cairn.agents.task import start_task
 from cairn.agents.tools import idempotency_key
-from cairn.coordinator.views import record_decision
+from cairn.coordinator.approvals import record_decision
 from cairn.errors import FencedWrite, InvalidSpec, ModelError
 from cairn.storage.records import AgentState, Role
 from cairn.storage.store import CheckpointStore
