@@ -60,8 +60,10 @@ npm-mcp:
 		npm install --prefix $(NPM_MCP) --save-exact --no-audit --no-fund --loglevel=error $(NPM_MCP_PACKAGES) \
 		&& echo "$(NPM_MCP_PACKAGES)" > $(NPM_MCP)/.installed; fi
 
+# Three processes on two cores: most tests wait on the processes they start, not the CPU.
+# Each test file runs whole on one (its module's Redis and workers started once).
 test: system-test $(STAMP) npm-mcp $(LANGGRAPH_SUITE) $(WHEELHOUSE)
-	$(BIN)/pytest
+	$(BIN)/pytest -n 3 --dist loadfile
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

@@ -69,6 +69,7 @@ class Newcomer:
     path: Path
     env: dict[str, str]
     groups: set[int] = field(default_factory=set)  # every process group seen
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # reaped after
     seen: set[int] = field(default_factory=set)  # every process `cairn up` started, however deep
 
     @property
@@ -114,6 +115,7 @@ class Newcomer:
                 start_new_session=True,
             )
         self.groups.add(process.pid)
+        self.started.append(process)
         wait_until(lambda: (self.state / "redis.url").exists() or process.poll() is not None)
         assert process.poll() is None, (self.path / "up.log").read_text()
         return process
@@ -146,6 +148,9 @@ def newcomer(tmp_path: Path) -> Iterator[Newcomer]:
         for group in here.groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
+        for process in here.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
 
 
 def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:

@@ -61,6 +61,7 @@ class Directory:
     path: Path
     env: dict[str, str]
     groups: set[int] = field(default_factory=set)
+    started: list[subprocess.Popen[bytes]] = field(default_factory=list)  # reaped after
 
     @property
     def state(self) -> Path:
@@ -92,19 +93,25 @@ class Directory:
                 start_new_session=True,
             )
         self.groups.add(process.pid)
+        self.started.append(process)
         return process
 
     def up(self) -> Up:
         """Start `cairn up --workers 1` and wait until it runs all it starts."""
         process = self.spawn("up", "--workers", "1", log="up.log")
-        wait_until(lambda: len(children_of(process.pid)) == 3 or process.poll() is not None)
+
+        def settled() -> bool:  # three children, each past its fork into the children's group
+            family = children_of(process.pid)
+            groups = {pgid for pid, (_, pgid) in living().items() if pid in family}
+            return len(family) == 3 and len(groups) == 1 and process.pid not in groups
+
+        # redis-server, coordinator, worker: one group, apart from `cairn up`'s own
+        wait_until(lambda: settled() or process.poll() is not None)
         assert process.poll() is None, (self.path / "up.log").read_text()
         wait_until((self.state / "redis.url").exists)
         family = children_of(process.pid)
         groups = {living()[pid][1] for pid in family}
         self.groups |= groups
-        assert 1 == len(groups)  # redis-server, coordinator, worker: one group
-        assert process.pid not in groups  # apart from `cairn up`'s own
         return Up(process, family | in_groups(groups), groups)
 
 
@@ -142,6 +149,9 @@ def here(tmp_path: Path) -> Iterator[Directory]:
         for group in directory.groups:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(group, signal.SIGKILL)
+        for process in directory.started:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(10)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
