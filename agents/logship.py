@@ -7,7 +7,9 @@ its fields: redacted, its traceback made text.
 
 Best effort, and never in a step's way: an event is put on a bounded in-memory queue
 (dropped when full) and a thread of its own writes queued lines in batches; a Redis that
-fails loses those lines, and nothing else. Each stream keeps about `MAXLEN` lines. Each
+fails loses those lines, and nothing else. Each stream keeps about `MAXLEN` lines, and is
+written only while the task's run state is in Redis (`ship_log.lua`): a line logged after
+`forget` brings no key of the task back. Each
 line carries an id of its own: a write redis-py sends again after a lost reply may store
 a line twice, and readers drop the repeat (`cairn.coordinator.tasklogs`).
 """
@@ -29,6 +31,7 @@ from structlog.typing import EventDict, WrappedLogger
 
 from cairn.errors import CairnError
 from cairn.storage import keys
+from cairn.storage.backends.redis.scripts import script
 
 MAXLEN = 5_000  # lines kept per task (approximately: Redis trims whole stream nodes)
 QUEUED = 10_000  # lines waiting to be shipped, at most; more are dropped
@@ -51,6 +54,7 @@ class LogShipper:
         self.client, self.process = client, process
         self.dropped = 0  # lines lost: the queue was full, or Redis refused them
         self._queue: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue(QUEUED)
+        self._add = script(client, "ship_log")
         self._thread = threading.Thread(target=self._ship, name="cairn-log-shipper", daemon=True)
         self._thread.start()
 
@@ -89,11 +93,12 @@ class LogShipper:
                 with self.client.pipeline(transaction=False) as pipe:
                     for task, line in batch:
                         try:
-                            stream = keys.logs(task)
+                            where = [keys.run(task), keys.logs(task)]
                         except CairnError:  # not a task's name: no stream of its own
                             self.dropped += 1
                             continue
-                        pipe.xadd(stream, line, maxlen=MAXLEN, approximate=True)  # type: ignore[arg-type]
+                        fields = [item for pair in line.items() for item in pair]
+                        self._add(keys=where, args=[MAXLEN, *fields], client=pipe)
                     pipe.execute()
             except (redis.RedisError, OSError):  # lost lines, nothing more
                 self.dropped += len(batch)

@@ -9,6 +9,7 @@ it is still retrying.
 
 from __future__ import annotations
 
+import io
 import json
 import re
 import subprocess
@@ -20,9 +21,13 @@ from pathlib import Path
 from typing import cast
 
 import pytest
+import structlog
 
 from cairn import Client, StepFailure
+from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.logship import ship_logs
 from cairn.coordinator.failures import KEEP, FailureEvent, read_failures, record_failure
+from cairn.coordinator.tasklogs import read_logs
 from cairn.storage import keys
 from cairn.testing.redis_server import free_port
 from tests.cli_harness import cairn, private_stack
@@ -210,3 +215,23 @@ def test_failures_are_bounded_and_a_repeated_write_adds_nothing(stack: Stack) ->
         member, score = cast(list[tuple[bytes, float]], found)[0]
         redis_client.zadd(keys.failures(task), {member: score})  # a retried write
         assert KEEP == redis_client.zcard(keys.failures(task))
+
+
+def test_a_line_logged_after_forget_brings_no_key_of_the_task_back(stack: Stack) -> None:
+    """A process's late line for a forgotten task (no run state) is dropped, not stored."""
+    saved = structlog.get_config()
+    with stack.client() as client:
+        redis_client = client._redis
+        redis_client.hset(keys.run("live"), "status", "running")
+        try:
+            configure_logging("json", "info", stream=io.StringIO())
+            ship_logs(redis_client, "worker")
+            get_logger("test").info("late line", task="forgotten", agent="a")
+            get_logger("test").info("a line", task="live", agent="a")
+            deadline = time.monotonic() + 10
+            while not redis_client.exists(keys.logs("live")) and time.monotonic() < deadline:
+                time.sleep(0.02)
+        finally:
+            structlog.configure(**saved)
+        assert ["a line"] == [line.message for line in read_logs(redis_client, "live")]
+        assert not redis_client.exists(keys.logs("forgotten"))  # shipped before "live"'s

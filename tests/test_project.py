@@ -92,7 +92,8 @@ def test_lua_scripts_ship_with_the_package() -> None:
     lua = resources.files("cairn.storage.backends").joinpath("lua")
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_archive", "lg_put"]
-    expected += ["prepare_gc", "raise_epoch", "read_chain", "run_write", "spend", "step_start"]
+    expected += ["prepare_gc", "raise_epoch", "read_chain", "run_write", "ship_log", "spend"]
+    expected += ["step_start"]
     expected += ["walk_chains", "write_lc", "write_spawned_lc"]
     assert [f"{name}.lua" for name in expected] == names
 

@@ -196,6 +196,7 @@ def test_a_step_failure_is_recorded_redacted(redis_client: redis.Redis) -> None:
 def test_a_failure_event_and_a_shipped_log_line_are_redacted(redis_client: redis.Redis) -> None:
     """What `status`, `trace` and `cairn logs` show of a failed step holds no secret."""
     redis_client.delete(keys.failures("t-1"), keys.logs("t-1"))
+    redis_client.hset(keys.run("t-1"), "status", "running")  # lines ship while a task runs
     record_failure(redis_client, "t-1", "a", 1, 0, 1, FailureEvent.FAILED,
                    f"upstream said Bearer {LEAK}", error_class="ModelError")  # fmt: skip
     [event] = read_failures(redis_client, "t-1")
