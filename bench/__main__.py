@@ -40,6 +40,7 @@ PARTS = (
     "peer",
     "scale",
     "burst",
+    "latency",
     "cache",
     "context",
 )
