@@ -27,7 +27,7 @@ from typing import cast
 
 import yaml
 
-from bench.report import Samples, Target, clock, pick, private_store, quick, table
+from bench.report import Samples, Target, clock, pick, quick, table
 from bench.scale import Cluster, spec
 from cairn import Client
 from cairn.coordinator.settings import Settings
@@ -103,9 +103,7 @@ def ms(ns: float) -> str:
 def run() -> list[Target]:
     """Submit the burst through both ways at once; wait for every task; return the targets."""
     with contextlib.ExitStack() as stack:
-        root, server, client, store = private_store(stack, quiet=True)
-        c = Cluster(root, server, client, store)
-        stack.callback(c.close)
+        c = Cluster.private(stack)
         print(
             f"\n== burst ==\n{API_TASKS} tasks through cairn.Client.submit ({THREADS} threads, "
             f"one client) and {CLI_TASKS} `cairn submit` processes, all at once; {TEAM} "
@@ -115,7 +113,7 @@ def run() -> list[Target]:
         )
         c.start_coordinator()
         c.start_workers(PROCESSES, LANES)
-        settings = Settings(redis_url=server.url, archive_dir=root / "archive",
+        settings = Settings(redis_url=c.server.url, archive_dir=c.root / "archive",
                             signing_key=None, audit=False)  # fmt: skip
         api = stack.enter_context(Client(settings=settings))
         since = time.monotonic()
@@ -139,7 +137,7 @@ def run() -> list[Target]:
         print(f"statuses: {dict(statuses)}; {finished / seconds:.1f} tasks/s end to end")
         if finished != len(tasks):
             raise RuntimeError(f"burst: {len(tasks) - finished} of {len(tasks)} tasks did not "
-                               f"succeed: {dict(statuses)}; see {root}")  # fmt: skip
+                               f"succeed: {dict(statuses)}; see {c.root}")  # fmt: skip
         return [
             Target("burst: Client.submit p50", api_times.p50 / 1e6, None, "ms").report(),
             Target("burst: Client.submit p99", api_times.p99 / 1e6, None, "ms").report(),

@@ -27,7 +27,7 @@ from collections import defaultdict
 from collections.abc import Callable
 from datetime import UTC, datetime
 
-from bench.report import Samples, Target, pick, private_store, quick, table
+from bench.report import Samples, Target, pick, quick, table
 from bench.scale import GOAL, TICK, Cluster, cpu_seconds, spec
 from cairn import Client, Task, TaskStatus
 from cairn.agents.spec import AgentSpec, ToolRequest, Turn
@@ -224,21 +224,19 @@ def idle(api: Client, c: Cluster) -> list[Target]:
 def run() -> list[Target]:
     """Run the latency measurements on a private Redis and real processes; return the targets."""
     with contextlib.ExitStack() as stack:
-        root, server, client, store = private_store(stack, quiet=True)
-        c = Cluster(root, server, client, store)
-        stack.callback(c.close)
+        c = Cluster.private(stack)
         print(
-            f"\n== latency ==\nredis-server private (port {server.port}, no AOF); one "
+            f"\n== latency ==\nredis-server private (port {c.server.port}, no AOF); one "
             "coordinator process (default tick) and one worker process (default: 1 lane), "
             "logs as JSON at level info into files"
             + (" (quick: sizes too small to judge)" if quick() else "")
         )
         c.start_coordinator()
         c.start_workers(1, Settings().worker_concurrency)
-        settings = Settings(redis_url=server.url, archive_dir=root / "archive",
+        settings = Settings(redis_url=c.server.url, archive_dir=c.root / "archive",
                             signing_key=None, audit=False)  # fmt: skip
         api = stack.enter_context(Client(settings=settings))
-        targets = overhead(api, store)
+        targets = overhead(api, c.store)
         targets += first_steps(api)
         targets += idle(api, c)
         return targets

@@ -113,6 +113,14 @@ class Cluster:
     logs: list[IO[bytes]] = field(default_factory=list)
     started: int = 0  # processes started so far, for their names
 
+    @classmethod
+    def private(cls, stack: contextlib.ExitStack) -> Cluster:
+        """A cluster on a private redis-server (no AOF) of its own, stopped when `stack` closes."""
+        root, server, client, store = private_store(stack, quiet=True)
+        cluster = cls(root, server, client, store)
+        stack.callback(cluster.close)
+        return cluster
+
     def env(self, name: str, concurrency: int = 1) -> dict[str, str]:
         """A child's environment: this one's without `CAIRN_*`, plus the bench's settings."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("CAIRN_")}
@@ -710,11 +718,9 @@ def wide(density_run: Run, one_rss: int, start_cpu: float) -> list[Target]:
 def run() -> list[Target]:
     """Run the scale measurements on a private Redis and real processes; return the targets."""
     with contextlib.ExitStack() as stack:
-        root, server, client, store = private_store(stack, quiet=True)
-        c = Cluster(root, server, client, store)
-        stack.callback(c.close)
+        c = Cluster.private(stack)
         print(
-            f"\n== scale ==\nredis-server private (port {server.port}, no AOF); every process "
+            f"\n== scale ==\nredis-server private (port {c.server.port}, no AOF); every process "
             "logs JSON at level info into a file; one coordinator process throughout"
             + (" (quick: sizes too small to judge)" if quick() else "")
         )

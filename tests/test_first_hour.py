@@ -10,7 +10,6 @@ Nothing the test started may be left running, by process group or by descent.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
@@ -25,7 +24,7 @@ import pytest
 
 from cairn.testing.redis_server import free_port
 from tests.cli_harness import wait_until
-from tests.test_up import GONE_WITHIN, living
+from tests.test_up import GONE_WITHIN, living, put_down
 
 ROOT = Path(__file__).resolve().parents[1]
 # A model nobody answers (a closed port), and a tool no worker has.
@@ -145,12 +144,7 @@ def newcomer(tmp_path: Path) -> Iterator[Newcomer]:
     try:
         yield here
     finally:
-        for group in here.groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
-        for process in here.started:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
+        put_down(here.groups, here.started)
 
 
 def test_the_first_hour_leaves_nothing_behind(newcomer: Newcomer) -> None:

@@ -133,6 +133,16 @@ class Up:
         )
 
 
+def put_down(groups: set[int], started: list[subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every process of `groups`, then reap the processes a test `started`."""
+    for group in groups:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(group, signal.SIGKILL)
+    for process in started:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(10)
+
+
 def children_of(parent: int) -> set[int]:
     return {pid for pid, (ppid, _) in living().items() if ppid == parent}
 
@@ -146,12 +156,7 @@ def here(tmp_path: Path) -> Iterator[Directory]:
     try:
         yield directory
     finally:
-        for group in directory.groups:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(group, signal.SIGKILL)
-        for process in directory.started:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                process.wait(10)
+        put_down(directory.groups, directory.started)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGHUP, signal.SIGTERM, signal.SIGINT])
