@@ -8,6 +8,8 @@ step jobs are enqueued in one pipeline.
 
 from __future__ import annotations
 
+import time
+
 from rq import Queue
 
 from cairn.agents.barrier import runnable
@@ -53,6 +55,8 @@ class Launcher:
                 GCOrigin.SUPERSTEP, number=gc.number + 1, superstep=superstep, epoch=epoch
             )
             self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent)
+        elif plan.then is Then.WAIT:
+            ctx.waiting[task] = (gc.number, time.monotonic())
         elif plan.then is Then.VERIFY:
             ctx.committer.verify(task, gc, ctx.docs.team(task, gc), limits, barrier.epoch)
         elif plan.then is Then.FAIL:

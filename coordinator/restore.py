@@ -40,6 +40,7 @@ from cairn.coordinator.replication import confirm
 from cairn.coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
 from cairn.coordinator.spec import CheckpointPolicy, read_policy
 from cairn.coordinator.staging import PASSING, refusal, stage
+from cairn.coordinator.wakes import wake
 from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC
@@ -152,6 +153,7 @@ class Restorer:
                     task, {"status": TaskState.RUNNING, "superstep": 0}, forget=["reason"]
                 )
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
+                wake(self.redis, task)  # its next superstep begins now, not at a look
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")
