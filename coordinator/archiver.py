@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -76,19 +77,62 @@ def cold_slack(cold_keep: int) -> int:
 
 
 class Archiver:
-    """One thread that archives the GCs it is given, in order; `acknowledge` is told of each."""
+    """One thread that archives the GCs it is given, in order; `acknowledge` is told of each.
 
-    def __init__(self, store: CheckpointStore, acknowledge: Callable[[str, int], None]) -> None:
+    `reached` is told of each task whose last GC before its end (`last`) the thread has
+    dealt with, archived or failed: the coordinator ends it then.
+    """
+
+    def __init__(
+        self,
+        store: CheckpointStore,
+        acknowledge: Callable[[str, int], None],
+        reached: Callable[[str], None] = lambda task: None,
+    ) -> None:
         self.store = store
         self.acknowledge = acknowledge
+        self.reached = reached
         # Jobs, and events the thread sets when it reaches them (see `drain`).
         self._queue: queue.Queue[ArchiveJob | threading.Event] = queue.Queue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        # task → (the GC its end waits for, when first asked: monotonic, reached yet)
+        self._last: dict[str, tuple[int, float, bool]] = {}
 
     def submit(self, job: ArchiveJob) -> None:
         """Queue a GC for archiving."""
         self._put(job)
+
+    def last(self, job: ArchiveJob, timeout: float = 60.0) -> bool:
+        """Whether the task of `job`, about to end, may end now: its last GC's archive is done.
+
+        The first call queues `job`; True once the thread has dealt with it (archived, or
+        failed and left in Redis, as any archive may), or after `timeout` seconds of
+        waiting, said in the log. Until then False, and the caller ends the task at a
+        later look: the tasks ending at once never wait for one another's archives, nor
+        the other tasks for theirs.
+        """
+        with self._lock:
+            number, since, done = self._last.get(job.task, (-1, 0.0, False))
+            if number != job.number:
+                self._last[job.task] = (job.number, time.monotonic(), False)
+                queued = True
+            else:
+                queued = False
+        if queued:
+            self._put(job)
+            return False
+        if done:
+            return True
+        if time.monotonic() - since > timeout:
+            log.warning("archiving still running at the task's end", task=job.task)
+            return True
+        return False
+
+    def forget(self, task: str) -> None:
+        """Drop what was kept of a task that ended."""
+        with self._lock:
+            self._last.pop(task, None)
 
     def drain(self, timeout: float = 60.0) -> bool:
         """Wait until every GC queued so far is archived (or failed); False on timeout."""
@@ -108,10 +152,24 @@ class Archiver:
             item = self._queue.get()
             if isinstance(item, threading.Event):
                 item.set()
-            elif archive(self.store, item):
+                continue
+            if archive(self.store, item):
                 try:
                     self.acknowledge(item.task, item.number)
                 except FencedWrite:  # a newer coordinator owns the task and archives on
                     log.info("archive not acknowledged: another owns the task", task=item.task)
                 except Exception as exc:  # noqa: BLE001 - the thread must outlive a bad Redis
                     log.warning("archive not acknowledged", task=item.task, error=str(exc))
+            self._reached(item)
+
+    def _reached(self, job: ArchiveJob) -> None:
+        """Note the job done if a task's end waits for it, and say so."""
+        with self._lock:
+            number, since, _ = self._last.get(job.task, (-1, 0.0, False))
+            if number != job.number:
+                return
+            self._last[job.task] = (number, since, True)
+        try:
+            self.reached(job.task)
+        except Exception as exc:  # noqa: BLE001 - the thread must outlive a bad Redis
+            log.warning("task's end not announced", task=job.task, error=str(exc))

@@ -215,7 +215,7 @@ class Committer:
         ctx.phase = "verify"
         finish = ctx.finisher.finish
         if not limits.verify:
-            finish(task, TaskState.SUCCEEDED, "every agent rested", gc)
+            finish(task, TaskState.SUCCEEDED, "every agent rested", gc, again=True)
             return
         verdict = ctx.verifier.poll(task, gc.number, epoch, limits)
         if verdict is None:
@@ -227,11 +227,11 @@ class Committer:
         # that fails after this write reads the verdict again, and does not run it again.
         ctx.runs.write(task, {"verify_output": verdict.output})
         if verdict.passed:
-            finish(task, TaskState.SUCCEEDED, "verify passed", gc)
+            finish(task, TaskState.SUCCEEDED, "verify passed", gc, again=True)
             return
         if gc.superstep + 1 > limits.max_supersteps:
             why = f"verify failed at max_supersteps ({limits.max_supersteps})"
-            finish(task, TaskState.FAILED, why, gc)
+            finish(task, TaskState.FAILED, why, gc, again=True)
             return
         # Tell every agent, as the barrier of an empty superstep: they wake and go on.
         text = f"`{limits.verify}` failed:\n{verdict.output[-2_000:]}"

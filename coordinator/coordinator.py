@@ -48,7 +48,7 @@ from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import RESTORING, TERMINAL, Look, RunState, TaskState
 from cairn.coordinator.verifier import Verifier
-from cairn.coordinator.wakes import Wakes
+from cairn.coordinator.wakes import Wakes, wake
 from cairn.coordinator.watcher import Watcher
 from cairn.errors import CairnError, FencedWrite
 from cairn.storage import keys
@@ -102,7 +102,9 @@ class Coordinator:
         self.watcher = ctx.watcher = Watcher(ctx)
         self.committer = ctx.committer = Committer(ctx)
         self.finisher = ctx.finisher = Finisher(ctx)
-        self.archiver = ctx.archiver = Archiver(store, self.committer.archived)
+        self.archiver = ctx.archiver = Archiver(
+            store, self.committer.archived, lambda task: wake(client, task)
+        )
         self.faults = ctx.faults = TaskFaults(self.finisher.pause, pause_after)
         self.taken, self.archived, self.replication = ctx.taken, ctx.archived, ctx.replication
 

@@ -7,6 +7,7 @@ dropped; a task whose advance keeps failing is paused (`TaskFaults` decides when
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 from cairn.coordinator import metrics
@@ -21,6 +22,7 @@ MAX_ROLLBACKS = 3
 # Why a task failed without a rollback, for each reason a rollback cannot help.
 SAME_REQUEST = "not rolled back: the same request would be sent again"
 SAME_WORKERS = "not rolled back: a configuration the workers cannot run fails the same way again"
+ARCHIVE_POLL = 0.01  # seconds between looks at whether an ending task's archive is done
 
 
 class Finisher:
@@ -66,7 +68,13 @@ class Finisher:
             log.warning("rollback failed", task=task, error=str(exc))
 
     def finish(
-        self, task: str, status: TaskState, reason: str, gc: GlobalCheckpoint | None = None
+        self,
+        task: str,
+        status: TaskState,
+        reason: str,
+        gc: GlobalCheckpoint | None = None,
+        *,
+        again: bool = False,
     ) -> None:
         """End the task; when the end stands on `gc`, only where `gc` is the latest GC.
 
@@ -74,16 +82,25 @@ class Finisher:
         new one before it ends the task (a split): there `gc` was never committed, and an
         end written would leave the task `succeeded` short of its last superstep. The end
         is refused instead, and the task goes on from what the new primary holds.
+
+        The end waits for the task's last GC to be archived. With `again` (an end that the
+        next look at the task decides again, from what Redis holds) the task is left as it
+        is until then, and the loop goes on with the other tasks; without it (an end
+        decided from what happened now: a step given up), the loop waits here.
         """
         ctx = self.ctx
         ctx.phase = "finish"
         # A task that ended has every GC it committed on disk, whatever `archive_every` says.
+        # Its archive runs on the archiver's thread; until it is done the task is left as
+        # it is, and the look after the archiver's wake decides the same end again.
         latest = ctx.store.hot.latest_gc(task) if gc is None else gc.number
         if latest is not None:
             policy = ctx.docs.limits(task).checkpoints
-            ctx.archiver.submit(ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep))
-        if not ctx.archiver.drain():
-            log.warning("archiving still running at the task's end", task=task)
+            job = ArchiveJob(task, latest, policy.hot_keep, policy.cold_keep)
+            while not ctx.archiver.last(job):
+                if again:
+                    return
+                time.sleep(ARCHIVE_POLL)
         self.forget(task)
         standing_on = None if gc is None else gc.number
         try:
@@ -124,4 +141,5 @@ class Finisher:
         ctx.verifier.forget(task)
         ctx.faults.forget(task)
         ctx.archived.forget(task)
+        ctx.archiver.forget(task)
         ctx.replication.forget(task)

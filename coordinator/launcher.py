@@ -43,7 +43,8 @@ class Launcher:
         if gc is None and latest is not None:
             gc = ctx.store.read_gc(task, latest)
         if gc is None:
-            ctx.finisher.finish(task, TaskState.UNRECOVERABLE, "no committed checkpoint is left")
+            why = "no committed checkpoint is left"
+            ctx.finisher.finish(task, TaskState.UNRECOVERABLE, why, again=True)
             return
         barrier = Barrier.read(ctx.redis, task)
         if not barrier.may_begin(gc):
@@ -60,7 +61,7 @@ class Launcher:
         elif plan.then is Then.VERIFY:
             ctx.committer.verify(task, gc, ctx.docs.team(task, gc), limits, barrier.epoch)
         elif plan.then is Then.FAIL:
-            ctx.finisher.finish(task, TaskState.FAILED, plan.reason, gc)
+            ctx.finisher.finish(task, TaskState.FAILED, plan.reason, gc, again=True)
         elif plan.then is Then.PAUSE:
             reason = f"{BUDGET_REASON}: {plan.reason}" if plan.held else BUDGET_REASON
             ctx.runs.write(task, {"status": TaskState.PAUSED, "reason": reason})

@@ -83,8 +83,16 @@ class Watcher:
         ids = [s.job for s in watched.values()]
         jobs = JobState.read_many(ctx.redis, ids, ctx.queue.key, ctx.heartbeat_grace, now)
         jobs = ctx.taken.judge(task, ids, jobs, now)
-        beats = cast(list[bytes | None], ctx.redis.mget([keys.heartbeat(task, a) for a in watched]))
+        # Read after the jobs: a step votes before its job ends, so a job seen ended whose
+        # vote came after this look's read of the votes has it here, and is no failure.
+        pipe = ctx.redis.pipeline(transaction=False)
+        pipe.mget([keys.heartbeat(task, a) for a in watched])
+        pipe.hkeys(keys.votes(task, epoch, superstep))
+        beats, voted = cast(tuple[list[bytes | None], list[bytes]], tuple(pipe.execute()))
+        late = {raw.decode() for raw in voted}
         for (agent, step), job, raw in zip(watched.items(), jobs, beats, strict=True):
+            if agent in late:
+                continue  # voted since the look: the next look commits it
             beat = None if raw is None else raw.decode()
             failure = step_failure(
                 step,

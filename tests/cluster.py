@@ -75,9 +75,15 @@ class Cluster:
         self.processes.append(process)
         return process
 
-    def start_coordinator(self, name: str, lease_ms: int = 1_000) -> subprocess.Popen[bytes]:
-        """Start a coordinator process (a standby while another holds the lease)."""
-        args = ["cairn.coordinator", self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
+    def start_coordinator(
+        self, name: str, lease_ms: int = 1_000, module: str = "cairn.coordinator"
+    ) -> subprocess.Popen[bytes]:
+        """Start a coordinator process (a standby while another holds the lease).
+
+        `module` may name the testing coordinator (`cairn.testing.coordinator`), whose
+        faults a test arms in Redis.
+        """
+        args = [module, self.server.url, "--name", name, "--lease-ms", str(lease_ms)]
         return self._spawn(args, f"coordinator-{name}", f"coordinator-{name}.log")
 
     def start_worker(

@@ -130,7 +130,9 @@ def test_approvals_at_80_columns_show_ids_whole(stack: Stack) -> None:
 
 def test_status_names_the_superstep_running_and_the_last_checkpoint(stack: Stack) -> None:
     """`cairn status` of a task mid-superstep names the superstep running, not the last GC's."""
-    task = submitted(stack, stack.team("slow", slow=4.0))
+    # Slow enough that `cairn watch`, started after `cairn status`, still sees superstep 2
+    # running on a loaded machine: each command is a Python process starting.
+    task = submitted(stack, stack.team("slow", slow=8.0))
     # GC 1 closes superstep 1; superstep 2 (the coder's slow turn) starts at once.
     stack.wait_for(task, lambda s: s.latest_checkpoint == 1)
     done = cairn("status", task, env=stack.env)

@@ -26,7 +26,7 @@ from cairn.agents.spec import FailSpec
 from cairn.coordinator.committer import FRESH_LOOK
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.jobs import STEP_JOB, STEPS_QUEUE
-from cairn.coordinator.runs import Look
+from cairn.coordinator.runs import Look, StepRun
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.worker import CairnJob, CairnWorker
 from cairn.errors import FencedWrite, InvalidSpec
@@ -673,4 +673,36 @@ def test_no_superstep_begins_while_a_restore_that_raised_the_epoch_leads(
     cluster.client.delete(keys.restore_lock(task))  # the restorer died before committing
     cluster.coordinator.tick()
     assert str(raised).encode() == cluster.client.hget(keys.run(task), "epoch")
+    assert "succeeded" == cluster.drive(task)["status"]
+
+
+def test_a_step_that_voted_after_the_look_is_not_taken_for_failed(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A job seen ended whose vote landed after the look read the votes is no failure.
+
+    A look woken by one step's vote often reads the votes just before a teammate votes
+    and its job ends; the failure check then reads that job ended. Judged on the look's
+    votes alone it would be "finished without a vote" and retried, its good vote thrown
+    away. The check reads the votes again after the jobs.
+    """
+    task, votes = voted_superstep(cluster, tmp_path)
+    kept = cast(dict[bytes, bytes], cluster.client.hgetall(keys.steps(task)))
+    steps = {agent.decode(): StepRun.load(raw) for agent, raw in kept.items()}
+    deadline = time.monotonic() + 30
+    for step in steps.values():  # every job ended, after its vote
+        job = Job.fetch(step.job, connection=cluster.client, serializer=JSONSerializer)
+        while job.get_status(refresh=True) is not JobStatus.FINISHED:
+            assert time.monotonic() < deadline, f"job {step.job} never finished"
+            time.sleep(0.05)
+    seen = cluster.coordinator.runs.look([task])[task]
+    assert isinstance(seen, Look)
+    assert seen.votes.keys() == votes.keys()
+    stale = replace(seen, votes={})  # as a look that read the votes before any came
+    with capture_logs() as logs:
+        cluster.coordinator.watcher.watch(task, stale)
+    assert [] == [e for e in logs if e["event"] == "step retried"]
+    after = cast(dict[bytes, bytes], cluster.client.hgetall(keys.steps(task)))
+    attempts = {agent.decode(): StepRun.load(raw).attempt for agent, raw in after.items()}
+    assert dict.fromkeys(steps, 1) == attempts
     assert "succeeded" == cluster.drive(task)["status"]

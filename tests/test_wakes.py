@@ -1,0 +1,196 @@
+"""Wake-ups: a coordinator moves a task on the moment it has news, and without them too.
+
+Real parts: a private redis-server, real worker processes, the real coordinator loop
+(`Coordinator.run`) on a thread or in a process of its own. Two runs show which path
+moved the task: one whose scheduled looks are a minute apart (only wakes can move it
+within the test's deadline) and one that drops every wake it takes (only the looks can).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
+from structlog.testing import capture_logs
+
+from cairn.agents.spec import AgentSpec, TaskRecord
+from cairn.agents.task import start_task
+from cairn.coordinator import wakes
+from cairn.coordinator.archiver import ArchiveJob, Archiver
+from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.wakes import Wakes, wake
+from cairn.storage import keys
+from cairn.storage.records import GCStatus
+from cairn.storage.store import CheckpointStore
+from cairn.testing.coordinator import PoisonedCoordinator, kill_at_commit, lose_wakes
+from tests.cluster import Cluster, outcome, team_spec
+
+NEVER = 60.0  # seconds between scheduled looks: longer than any test here waits
+DEADLINE = 45.0  # seconds a task may take to end
+
+
+def test_a_wake_names_its_tasks_once_each_in_order(redis_client: redis.Redis) -> None:
+    """Every wake waiting is taken in one go, each task once, in the order first woken."""
+    redis_client.delete(keys.WAKES)
+    wake(redis_client, "b")
+    wake(redis_client, "a", "b")
+    wake(redis_client)  # nothing to wake: nothing pushed
+    assert ["b", "a"] == Wakes(redis_client).wait(1.0)
+    assert 0 == redis_client.llen(keys.WAKES)
+
+
+def test_no_wake_waits_out_its_timeout_and_returns_nothing(redis_client: redis.Redis) -> None:
+    """A wait that no wake ends returns [] (a blocking read bounded by its own timeout)."""
+    redis_client.delete(keys.WAKES)
+    assert [] == Wakes(redis_client).wait(0.05)
+
+
+def test_wakes_nobody_takes_are_capped(redis_client: redis.Redis) -> None:
+    """With no coordinator reading them, wakes cannot fill Redis: the newest CAP are kept."""
+    redis_client.delete(keys.WAKES)
+    wake(redis_client, *(f"t{n}" for n in range(wakes.CAP + 50)))
+    assert wakes.CAP == redis_client.llen(keys.WAKES)
+    assert b"t50" == redis_client.lindex(keys.WAKES, 0)
+    redis_client.delete(keys.WAKES)
+
+
+def test_a_wake_for_a_task_that_is_not_active_is_dropped(redis_client: redis.Redis) -> None:
+    """Only active tasks are looked at: a wake for one gone (or garbage) claims nothing."""
+    redis_client.sadd(keys.ACTIVE_TASKS, "alive-1")
+    try:
+        assert ["alive-1"] == Wakes(redis_client).active(["gone-1", "alive-1", "../x"])
+    finally:
+        redis_client.srem(keys.ACTIVE_TASKS, "alive-1")
+    assert not redis_client.exists(keys.owner("gone-1"))
+
+
+def test_a_wake_that_fails_to_be_pushed_raises_nothing() -> None:
+    """A wake is a hint: one Redis refuses is lost, never an error for the step that sent it."""
+    dead = redis.Redis(port=1, socket_connect_timeout=0.2, retry=Retry(NoBackoff(), 0))
+    wake(dead, "t-1")  # no Redis listens on port 1
+
+
+@contextmanager
+def running(coordinator: Coordinator, busy: float, idle: float) -> Iterator[None]:
+    """`coordinator.run` on a thread, stopped (and joined) on leaving."""
+    stop = threading.Event()
+    thread = threading.Thread(
+        target=coordinator.run, args=(stop,), kwargs={"busy": busy, "idle": idle}, daemon=True
+    )
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join(timeout=10)
+        assert not thread.is_alive()
+
+
+def ended(cluster: Cluster, task: str) -> dict[str, object]:
+    """Wait (not tick: a coordinator runs) until `task` ends; return its status as JSON."""
+    deadline = time.monotonic() + DEADLINE
+    while time.monotonic() < deadline:
+        status = cluster.tasks.status(task)
+        if status.ended:
+            return status.to_json()
+        time.sleep(0.05)
+    raise AssertionError(
+        f"task {task} did not end: {cluster.status(task)}\n{cluster.worker_logs()}"
+    )
+
+
+def test_wakes_alone_move_a_task_through_every_superstep(cluster: Cluster, tmp_path: Path) -> None:
+    """Looks a minute apart: the submit's wake and each superstep's votes move the task."""
+    cluster.start_worker()
+    cluster.start_worker()
+    cluster.wait_for_workers(2)
+    ledger = tmp_path / "ledger"
+    with running(cluster.coordinator, busy=NEVER, idle=NEVER):
+        time.sleep(0.3)  # past its first look, which finds nothing: the next is a minute away
+        task = cluster.tasks.submit(team_spec(ledger))
+        status = ended(cluster, task)
+    assert "succeeded" == status["status"], status
+    files, _, ran = outcome(cluster, task, ledger)
+    assert b"Looks good.\n" == files["REVIEW.md"]
+    assert 1 == ran
+
+
+def test_lost_wakes_cost_latency_never_progress(cluster: Cluster, tmp_path: Path) -> None:
+    """A coordinator that drops every wake it takes still ends the task, by its looks."""
+    cluster.start_worker()
+    cluster.wait_for_workers(1)
+    ledger = tmp_path / "ledger"
+    losing = PoisonedCoordinator(cluster.client, cluster.store, heartbeat_grace=1.0)
+    lose_wakes(cluster.client, 300.0)
+    with capture_logs() as logs, running(losing, busy=0.2, idle=0.5):
+        task = cluster.tasks.submit(team_spec(ledger))
+        status = ended(cluster, task)
+    assert "succeeded" == status["status"], status
+    assert any(entry["event"] == "wakes lost on purpose" for entry in logs)
+    assert 1 == outcome(cluster, task, ledger)[2]
+
+
+def test_a_leader_killed_between_the_last_vote_and_the_commit_loses_nothing(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """SIGKILL the leader as it begins a commit, woken by the last vote: nothing is lost.
+
+    A standby commits that superstep from the votes in Redis, and the task ends as an
+    undisturbed run does.
+    """
+    cluster.start_worker()
+    cluster.start_worker()
+    cluster.wait_for_workers(2)
+    reference_ledger = tmp_path / "reference"
+    with running(cluster.coordinator, busy=0.2, idle=0.5):
+        reference = cluster.tasks.submit(team_spec(reference_ledger))
+        assert "succeeded" == ended(cluster, reference)["status"]
+    cluster.client.delete(keys.LEASE)  # the thread released it; any rest of it goes too
+    first = cluster.start_coordinator("first", module="cairn.testing.coordinator")
+    deadline = time.monotonic() + DEADLINE
+    while cluster.client.get(keys.LEASE) is None:  # the first takes the lease: it leads
+        assert time.monotonic() < deadline, "the first coordinator never led"
+        time.sleep(0.05)
+    cluster.start_coordinator("standby", module="cairn.testing.coordinator")
+    kill_at_commit(cluster.client)
+    ledger = tmp_path / "ledger"
+    task = cluster.tasks.submit(team_spec(ledger))
+    status = ended(cluster, task)
+    assert first.wait(timeout=DEADLINE) == -9  # SIGKILLed, at its first commit
+    assert not cluster.client.exists("cairn:testing:kill-at-commit")
+    assert "succeeded" == status["status"], status
+    assert outcome(cluster, task, ledger) == outcome(cluster, reference, reference_ledger)
+    statuses = [gc.status for gc in cluster.store.list_gcs(task)]
+    assert GCStatus.ABORTED not in statuses  # the commit was made, not given up
+
+
+def test_an_ending_task_waits_for_its_own_archive_not_the_loop(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """The end of a task asks the archiver for its last GC and goes on, never waiting.
+
+    Once archived, the archiver says so (the coordinator's wake), and the end may be
+    written: tasks ending at once never wait for one another's archives.
+    """
+    task = f"ending-{time.monotonic_ns()}"
+    agent = AgentSpec(name="a", model="scripted")
+    start_task(real_store, TaskRecord(task=task, goal="g", agents=[agent]), {"f": b"x"})
+    told: list[str] = []
+    archiver = Archiver(real_store, lambda t, n: None, told.append)
+    job = ArchiveJob(task, 0, hot_keep=2, cold_keep=5)
+    assert not archiver.last(job)  # queued: not archived yet, the caller goes on
+    deadline = time.monotonic() + 30
+    while not archiver.last(job):
+        assert time.monotonic() < deadline, "the archive never came"
+        time.sleep(0.01)
+    assert [task] == told
+    assert 0 in real_store.cold.list_gcs(task)
+    archiver.forget(task)
+    assert not archiver.last(job)  # forgotten: a new ending asks again
+    assert archiver.drain()
