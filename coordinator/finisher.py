@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import cast
 
-from cairn.coordinator import metrics
+from cairn.coordinator import metrics, tracing
 from cairn.coordinator.archiver import ArchiveJob
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.runs import RESTORING, TERMINAL, TaskState, abort_in_flight
@@ -98,6 +98,7 @@ class Finisher:
             return
         ctx.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status.value, reason=reason)
+        tracing.task_ended(ctx.redis, task, status.value, ok=status is TaskState.SUCCEEDED)
 
     def pause(self, task: str, reason: str) -> bool:
         """Pause `task` with `reason` (`TaskFaults`'s way); False if it was not running.

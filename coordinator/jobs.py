@@ -13,6 +13,7 @@ import json
 
 import redis
 
+from cairn.agents import spans, tracing
 from cairn.agents.heartbeat import Heartbeat, worker_token
 from cairn.agents.logs import get_logger
 from cairn.agents.logship import process_name
@@ -99,18 +100,24 @@ def report_failure(
     )
 
 
-def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) -> str:
+def step_job(
+    task: str, agent: str, superstep: int, epoch: int, attempt: int, trace: object = None
+) -> str:
     """Run one attempt of one step; return the agent's status after it.
 
     A fenced attempt (a zombie, or one the coordinator gave up on) stops quietly. A model
     error or any other Cairn error is recorded, then raised, so RQ marks the job failed.
     A Redis at `maxmemory` refusing the step's writes is retryable: recorded when Redis
     takes the record (else the coordinator sees the heartbeat lapse), then raised.
+    `trace` is the W3C trace context of the step's superstep, when the coordinator traces
+    (`cairn.agents.tracing.parent_of` says what is taken of it).
     """
     env = environment()
     where = (env.redis, task, agent, superstep, epoch, attempt)
+    traced = spans.StepAt(task, agent, superstep, epoch, attempt, process_name("worker"))
     try:
-        with env.lanes.lease() as lane:  # a tree of its own while other steps run beside it
+        # The lane is a tree of its own while other steps run beside it.
+        with spans.step_span(traced, trace) as span, env.lanes.lease() as lane:
             result = run_step(
                 task,
                 agent,
@@ -123,6 +130,9 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
                 tools=env.tools,
                 mcp=env.mcp,
             )
+            tracing.set_attributes(span, {"cairn.step.status": result.status.value,
+                                          "cairn.step.resumed": result.resumed,
+                                          "cairn.step.tools_run": result.tools_run})  # fmt: skip
     except FencedWrite as exc:
         record_outcome(*where, "fenced", str(exc))
         log.info("attempt fenced", task=task, agent=agent, reason=str(exc))

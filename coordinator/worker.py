@@ -73,6 +73,7 @@ from rq.utils import decode_redis_hash, now
 from rq.worker import WorkerStatus
 
 from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.tracing import stop_tracing
 from cairn.coordinator.environment import built_environment, environment, offer_of
 from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from cairn.coordinator.offers import Offer, advertise, withdraw
@@ -450,9 +451,11 @@ class CairnWorker(SimpleWorker):
     def teardown(self) -> None:
         """Let the running jobs finish (within `drain` of a stop), hand back the rest.
 
-        The worker's offer is withdrawn: a spec is checked against the workers still live.
+        The worker's offer is withdrawn: a spec is checked against the workers still live,
+        and the spans its steps left are exported.
         """
         self._drain()
+        stop_tracing()
         # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`,
         # its offer within `OFFER_TTL`.
         with self._waiting_out("the worker's end not recorded"):
