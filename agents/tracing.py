@@ -20,6 +20,7 @@ coordinator's (task, supersteps, restores) `cairn.coordinator.tracing`'s.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import hashlib
 import json
@@ -108,11 +109,14 @@ def start_tracing(config: TraceConfig) -> bool:
         if _state.tracer is not None:
             return True
         provider = TracerProvider(
-            resource=Resource.create({"service.name": config.service}), id_generator=_Ids()
+            resource=Resource.create({"service.name": config.service}),
+            id_generator=_Ids(),
+            shutdown_on_exit=False,  # `stop_tracing` at exit, bounded: the SDK's may wait long
         )
         provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
         _state.provider, _state.content = provider, config.content
         _state.tracer = provider.get_tracer("cairn")
+    atexit.register(stop_tracing)
     log.info("traces exported", exporter=config.exporter, content=config.content)
     return True
 
@@ -128,13 +132,24 @@ def _exporter(config: TraceConfig) -> SpanExporter:
 
 
 def stop_tracing(timeout_ms: int = 3_000) -> None:
-    """Export the spans still queued (waiting at most `timeout_ms`), then stop tracing."""
+    """Export the spans still queued, then stop tracing; back within about `timeout_ms`.
+
+    A collector out of reach loses them: a process stopping never waits on it longer.
+    """
     with _state.lock:
         provider, _state.provider, _state.tracer = _state.provider, None, None
-    if provider is not None:
-        with contextlib.suppress(Exception):  # a collector out of reach loses its spans
-            provider.force_flush(timeout_ms)
-            provider.shutdown()
+    if provider is None:
+        return
+    stopping = threading.Thread(target=_shut, args=(provider, timeout_ms), daemon=True,
+                                name="cairn-traces-stop")  # fmt: skip
+    stopping.start()
+    stopping.join(timeout_ms / 1000 + 0.5)  # the exporter's own retries may outlast it
+
+
+def _shut(provider: TracerProvider, timeout_ms: int) -> None:
+    with contextlib.suppress(Exception):  # spans lost, never the process's stop
+        provider.force_flush(timeout_ms)
+        provider.shutdown()
 
 
 def tracing() -> bool:

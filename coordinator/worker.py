@@ -451,11 +451,10 @@ class CairnWorker(SimpleWorker):
     def teardown(self) -> None:
         """Let the running jobs finish (within `drain` of a stop), hand back the rest.
 
-        The worker's offer is withdrawn: a spec is checked against the workers still live,
-        and the spans its steps left are exported.
+        The worker's offer is withdrawn (a spec is checked against the workers still live),
+        then the spans its steps left are exported.
         """
         self._drain()
-        stop_tracing()
         # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`,
         # its offer within `OFFER_TTL`.
         with self._waiting_out("the worker's end not recorded"):
@@ -463,6 +462,7 @@ class CairnWorker(SimpleWorker):
                 withdraw(batch, self.name)
                 batch.execute()
             super().teardown()  # type: ignore[no-untyped-call]
+        stop_tracing()  # last: a collector out of reach holds it up for seconds
 
     def _drain(self) -> None:
         while True:
