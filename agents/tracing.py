@@ -2,7 +2,8 @@
 
 Off unless the process's settings turn it on (`cairn.coordinator.settings`: the standard
 `OTEL_*` variables), and a no-op without the `otel` extra (`pip install
-'cairn-agents[otel]'`). Cairn keeps a tracer provider of its own, never the global one:
+'cairn-agents[otel]'`); the SDK is imported only once a process traces
+(`cairn.agents.otel_sdk`). Cairn keeps a tracer provider of its own, never the global one:
 a framework an adapter wraps keeps its own instrumentation, and what Cairn exports is only
 what this module writes. Spans go through a `BatchSpanProcessor`: an export runs on its
 thread, and its failures are the SDK's to log, never a step's.
@@ -23,42 +24,40 @@ from __future__ import annotations
 import atexit
 import contextlib
 import hashlib
+import importlib.metadata
+import importlib.util
 import json
 import re
 import threading
 from collections.abc import Iterator, Mapping, Sequence
-from contextvars import ContextVar
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from types import ModuleType
+from typing import TYPE_CHECKING, Any, Literal
 
 from cairn.agents.logs import get_logger
 
-try:
-    from opentelemetry import trace
-    from opentelemetry.sdk.resources import Resource
+if TYPE_CHECKING:  # the `otel` extra's, loaded only once a process traces (`otel_sdk`)
+    from opentelemetry.context import Context
     from opentelemetry.sdk.trace import TracerProvider
-    from opentelemetry.sdk.trace.export import (
-        BatchSpanProcessor,
-        ConsoleSpanExporter,
-        SpanExporter,
-    )
-    from opentelemetry.sdk.trace.id_generator import IdGenerator, RandomIdGenerator
-    from opentelemetry.trace import (
-        Link,
-        Span,
-        SpanContext,
-        SpanKind,
-        Status,
-        StatusCode,
-        TraceFlags,
-        Tracer,
-        TraceState,
-    )
+    from opentelemetry.trace import Span, Tracer
 
-    INSTALLED = True
-except ImportError:  # the `otel` extra is not installed: every function here does nothing
-    INSTALLED = False
 
+def _installed() -> bool:
+    """Whether the `otel` extra is installed: looked up, never imported.
+
+    No process pays for importing the SDK unless it traces.
+    """
+    if importlib.util.find_spec("opentelemetry") is None:
+        return False
+    try:
+        for name in ("opentelemetry-sdk", "opentelemetry-exporter-otlp-proto-http"):
+            importlib.metadata.distribution(name)
+    except importlib.metadata.PackageNotFoundError:
+        return False
+    return True
+
+
+INSTALLED = _installed()  # without the extra every function here does nothing
 log = get_logger(__name__)
 Exporter = Literal["otlp", "console"]
 REPLAYED_STATE = "replayed"  # the `cairn` member of `tracestate` of a superstep that replays
@@ -84,13 +83,12 @@ class TraceConfig:
 class _Tracing:
     tracer: Tracer | None = None
     provider: TracerProvider | None = None
+    sdk: ModuleType | None = None  # `cairn.agents.otel_sdk`, once tracing started
     content: bool = False
     lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 _state = _Tracing()
-# The ids the next span started on this thread takes (trace id, span id), else random ones.
-_fixed: ContextVar[tuple[int, int] | None] = ContextVar("cairn_fixed_span_ids", default=None)
 
 
 def start_tracing(config: TraceConfig) -> bool:
@@ -108,27 +106,13 @@ def start_tracing(config: TraceConfig) -> bool:
     with _state.lock:
         if _state.tracer is not None:
             return True
-        provider = TracerProvider(
-            resource=Resource.create({"service.name": config.service}),
-            id_generator=_Ids(),
-            shutdown_on_exit=False,  # `stop_tracing` at exit, bounded: the SDK's may wait long
-        )
-        provider.add_span_processor(BatchSpanProcessor(_exporter(config)))
-        _state.provider, _state.content = provider, config.content
+        sdk = importlib.import_module("cairn.agents.otel_sdk")
+        provider = sdk.provider(config.service, config.exporter, config.endpoint)
+        _state.provider, _state.sdk, _state.content = provider, sdk, config.content
         _state.tracer = provider.get_tracer("cairn")
     atexit.register(stop_tracing)
     log.info("traces exported", exporter=config.exporter, content=config.content)
     return True
-
-
-def _exporter(config: TraceConfig) -> SpanExporter:
-    if config.exporter == "console":
-        return ConsoleSpanExporter()
-    from opentelemetry.exporter.otlp.proto.http.trace_exporter import (  # noqa: PLC0415 - only when exporting
-        OTLPSpanExporter,
-    )
-
-    return OTLPSpanExporter(endpoint=config.endpoint)
 
 
 def stop_tracing(timeout_ms: int = 3_000) -> None:
@@ -193,36 +177,19 @@ def step_span_id(task: str, agent: str, epoch: int, superstep: int, attempt: int
     return span_id_of(task, "step", agent, epoch, superstep, attempt)
 
 
-if INSTALLED:
-
-    class _Ids(IdGenerator):
-        """Random ids, except those `_fixed` names for the span being started."""
-
-        def __init__(self) -> None:
-            self._random = RandomIdGenerator()
-
-        def generate_span_id(self) -> int:
-            fixed = _fixed.get()
-            return fixed[1] if fixed is not None else self._random.generate_span_id()
-
-        def generate_trace_id(self) -> int:
-            fixed = _fixed.get()
-            return fixed[0] if fixed is not None else self._random.generate_trace_id()
-
-
-def remote(task: str, span: int, *, replayed: bool = False) -> Any:  # noqa: ANN401 - an OTel Context
-    """An OTel context whose parent is span `span` of `task`'s trace (None when not tracing)."""
-    if _state.tracer is None:
+def remote(task: str, span: int, *, replayed: bool = False) -> Context | None:
+    """A context whose parent is span `span` of `task`'s trace (None when not tracing)."""
+    sdk = _state.sdk
+    if _state.tracer is None or sdk is None:
         return None
-    state = TraceState([("cairn", REPLAYED_STATE)]) if replayed else TraceState()
-    parent = SpanContext(trace_id_of(task), span, is_remote=True,
-                         trace_flags=TraceFlags(TraceFlags.SAMPLED), trace_state=state)  # fmt: skip
-    return trace.set_span_in_context(trace.NonRecordingSpan(parent))
+    context: Context = sdk.remote(trace_id_of(task), span, replayed=replayed,
+                                  member=REPLAYED_STATE)  # fmt: skip
+    return context
 
 
 def start_span(
     name: str,
-    parent: Any,  # noqa: ANN401 - an OTel Context, or None for a root
+    parent: Context | None,
     attributes: Mapping[str, Any],
     *,
     ids: tuple[int, int] | None = None,
@@ -232,38 +199,32 @@ def start_span(
 ) -> Span | None:
     """Start a span (None when not tracing); `ids` fixes its (trace id, span id).
 
-    `links` are (task, span id) pairs of the task's trace this span follows from.
+    `parent` None: the current span's child, or a root. `links` are (task, span id)
+    pairs of spans this one follows from.
     """
-    tracer = _state.tracer
-    if tracer is None:
+    tracer, sdk = _state.tracer, _state.sdk
+    if tracer is None or sdk is None:
         return None
     try:
-        token = _fixed.set(ids)
-        try:
-            return tracer.start_span(
-                name, parent, SpanKind.CLIENT if kind == "client" else SpanKind.INTERNAL,
-                attributes={k: v for k, v in attributes.items() if v is not None},
-                links=[Link(SpanContext(trace_id_of(t), s, is_remote=True)) for t, s in links],
-                start_time=start_time,
-            )  # fmt: skip
-        finally:
-            _fixed.reset(token)
+        span: Span = sdk.begin(
+            tracer, name, parent, {k: v for k, v in attributes.items() if v is not None},
+            ids=ids, client=kind == "client", start_time=start_time,
+            links=[(trace_id_of(task), s) for task, s in links],
+        )  # fmt: skip
     except Exception as exc:  # noqa: BLE001 - a span never fails what it traces
         log.warning("span not started", span=name, error=str(exc))
         return None
+    return span
 
 
 def end_span(span: Span | None, error: BaseException | str | None = None) -> None:
     """End `span` (a no-op for None), its status an error when `error` says one."""
-    if span is None:
+    if span is None or _state.sdk is None:
         return
     with contextlib.suppress(Exception):  # a span never fails what it traces
-        if isinstance(error, BaseException):
-            span.set_attribute("error.type", type(error).__qualname__)
-            span.set_status(Status(StatusCode.ERROR, type(error).__qualname__))
-        elif error is not None:
-            span.set_attribute("error.type", error)
-            span.set_status(Status(StatusCode.ERROR, error))
+        if error is not None:
+            why = type(error).__qualname__ if isinstance(error, BaseException) else error
+            _state.sdk.fail(span, why)
         span.end()
 
 
@@ -273,12 +234,12 @@ def current(span: Span | None) -> Iterator[Span | None]:
 
     An exception leaving the block ends it as an error, and goes on.
     """
-    if span is None:
+    sdk = _state.sdk
+    if span is None or sdk is None:
         yield None
         return
     try:
-        with trace.use_span(span, end_on_exit=False, record_exception=False,
-                            set_status_on_exception=False):  # fmt: skip
+        with sdk.used(span):
             yield span
     except BaseException as exc:
         end_span(span, exc)
