@@ -48,6 +48,7 @@ from cairn.coordinator.views import (
     TaskStatus,
     TraceEntry,
 )
+from cairn.coordinator.wakes import wake
 from cairn.errors import CheckpointNotFound, InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
@@ -443,14 +444,20 @@ class Task:
     @_redis_errors
     def approve(self, agent: str, call: str | None = None) -> Decision:
         """Let `agent` make its tool call that waits for a person (`call`, or the first)."""
-        return approvals.record_decision(self.client._store, self.id, agent, call, approved=True)
+        decision = approvals.record_decision(
+            self.client._store, self.id, agent, call, approved=True
+        )
+        wake(self.client._redis, self.id)  # the agent runs on now, not at the coordinator's look
+        return decision
 
     @_redis_errors
     def reject(self, agent: str, call: str | None = None, *, reason: str) -> Decision:
         """Refuse `agent`'s waiting tool call; the model reads `reason` as its result."""
-        return approvals.record_decision(
+        decision = approvals.record_decision(
             self.client._store, self.id, agent, call, approved=False, reason=reason
         )
+        wake(self.client._redis, self.id)
+        return decision
 
     @_redis_errors
     def pause(self) -> TaskStatus:

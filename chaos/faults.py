@@ -16,7 +16,8 @@ KINDS = {
     "kill_after_compaction": "SIGKILL the next worker to compact an agent's context, past its LC",
     "pause_worker": "SIGSTOP a worker mid-step; SIGCONT once its step is retried (a zombie)",
     "kill_coordinator": "SIGKILL the leading coordinator; a standby takes over",
-    "kill_coordinator_mid_commit": "SIGKILL the leader once every vote of a superstep is in",
+    "kill_coordinator_mid_commit": "SIGKILL the leader past a superstep's last vote, as it commits",
+    "lose_wakes": "the leader drops every wake it takes for a while: it goes on by its looks",
     "restart_redis": "SIGKILL redis-server and start it again on its AOF",
     "flushall": "FLUSHALL (durability sync), then `cairn restore` from the archive",
     "corrupt_archive": "flip bytes of an archived file no fallback to GC 0 needs",
@@ -108,6 +109,7 @@ def draw(seed: int, horizon: float, can_mount: bool) -> Plan:
             "slow_redis": rng.uniform(0.005, 0.03),  # seconds per request
             "partition_worker": rng.uniform(1.0, 10.0),  # seconds cut off
             "maxmemory": rng.uniform(2.0, 5.0),  # seconds out of memory
+            "lose_wakes": rng.uniform(1.0, 6.0),  # seconds of wakes dropped
         }.get(kind, rng.random())
         faults.append(Fault(kind, at, round(value, 4)))
     workers = rng.randint(2, 4)

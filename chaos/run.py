@@ -36,7 +36,7 @@ from cairn.coordinator.worker import UNAVAILABLE
 from cairn.errors import RedisServerError
 from cairn.storage import keys
 from cairn.storage.backends.redis import connect
-from cairn.testing.coordinator import cure, poison
+from cairn.testing.coordinator import KILL_AT_COMMIT, cure, kill_at_commit, lose_wakes, poison
 from cairn.testing.faults import KILL_AFTER_COMPACTION
 from cairn.testing.redis_server import RedisServer
 from cairn.testing.replicas import ReplicaSet
@@ -47,6 +47,8 @@ from chaos.proxy import DelayProxy
 from chaos.spawning import fork_after_spawn, forks_seen, kill_at_spawn, restore_across_spawn
 from chaos.spawning import running as running_steps
 from chaos.team import team, victim
+
+TESTING_COORDINATOR = ("poison_task", "kill_coordinator_mid_commit", "lose_wakes")
 
 ROOT = Path(__file__).resolve().parents[1]
 TERMINAL = {"succeeded", "failed", "cancelled", "unrecoverable"}
@@ -129,8 +131,9 @@ class ChaosRun:
         self.skipped: list[str] = []
         self.events = self.logs / "harness.jsonl"
         self.rng = random.Random(plan.seed * 7919)  # targets of faults, apart from the plan
-        # Coordinators whose phases a `poison_task` fault can make raise, where it may come.
-        self.poisonable = any(f.kind == "poison_task" for f in plan.faults)
+        # Coordinators with the testing hooks (`cairn.testing.coordinator`), where a fault
+        # needs them: one that poisons a phase, kills at a commit or loses wakes.
+        self.poisonable = any(f.kind in TESTING_COORDINATOR for f in plan.faults)
         self.victims: dict[str, str] = {}  # second task → the phase poisoned for it
         self.forks: dict[str, int] = {}  # fork of the task → the GC it was forked at
         self.fork_sources: dict[str, GCView] = {}  # fork → its source GC, read as it was made
@@ -504,22 +507,28 @@ class ChaosRun:
         return self._kill_leader()
 
     def _kill_coordinator_mid_commit(self, fault: Fault) -> dict[str, object] | None:
-        """Kill the leader once every vote of the superstep in flight is in, before commit."""
+        """Kill the leader past a superstep's last vote and its wake, as its commit begins.
+
+        The leader (`cairn.testing.coordinator`) kills itself there once armed: a harness
+        polling for the last vote would land after the commit, which follows the vote's
+        wake within milliseconds.
+        """
         assert self.client is not None
+        leader = self._leader()
+        kill_at_commit(self.client)
         deadline = time.monotonic() + 15
         while time.monotonic() < deadline and not self.done.is_set():
-            run = self.run_state()
-            superstep = int(run.get("superstep", "0"))
-            if superstep:
-                steps = cast(dict[bytes, bytes], self.client.hgetall(keys.steps(self.task)))
-                votes = open_store(self.settings, self.client).hot.get_votes(
-                    self.task, int(run.get("epoch", "0")), superstep
-                )
-                if steps and {s.decode() for s in steps} <= votes.keys():
-                    detail = self._kill_leader()
-                    return None if detail is None else {**detail, "superstep": superstep}
-            time.sleep(0.003)
+            if not self.client.exists(KILL_AT_COMMIT):
+                return {"leader": leader, "superstep": self.run_state().get("superstep")}
+            time.sleep(0.01)
+        self.client.delete(KILL_AT_COMMIT)  # no commit came: nothing killed
         return None
+
+    def _lose_wakes(self, fault: Fault) -> dict[str, object] | None:
+        """Make the leader drop every wake it takes for `fault.value` seconds."""
+        assert self.client is not None
+        lose_wakes(self.client, fault.value)
+        return {"seconds": fault.value, "leader": self._leader()}
 
     def _restart_redis(self, fault: Fault) -> dict[str, object] | None:
         assert self.server is not None

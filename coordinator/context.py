@@ -71,4 +71,8 @@ class Context:
         self.replication = Replication(runs)
         # task → (restores of it that failed in a row, when the next may begin: monotonic)
         self.restore_due: dict[str, tuple[int, float]] = {}
+        # task → (its latest GC, when a look found it waiting there for a person's decision,
+        # monotonic): nothing is due until a decision wakes it or, were that wake lost, the
+        # next idle look
+        self.waiting: dict[str, tuple[int, float]] = {}
         self.phase = ""  # what `tick` is doing for the task at hand, named in its faults

@@ -48,12 +48,16 @@ from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import RESTORING, TERMINAL, Look, RunState, TaskState
 from cairn.coordinator.verifier import Verifier
+from cairn.coordinator.wakes import Wakes
 from cairn.coordinator.watcher import Watcher
 from cairn.errors import CairnError, FencedWrite
 from cairn.storage import keys
 from cairn.storage.store import CheckpointStore
 
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
+BUSY_LOOK = 0.2  # seconds between looks at every active task while one runs
+IDLE_LOOK = 1.0  # seconds between them while none runs (paused, waiting for a person)
+WAKE_SLICE = 0.25  # seconds one wait for wakes blocks at most: how soon `stop` is obeyed
 UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
 INTERRUPTED_REASON = "a restore stopped half-way"
 
@@ -80,6 +84,7 @@ class Coordinator:
         self.heartbeat_grace = heartbeat_grace
         self.queue = Queue(STEPS_QUEUE, connection=client, serializer=JSONSerializer)
         self.lease = Lease(client, name, lease_ttl_ms)
+        self.wakes = Wakes(client)
         self.runs = RunState(client, store.hot, lambda: self.lease.token)
         self.restorer = Restorer(client, store, workers=restore_on_workers, runs=self.runs)
         self.verifier = Verifier(client, self.queue, self.runs, heartbeat_grace)
@@ -101,38 +106,65 @@ class Coordinator:
         self.faults = ctx.faults = TaskFaults(self.finisher.pause, pause_after)
         self.taken, self.archived, self.replication = ctx.taken, ctx.archived, ctx.replication
 
-    def run(self, stop: threading.Event, poll: float = 0.05) -> None:
-        """Drive tasks until `stop` is set, acting only while holding the leader lease."""
+    def run(self, stop: threading.Event, busy: float = BUSY_LOOK, idle: float = IDLE_LOOK) -> None:
+        """Drive tasks until `stop` is set, acting only while holding the leader lease.
+
+        A task is looked at the moment it is woken (`cairn.coordinator.wakes`): a step
+        voted or failed, a person submitted, resumed, restored or decided. Every active
+        task is also looked at on a schedule, `busy` seconds apart while one runs (a step
+        whose worker died sends no wake; a retry's backoff ends unannounced) and `idle`
+        seconds apart while none does, so a lost wake costs latency, never progress.
+        """
+        due = 0.0  # when every active task is looked at next (`time.monotonic()`)
+        woken: list[str] = []
         try:
             while not stop.is_set():
                 try:
-                    if self.lease.acquire():
-                        self.tick()
+                    if not self.lease.acquire():
+                        woken = []  # a standby leaves wakes to the leader
+                        stop.wait(busy)
+                        continue
+                    if time.monotonic() >= due:
+                        due = time.monotonic() + (busy if self.tick() else idle)
+                    elif woken and self.tick(woken):
+                        due = min(due, time.monotonic() + busy)
+                    # Short waits: `stop` is obeyed, and the lease renewed, within a slice.
+                    wait = min(WAKE_SLICE, self.lease.ttl_ms / 4_000, due - time.monotonic())
+                    woken = self.wakes.wait(wait)
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     # Redis restarting or failing over: every write is fenced by the lease
                     # token, so this coordinator waits and asks again instead of exiting.
                     log.warning("Redis unreachable; trying again", error=str(exc))
+                    woken = []
                     stop.wait(UNREACHABLE_PAUSE)
-                stop.wait(poll)
         finally:
             self.archiver.drain()
             self.lease.release()
 
-    def tick(self) -> None:
-        """Advance every active task by what is due now.
+    def tick(self, only: list[str] | None = None) -> bool:
+        """Advance every active task (or those of `only` still active) by what is due now.
 
-        One look (two round trips) reads every active task; each is then advanced from it.
+        One look (two round trips) reads the tasks; each is then advanced from it. True
+        when one of them runs (or is restoring, or waits out a backoff): something may
+        come due that no wake announces.
         """
-        active = sorted(
-            t.decode() for t in cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS))
-        )
+        if only is None:
+            members = cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS))
+            active = sorted(t.decode() for t in members)
+        else:
+            active = self.wakes.active(only)
+            for task in active:  # woken: whatever it waited for may have come
+                self.ctx.waiting.pop(task, None)
         above = 0  # the highest task owner token above this lease's
+        busy = False
         for task, seen in self.runs.look(active).items():
             if not self.faults.due(task):
+                busy = True
                 continue  # its advance failed a moment ago: it waits out a backoff
             self.ctx.phase = "look"
             failure = seen if isinstance(seen, Exception) else None
             if not isinstance(seen, Exception):
+                busy = busy or self._busy(task, seen)
                 try:
                     self.advance(task, seen)
                 except Exception as exc:  # noqa: BLE001 - one task's trouble is that task's alone
@@ -141,11 +173,34 @@ class Coordinator:
                 running = isinstance(seen, Look) and seen.run.get("status") == TaskState.RUNNING
                 self.faults.succeeded(task, running)
                 continue
+            busy = True
             self.faults.failed(task, failure, self.ctx.phase)
             if isinstance(failure, FencedWrite):  # a coordinator with a newer lease owns it
                 above = max(above, self._owner_above(task))
         if above:
             self.lease.outrank(above)
+        return busy
+
+    def _busy(self, task: str, seen: Look) -> bool:
+        """Whether `task` may come due unannounced: it runs, not waiting for a person."""
+        status = seen.run.get("status")
+        return status == RESTORING or (
+            status == TaskState.RUNNING and not self._waiting(task, seen.latest)
+        )
+
+    def _waiting(self, task: str, latest: int | None) -> bool:
+        """Whether `task` waits at GC `latest` for a person's decision, as seen lately.
+
+        Then nothing is due until the decision wakes it; a wake that was lost is made up
+        by the look of `IDLE_LOOK` seconds later.
+        """
+        at = self.ctx.waiting.get(task)
+        if at is None:
+            return False
+        if at[0] == latest and time.monotonic() - at[1] < IDLE_LOOK:
+            return True
+        del self.ctx.waiting[task]
+        return False
 
     def _owner_above(self, task: str) -> int:
         """The task's owner token if above this coordinator's lease token, else 0."""
@@ -181,7 +236,7 @@ class Coordinator:
             status = TaskState.RUNNING
         if int(seen.run.get("superstep", "0")):
             self.watcher.watch(task, seen)
-        elif status == TaskState.RUNNING:
+        elif status == TaskState.RUNNING and not self._waiting(task, seen.latest):
             self.launcher.begin(task)
 
     def _restore_again(self, task: str, latest: int | None) -> None:

@@ -120,6 +120,7 @@ class Finisher:
         ctx.watcher.forget(task)
         ctx.committer.forget(task)
         ctx.restore_due.pop(task, None)
+        ctx.waiting.pop(task, None)
         ctx.taken.forget(task)
         ctx.verifier.forget(task)
         ctx.faults.forget(task)

@@ -19,11 +19,12 @@ from cairn.agents.logs import get_logger
 from cairn.agents.logship import process_name
 from cairn.agents.spec import TaskRecord
 from cairn.agents.step import run_step
-from cairn.coordinator.environment import environment
+from cairn.coordinator.environment import Environment, environment
 from cairn.coordinator.failures import FailureEvent, record_quietly
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.verify import JOB as VERIFY_JOB
 from cairn.coordinator.verify import VERDICT_TTL, VerifyBeats, VerifyRun, run_verify
+from cairn.coordinator.wakes import wake
 from cairn.errors import (
     AgentCodeError,
     CairnError,
@@ -108,11 +109,21 @@ def step_job(
     A fenced attempt (a zombie, or one the coordinator gave up on) stops quietly. A model
     error or any other Cairn error is recorded, then raised, so RQ marks the job failed.
     A Redis at `maxmemory` refusing the step's writes is retryable: recorded when Redis
-    takes the record (else the coordinator sees the heartbeat lapse), then raised.
+    takes the record (else the coordinator sees the heartbeat lapse), then raised. However
+    it ends, the coordinator is woken to look at the task (its vote or its failure).
     `trace` is the W3C trace context of the step's superstep, when the coordinator traces
     (`cairn.agents.tracing.parent_of` says what is taken of it).
     """
     env = environment()
+    try:
+        return _step(env, task, agent, superstep, epoch, attempt, trace)
+    finally:
+        wake(env.redis, task)
+
+
+def _step(env: Environment, task: str, agent: str, superstep: int, epoch: int,
+          attempt: int, trace: object) -> str:  # fmt: skip
+    """`step_job`'s attempt, in `env`, its span under the superstep `trace` names."""
     where = (env.redis, task, agent, superstep, epoch, attempt)
     traced = spans.StepAt(task, agent, superstep, epoch, attempt, process_name("worker"))
     try:
@@ -203,5 +214,6 @@ def verify_job(task: str, number: int, epoch: int, attempt: int) -> str:
     with beats, env.lanes.lease() as lane:
         verdict = run_verify(env.store, task, number, lane, record)
     env.redis.set(keys.verdict(task, epoch, number), verdict.dump(), ex=VERDICT_TTL)
+    wake(env.redis, task)  # the coordinator judges it now, not at its next look
     log.info("verify done", task=task, gc=number, passed=verdict.passed)
     return "passed" if verdict.passed else "failed"

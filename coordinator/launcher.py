@@ -8,6 +8,8 @@ step jobs are enqueued in one pipeline.
 
 from __future__ import annotations
 
+import time
+
 from rq import Queue
 
 from cairn.agents.barrier import runnable
@@ -55,6 +57,8 @@ class Launcher:
             )
             self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent,
                         replayed=superstep <= barrier.replay_until)  # fmt: skip
+        elif plan.then is Then.WAIT:
+            ctx.waiting[task] = (gc.number, time.monotonic())
         elif plan.then is Then.VERIFY:
             ctx.committer.verify(task, gc, ctx.docs.team(task, gc), limits, barrier.epoch)
         elif plan.then is Then.FAIL:

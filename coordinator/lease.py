@@ -8,6 +8,7 @@ standby then stays a standby, and asks again on its next poll.
 
 from __future__ import annotations
 
+import time
 from typing import cast
 
 import redis
@@ -46,6 +47,7 @@ class Lease:
         self.ttl_ms = ttl_ms
         self.token: int | None = None
         self._refused = False  # the last take was refused for memory: said once a streak
+        self._renewed = 0.0  # when the lease was last taken or renewed (`time.monotonic()`)
         self._renew = client.register_script(_RENEW)
         self._release = client.register_script(_RELEASE)
         self._outrank = client.register_script(_OUTRANK)
@@ -55,7 +57,14 @@ class Lease:
         return f"{self.holder}:{self.token}"
 
     def acquire(self) -> bool:
-        """Take the lease if it is free; True when this coordinator now leads."""
+        """Take the lease if it is free; True when this coordinator now leads.
+
+        A lease renewed less than a tenth of its time ago is not renewed again: a
+        coordinator woken hundreds of times a second spends no round trip on it. Nothing
+        rests on that tenth: every write a coordinator makes is fenced by its token.
+        """
+        if self.token is not None and time.monotonic() - self._renewed < self.ttl_ms / 10_000:
+            return True
         if self.token is not None and self.renew():
             return True
         self.token = None
@@ -71,6 +80,7 @@ class Lease:
         self._refused = False
         if taken:
             self.token = token
+            self._renewed = time.monotonic()
             return True
         return False
 
@@ -79,6 +89,7 @@ class Lease:
         if self.token is None:
             return False
         if int(self._renew(keys=[keys.LEASE], args=[self._value, self.ttl_ms])) == 1:
+            self._renewed = time.monotonic()
             return True
         self.token = None
         return False

@@ -41,6 +41,7 @@ from cairn.coordinator.runs import REPLAY_UNTIL, RESTORING, RunState, TaskState,
 from cairn.coordinator.spec import CheckpointPolicy, read_policy
 from cairn.coordinator.staging import PASSING, refusal, stage
 from cairn.coordinator.tracing import restore_span
+from cairn.coordinator.wakes import wake
 from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage import keys
 from cairn.storage.keys import SPEC_DOC
@@ -158,6 +159,7 @@ class Restorer:
                 ran = {"status": TaskState.RUNNING, "superstep": 0, REPLAY_UNTIL: reached}
                 self.runs.write(task, ran, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
+                wake(self.redis, task)  # its next superstep begins now, not at a look
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()
                 return Restored(target, number, epoch)
             failures.append(f"GC {target}: {refused}")

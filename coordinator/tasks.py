@@ -31,6 +31,7 @@ from cairn.coordinator.runs import TERMINAL, RunState, TaskState, abort_in_fligh
 from cairn.coordinator.spec import LIMITS_DOC, TaskSpec, read_limits, read_policy
 from cairn.coordinator.spend import RAISED_BUDGETS, budget_of
 from cairn.coordinator.views import TaskStatus, list_tasks, require_task, task_status
+from cairn.coordinator.wakes import wake
 from cairn.errors import InvalidSpec, TaskNotFound
 from cairn.storage import keys
 from cairn.storage.aborted import note_aborted
@@ -84,6 +85,7 @@ class Tasks:
             run["budget"] = spec.budget.model_dump_json()
         self.runs.write(task, run)
         self.redis.sadd(keys.ACTIVE_TASKS, task)
+        wake(self.redis, task)  # its first superstep begins now, not at a look
         log.info("task submitted", task=task, agents=len(spec.agents))
         return task
 
@@ -99,6 +101,7 @@ class Tasks:
             check_offers(spec.agents, live_offers(self.redis))
         new = task_id(spec.name if spec is not None else source.rsplit("-", 1)[0])
         fork_task(self.store, self.runs, source, new, at, spec)
+        wake(self.redis, new)
         return new
 
     def current_budget(self, task: str) -> Budget | None:
@@ -278,3 +281,4 @@ class Tasks:
         self.runs.write(
             task, {"status": state}, forget=["reason"] if state is TaskState.RUNNING else ()
         )
+        wake(self.redis, task)

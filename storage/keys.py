@@ -206,6 +206,7 @@ LEASE = f"{PREFIX}:coordinator:lease"
 LEASE_TOKEN = f"{PREFIX}:coordinator:token"
 RUNS = f"{PREFIX}:{{*}}:run"  # a SCAN pattern: the run hash of every task Redis knows
 WORKERS = f"{PREFIX}:workers"  # Set: the names of workers that said what they have
+WAKES = f"{PREFIX}:coordinator:wakes"  # List: tasks with news (`cairn.coordinator.wakes`)
 
 
 def worker_offer(worker: str) -> str:
