@@ -15,16 +15,16 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends bubblewrap \
     && rm -rf /var/lib/apt/lists/*
 
-# Install the project (with the web console's extra) at the pinned versions, then drop the
-# sources: the processes (and the worker processes they start) import the installed
-# packages only.
+# Install the project (with the console's and the traces' extras) at the pinned versions,
+# then drop the sources: the processes (and the worker processes they start) import the
+# installed packages only.
 WORKDIR /src
 COPY pyproject.toml constraints.txt README.md ./
 COPY storage ./storage
 COPY agents ./agents
 COPY coordinator ./coordinator
 COPY cairn ./cairn
-RUN pip install -c constraints.txt '.[console]' && cd / && rm -rf /src
+RUN pip install -c constraints.txt '.[console,otel]' && cd / && rm -rf /src
 
 # A fixed uid, so every host mounting a shared archive agrees on who owns its files.
 # /data/archive is the volume the coordinator and every worker share; the workspace

@@ -18,7 +18,7 @@ from functools import partial
 
 from pydantic import JsonValue
 
-from cairn.agents import faults, spawn
+from cairn.agents import faults, spans, spawn, tracing
 from cairn.agents.accounting import cost
 from cairn.agents.approval import decision_for
 from cairn.agents.arguments import check_names
@@ -292,10 +292,16 @@ class StepContext:
         The agent's model, or `model` called `name`; `compacted` marks a compaction's summary.
         """
         started, clock = datetime.now(UTC), time.perf_counter()
-        with live_reply(self.store.hot, self.lc, self.spec.stream) as on_delta:
-            reply = (model or self.model).complete(replace(request, on_delta=on_delta))
-        price = self.record.prices.get(name or self.spec.model)
-        usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
+        name = name or self.spec.model
+        span = spans.model_span(name, self.spec.params, request.messages, self.agent,
+                                  self.task, request.purpose)  # fmt: skip
+        with tracing.current(span):
+            with live_reply(self.store.hot, self.lc, self.spec.stream) as on_delta:
+                reply = (model or self.model).complete(replace(request, on_delta=on_delta))
+            price = self.record.prices.get(name)
+            usage = reply.usage.model_copy(update={"cost_usd": cost(reply.usage, price)})
+            spans.model_replied(span, usage, reply.content or reply.refusal, reply.tool_calls,
+                                  cut=reply.cut, refused=reply.refusal is not None)  # fmt: skip
         if self.spent is not None:  # an earlier call's count, on its way: settled first
             spent, self.spent = self.spent, None
             spent()
@@ -358,9 +364,12 @@ class StepContext:
                           spawn=partial(spawn.spawn_from_args, self))  # fmt: skip
         # The trace records an external call's key; a tool that reads it works it out.
         traced = own.idempotency_key if tool.effects is Effects.EXTERNAL else None
+        span = spans.tool_span(call, tool.effects.value, self.agent)
         try:
-            check_names(tool.name, tool.parameters, call.args)
-            result = tool.run(own, call.args)
+            with tracing.current(span):
+                check_names(tool.name, tool.parameters, call.args)
+                result = tool.run(own, call.args)
+                tracing.set_attributes(span, spans.tool_content(None, result))
         except ToolError as exc:
             self._result(call, tool, None, str(exc), started, clock, traced,
                          into_history=into_history)  # fmt: skip

@@ -8,6 +8,7 @@ reads Redis (and the archive) afresh: a `Task` holds nothing but its id.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import time
@@ -22,6 +23,7 @@ from pydantic import BaseModel, JsonValue
 from cairn.agents.accounting import Budget, MemberBudget, load_prices
 from cairn.agents.live import LiveReply, read_live
 from cairn.agents.spec import parse_model
+from cairn.agents.tracing import start_tracing
 from cairn.connection import client_for, ping
 from cairn.coordinator import approvals, export, gcviews, views
 from cairn.coordinator.approvals import Decision, PendingCall
@@ -47,7 +49,7 @@ from cairn.coordinator.views import (
     TraceEntry,
 )
 from cairn.coordinator.wakes import wake
-from cairn.errors import CheckpointNotFound, Timeout, Unavailable, one_line
+from cairn.errors import CheckpointNotFound, InvalidSpec, Timeout, Unavailable, one_line
 from cairn.storage import keys
 from cairn.storage.archive import ArchiveReport
 from cairn.storage.public import public
@@ -329,6 +331,8 @@ class Task:
         """
         if to is not None and to not in {g.number for g in self.client._store.list_gcs(self.id)}:
             raise CheckpointNotFound(f"task {self.id} has no checkpoint {to}")
+        with contextlib.suppress(InvalidSpec):  # an OTEL_* setting never stops a restore
+            start_tracing(self.client.settings.traces("client"))  # the restore's span
         restorer = Restorer(self.client._redis, self.client._store, workers=on_workers)
         done = restorer.restore(self.id, to)
         return RestoreResult(restored_to=done.restored_to, epoch=done.epoch, checkpoint=done.number)

@@ -17,6 +17,7 @@ from types import FrameType
 
 from cairn.agents.logs import configure_logging
 from cairn.agents.logship import ship_logs
+from cairn.agents.tracing import start_tracing, stop_tracing
 from cairn.coordinator import metrics
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.settings import load_settings, open_store
@@ -40,6 +41,10 @@ def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -
     client = connect(url)
     ship_logs(client, "coordinator")  # `cairn logs TASK` reads a task's lines from Redis
     metrics.serve_coordinator(client, settings.metrics_port)
+    try:
+        start_tracing(settings.traces("coordinator"))
+    except InvalidSpec as exc:  # an OTEL_* variable Cairn cannot export with
+        parser.exit(2, f"{parser.prog}: error: {exc}\n")
     store = open_store(settings, client)
     coordinator = kind(
         client,
@@ -55,6 +60,7 @@ def main(argv: list[str] | None = None, kind: type[Coordinator] = Coordinator) -
     signal.signal(signal.SIGTERM, request_stop)
     signal.signal(signal.SIGINT, request_stop)
     coordinator.run(stop)
+    stop_tracing()
     client.close()
     return 0
 

@@ -15,11 +15,11 @@ import redis
 
 from cairn.agents.barrier import SYSTEM_SENDER, build_gc
 from cairn.agents.joining import join
-from cairn.coordinator import metrics
+from cairn.coordinator import metrics, tracing
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.plan import Barrier
-from cairn.coordinator.runs import Look, TaskState
+from cairn.coordinator.runs import REPLAY_UNTIL, Look, TaskState
 from cairn.coordinator.spec import Limits
 from cairn.coordinator.spend import RAISED_BUDGETS, budget_of, parse_spend
 from cairn.coordinator.verifier import GaveUp
@@ -100,6 +100,7 @@ class Committer:
             committed = ctx.store.read_gc(task, barrier.gc.number)  # another did it first
         self._refused.pop(task, None)
         metrics.GC_COMMITS.inc()
+        tracing.superstep_committed(task, committed.epoch, superstep, committed.number)
         log.info(
             "superstep committed",
             task=task,
@@ -114,9 +115,9 @@ class Committer:
             return
         limits = ctx.docs.limits(task)
         attempts = dict.fromkeys(agents, 1)
-        ctx.launcher.launch(
-            task, attempts, prepared.superstep, epoch, limits, prepared, fenced=True
-        )
+        replayed = prepared.superstep <= int(run.get(REPLAY_UNTIL, 0))
+        ctx.launcher.launch(task, attempts, prepared.superstep, epoch, limits, prepared,
+                            fenced=True, replayed=replayed)  # fmt: skip
         self.archive(task, committed)
 
     def then(self, task: str, gc: GlobalCheckpoint, seen: Look) -> list[str]:

@@ -7,7 +7,8 @@ slot (a workspace tree for each step running at once), the model factory with th
 process's credentials, its tools (built-ins, installed entry points, `CAIRN_TOOLS`
 modules), its MCP servers (`CAIRN_MCP_CONFIG`, sessions kept across steps and closed at
 exit) and the sandbox its agents' commands run in (`CAIRN_SANDBOX`, probed once). Building
-it serves the worker's metrics, if a port is configured; a worker builds it before its
+it serves the worker's metrics, if a port is configured, and starts its traces, if
+configured (`cairn.agents.tracing`); a worker builds it before its
 first job, so a bad tool module or MCP file stops the worker with its reason instead of
 failing every step, and a worker that cannot sandbox says so as it starts.
 """
@@ -33,6 +34,7 @@ from cairn.agents.sandbox import Sandbox, sandbox_for, use_sandbox
 from cairn.agents.step import ModelFactory, build_model
 from cairn.agents.toolkit import ToolRegistry, load_tools
 from cairn.agents.tools import Tool
+from cairn.agents.tracing import start_tracing
 from cairn.coordinator import metrics
 from cairn.coordinator.offers import Offer
 from cairn.coordinator.settings import Settings, open_store, process_settings
@@ -83,6 +85,7 @@ def _environment() -> Environment:
     ship_logs(client, "worker")  # `cairn logs TASK` reads a task's lines from Redis
     store = open_store(settings, client, metered=True)
     serve_worker_metrics(settings)
+    start_tracing(settings.traces("worker"))
     models = partial(build_model, environ=settings.environ)
     sandbox = open_sandbox(settings)
     tools = load_tools(settings.tools)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import time
 from typing import cast
 
-from cairn.coordinator import metrics
+from cairn.coordinator import metrics, tracing
 from cairn.coordinator.archiver import ArchiveJob
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.runs import RESTORING, TERMINAL, TaskState, abort_in_flight
@@ -115,6 +115,7 @@ class Finisher:
             return
         ctx.redis.srem(keys.ACTIVE_TASKS, task)
         log.info("task ended", task=task, status=status.value, reason=reason)
+        tracing.task_ended(ctx.redis, task, status.value, ok=status is TaskState.SUCCEEDED)
 
     def pause(self, task: str, reason: str) -> bool:
         """Pause `task` with `reason` (`TaskFaults`'s way); False if it was not running.

@@ -13,6 +13,7 @@ import json
 
 import redis
 
+from cairn.agents import spans, tracing
 from cairn.agents.heartbeat import Heartbeat, worker_token
 from cairn.agents.logs import get_logger
 from cairn.agents.logship import process_name
@@ -100,7 +101,9 @@ def report_failure(
     )
 
 
-def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) -> str:
+def step_job(
+    task: str, agent: str, superstep: int, epoch: int, attempt: int, trace: object = None
+) -> str:
     """Run one attempt of one step; return the agent's status after it.
 
     A fenced attempt (a zombie, or one the coordinator gave up on) stops quietly. A model
@@ -108,20 +111,24 @@ def step_job(task: str, agent: str, superstep: int, epoch: int, attempt: int) ->
     A Redis at `maxmemory` refusing the step's writes is retryable: recorded when Redis
     takes the record (else the coordinator sees the heartbeat lapse), then raised. However
     it ends, the coordinator is woken to look at the task (its vote or its failure).
+    `trace` is the W3C trace context of the step's superstep, when the coordinator traces
+    (`cairn.agents.tracing.parent_of` says what is taken of it).
     """
     env = environment()
     try:
-        return _step(env, task, agent, superstep, epoch, attempt)
+        return _step(env, task, agent, superstep, epoch, attempt, trace)
     finally:
         wake(env.redis, task)
 
 
 def _step(env: Environment, task: str, agent: str, superstep: int, epoch: int,
-          attempt: int) -> str:  # fmt: skip
-    """`step_job`'s attempt, in `env`."""
+          attempt: int, trace: object) -> str:  # fmt: skip
+    """`step_job`'s attempt, in `env`, its span under the superstep `trace` names."""
     where = (env.redis, task, agent, superstep, epoch, attempt)
+    traced = spans.StepAt(task, agent, superstep, epoch, attempt, process_name("worker"))
     try:
-        with env.lanes.lease() as lane:  # a tree of its own while other steps run beside it
+        # The lane is a tree of its own while other steps run beside it.
+        with spans.step_span(traced, trace) as span, env.lanes.lease() as lane:
             result = run_step(
                 task,
                 agent,
@@ -134,6 +141,9 @@ def _step(env: Environment, task: str, agent: str, superstep: int, epoch: int,
                 tools=env.tools,
                 mcp=env.mcp,
             )
+            tracing.set_attributes(span, {"cairn.step.status": result.status.value,
+                                          "cairn.step.resumed": result.resumed,
+                                          "cairn.step.tools_run": result.tools_run})  # fmt: skip
     except FencedWrite as exc:
         record_outcome(*where, "fenced", str(exc))
         log.info("attempt fenced", task=task, agent=agent, reason=str(exc))

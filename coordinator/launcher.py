@@ -13,6 +13,7 @@ import time
 from rq import Queue
 
 from cairn.agents.barrier import runnable
+from cairn.coordinator import tracing
 from cairn.coordinator.budgets import held
 from cairn.coordinator.context import Context, log
 from cairn.coordinator.jobs import STEP_JOB
@@ -55,7 +56,8 @@ class Launcher:
             intent = gc.written(
                 GCOrigin.SUPERSTEP, number=gc.number + 1, superstep=superstep, epoch=epoch
             )
-            self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent)
+            self.launch(task, dict.fromkeys(plan.agents, 1), superstep, epoch, limits, intent,
+                        replayed=superstep <= barrier.replay_until)  # fmt: skip
         elif plan.then is Then.WAIT:
             ctx.waiting[task] = (gc.number, time.monotonic())
         elif plan.then is Then.VERIFY:
@@ -100,12 +102,15 @@ class Launcher:
         intent: GlobalCheckpoint | None = None,
         *,
         fenced: bool = False,
+        replayed: bool = False,
     ) -> None:
         """Launch agent → attempt as step jobs: fence them in, then enqueue all in one go.
 
         A new superstep's `intent` (its GC to be) is prepared in the fencing's round trip,
         unless `fenced` says the commit before it did both; its run state is then written
-        with the steps, in one write.
+        with the steps, in one write. `replayed` says the superstep runs again what a
+        restore discarded (its trace says so). When the process traces, each job carries
+        its superstep span's trace context (`cairn.coordinator.tracing`).
         """
         ctx = self.ctx
         if intent is None:
@@ -118,12 +123,18 @@ class Launcher:
             agent: f"cairn-{task}-{epoch}-{superstep}-{agent}-{attempt}"
             for agent, attempt in attempts.items()
         }
+        if intent is None:
+            trace = tracing.steps_relaunched(task, epoch, superstep, attempts)
+        else:
+            trace = tracing.superstep_began(task, epoch, superstep, intent.number, list(attempts),
+                                            replayed=replayed)  # fmt: skip
         pipe = ctx.redis.pipeline()
         ctx.queue.enqueue_many(
             [
                 Queue.prepare_data(
                     STEP_JOB,
                     args=(task, agent, superstep, epoch, attempt),
+                    kwargs=None if trace is None else {"trace": trace},
                     job_id=jobs[agent],
                     timeout=int(limits.step_timeout) + 60,
                     # A step's result is its vote and LC; RQ's copy of a finished job

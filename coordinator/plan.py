@@ -11,7 +11,7 @@ from enum import Enum
 
 import redis
 
-from cairn.coordinator.runs import TaskState
+from cairn.coordinator.runs import REPLAY_UNTIL, TaskState
 from cairn.coordinator.spend import parse_spend
 from cairn.storage import keys
 from cairn.storage.records import GlobalCheckpoint, Usage
@@ -27,21 +27,22 @@ class Barrier:
     budget: bytes | None  # the budget last set (`Tasks.budget`), if any
     spent: dict[str, Usage]  # agent → what its model calls spent
     raised: dict[str, str] = field(default_factory=dict)  # member → its budget as last raised
+    replay_until: int = 0  # supersteps up to this one redo what a restore discarded
 
     @classmethod
     def read(cls, client: redis.Redis, task: str) -> Barrier:
         """Read them for `task`."""
         pipe = client.pipeline(transaction=False)
-        pipe.hmget(keys.run(task), ["status", "budget"])
+        pipe.hmget(keys.run(task), ["status", "budget", REPLAY_UNTIL])
         pipe.get(keys.epoch(task))
         pipe.exists(keys.restore_lock(task))
         pipe.hgetall(keys.spend(task))
         pipe.hgetall(keys.member_budgets(task))
-        (status, budget), epoch, locked, spend, raised = pipe.execute()
+        (status, budget, replay), epoch, locked, spend, raised = pipe.execute()
         running = status == TaskState.RUNNING.value.encode()
         members = {k.decode(): v.decode() for k, v in raised.items()}
         return cls(running, int(epoch or 0), bool(locked), budget, parse_spend(spend)[0],
-                   members)  # fmt: skip
+                   members, int(replay or 0))  # fmt: skip
 
     def may_begin(self, latest: GlobalCheckpoint) -> bool:
         """Say whether the superstep after `latest` may begin now.

@@ -37,9 +37,10 @@ from cairn.coordinator import metrics
 from cairn.coordinator.archiver import ArchiveJob, acknowledge, archive
 from cairn.coordinator.jobs import CONTROL_QUEUE, STAGE_JOB
 from cairn.coordinator.replication import confirm
-from cairn.coordinator.runs import RESTORING, RunState, TaskState, abort_in_flight
+from cairn.coordinator.runs import REPLAY_UNTIL, RESTORING, RunState, TaskState, abort_in_flight
 from cairn.coordinator.spec import CheckpointPolicy, read_policy
 from cairn.coordinator.staging import PASSING, refusal, stage
+from cairn.coordinator.tracing import restore_span
 from cairn.coordinator.wakes import wake
 from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound, RestoreFailed
 from cairn.storage import keys
@@ -91,11 +92,14 @@ class Restorer:
         the latest committed GC) and names the GC restored to as its `source`.
         """
         token = uuid.uuid4().hex
-        self._lock(task, token, wait)
-        try:
-            return self._restore(task, to, reason, wait, origin)
-        finally:
-            self._unlock(task, token)
+        with restore_span(task, to, origin.value) as traced:
+            self._lock(task, token, wait)
+            try:
+                done = self._restore(task, to, reason, wait, origin)
+            finally:
+                self._unlock(task, token)
+            traced.restored(done.restored_to, done.number, done.epoch)
+            return done
 
     def _restore(
         self, task: str, to: int | None, reason: str, wait: float, origin: GCOrigin
@@ -119,7 +123,10 @@ class Restorer:
         self.redis.sadd(keys.ACTIVE_TASKS, task)
         epoch = self.store.raise_epoch(task, seen + 1, self.runs.token())
         self._stop_superstep(task)
-        number = max(g.number for g in self.store.list_gcs(task)) + 1
+        listed = self.store.list_gcs(task)
+        number = max(g.number for g in listed) + 1
+        # The supersteps run from here up to this one redo work the restore discards.
+        reached = max((g.superstep or 0 for g in listed), default=0)
         failures: list[str] = []
         for tried, target in enumerate(candidates):
             if tried:  # each try stages under an epoch of its own
@@ -149,9 +156,8 @@ class Restorer:
                 log.info("task restored", task=task, to=target, to_epoch=gc.epoch, gc=number,
                          epoch=epoch)  # fmt: skip
                 self._make_durable(task, number, policy)
-                self.runs.write(
-                    task, {"status": TaskState.RUNNING, "superstep": 0}, forget=["reason"]
-                )
+                ran = {"status": TaskState.RUNNING, "superstep": 0, REPLAY_UNTIL: reached}
+                self.runs.write(task, ran, forget=["reason"])
                 self.redis.sadd(keys.ACTIVE_TASKS, task)
                 wake(self.redis, task)  # its next superstep begins now, not at a look
                 metrics.RESTORES.labels("fallback" if tried else "restored").inc()

@@ -57,6 +57,9 @@ TERMINAL = frozenset(
     {TaskState.SUCCEEDED, TaskState.FAILED, TaskState.CANCELLED, TaskState.UNRECOVERABLE}
 )
 RESTORING = "restoring"  # the run status while a restore runs; reported as running
+# The run's field naming the last superstep the task had run when it was last restored:
+# the supersteps up to it run again what the restore discarded (their spans say `replayed`).
+REPLAY_UNTIL = "replay_until"
 
 
 # The run fields written for people to read. They quote what failed (a model's error, a

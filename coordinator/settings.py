@@ -19,6 +19,15 @@
 | console_port | `CAIRN_CONSOLE_PORT` | 8737 |
 | console_token | `CAIRN_CONSOLE_TOKEN` | none: required for a console on a non-loopback address |
 | sandbox | `CAIRN_SANDBOX` | `bwrap`: agents' commands run in bubblewrap; `off` runs them bare |
+| otel_content | `CAIRN_OTEL_CONTENT` | off: `1` puts messages, tool calls and results in spans |
+
+Traces (`cairn.agents.tracing`, the `otel` extra) follow OpenTelemetry's own variables, read
+here with the rest: exported over OTLP/HTTP when `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT` or
+`OTEL_EXPORTER_OTLP_ENDPOINT` is set or `OTEL_TRACES_EXPORTER` is `otlp` (`console` prints
+them), never when `OTEL_TRACES_EXPORTER=none` or `OTEL_SDK_DISABLED=true`; the service is
+`OTEL_SERVICE_NAME`, else the process's role. Content goes into spans with
+`CAIRN_OTEL_CONTENT=1` or the GenAI convention's
+`OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT=true`.
 
 This is the one module that reads the process environment. Every process reads its
 settings once, at its entry (the `cairn` CLI, `cairn.Client`, `python -m cairn.coordinator`,
@@ -56,6 +65,7 @@ from pydantic import (
 )
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from cairn.agents.tracing import TraceConfig
 from cairn.coordinator.metrics import MeteredHotStore, MeteredStore
 from cairn.errors import InvalidSpec, Unavailable
 from cairn.storage.backends.disk import DiskArchive
@@ -75,6 +85,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error", "critical")
 SIGNING_KEY_VARIABLE = "CAIRN_SIGNING_KEY"
 MIN_SIGNING_KEY_BYTES = 32  # SHA-256's output: RFC 2104 calls a shorter HMAC key weaker
 MAKE_A_KEY = "make one with `openssl rand -hex 32`"
+TRACES_EXPORTER = "OTEL_TRACES_EXPORTER"
+GENAI_CONTENT = "OTEL_INSTRUMENTATION_GENAI_CAPTURE_MESSAGE_CONTENT"  # the GenAI convention's
 
 
 @public
@@ -100,6 +112,7 @@ class Settings(BaseSettings):
     console_port: int = Field(default=8737, ge=1, le=65_535)
     console_token: SecretStr | None = None
     sandbox: Literal["bwrap", "off"] = "bwrap"  # how a worker runs agents' commands
+    otel_content: bool = False  # message text, tool arguments and results in spans
     _environ: dict[str, str] = PrivateAttr(default_factory=lambda: dict(os.environ))
     # How each setting given explicitly (a flag, an argument) was given, for messages that
     # name where a value came from; any other came from its CAIRN_* variable, or a default.
@@ -184,6 +197,38 @@ class Settings(BaseSettings):
     def environ(self) -> Mapping[str, str]:
         """The process environment when these settings were read (read-only)."""
         return MappingProxyType(self._environ)
+
+    def traces(self, role: str) -> TraceConfig:
+        """How a process of `role` (`worker`, `coordinator`, `client`) exports its traces.
+
+        Raises `InvalidSpec` for an `OTEL_TRACES_EXPORTER` or an OTLP protocol Cairn
+        cannot export with.
+        """
+        env = self._environ
+        service = env.get("OTEL_SERVICE_NAME") or f"cairn-{role}"
+        said = env.get(TRACES_EXPORTER, "").split(",")[0].strip().lower()
+        endpoint = env.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or None
+        base = env.get("OTEL_EXPORTER_OTLP_ENDPOINT", "").rstrip("/")
+        if endpoint is None and base:
+            endpoint = f"{base}/v1/traces"  # as the OTLP exporter specification joins them
+        if env.get("OTEL_SDK_DISABLED", "").strip().lower() == "true" or said == "none":
+            return TraceConfig(service=service)
+        if said not in ("", "otlp", "console"):
+            raise InvalidSpec(f"invalid setting {TRACES_EXPORTER}: Cairn exports traces with "
+                              f"otlp or console, not {said!r}")  # fmt: skip
+        protocol = env.get("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL") or env.get(
+            "OTEL_EXPORTER_OTLP_PROTOCOL", "http/protobuf"
+        )
+        if protocol != "http/protobuf":
+            raise InvalidSpec(f"invalid setting OTEL_EXPORTER_OTLP_PROTOCOL: Cairn exports "
+                              f"OTLP over http/protobuf, not {protocol!r}")  # fmt: skip
+        exporter: Literal["otlp", "console"] | None = None
+        if said == "console":
+            exporter = "console"
+        elif said == "otlp" or endpoint is not None:
+            exporter = "otlp"
+        convention = env.get(GENAI_CONTENT, "").strip().lower() == "true"
+        return TraceConfig(exporter, endpoint, self.otel_content or convention, service)
 
     def origin(self, name: str) -> str:
         """Where setting `name` came from: the flag or argument that gave it, else its variable."""

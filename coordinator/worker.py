@@ -73,6 +73,7 @@ from rq.utils import decode_redis_hash, now
 from rq.worker import WorkerStatus
 
 from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.tracing import stop_tracing
 from cairn.coordinator.environment import built_environment, environment, offer_of
 from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from cairn.coordinator.offers import Offer, advertise, withdraw
@@ -450,7 +451,8 @@ class CairnWorker(SimpleWorker):
     def teardown(self) -> None:
         """Let the running jobs finish (within `drain` of a stop), hand back the rest.
 
-        The worker's offer is withdrawn: a spec is checked against the workers still live.
+        The worker's offer is withdrawn (a spec is checked against the workers still live),
+        then the spans its steps left are exported.
         """
         self._drain()
         # Unregistered (Redis out of reach), the worker's key expires within `worker_ttl`,
@@ -460,6 +462,7 @@ class CairnWorker(SimpleWorker):
                 withdraw(batch, self.name)
                 batch.execute()
             super().teardown()  # type: ignore[no-untyped-call]
+        stop_tracing()  # last: a collector out of reach holds it up for seconds
 
     def _drain(self) -> None:
         while True:

@@ -96,4 +96,4 @@ def test_the_compose_services_run_real_cairn_commands_and_share_the_archive() ->
     assert "CAIRN_CONSOLE_TOKEN" in console["environment"]
     assert REDIS_URL.fullmatch(console["environment"]["CAIRN_REDIS_URL"])
     assert "CAIRN_CONSOLE_TOKEN" not in services["worker"]["environment"]
-    assert "'.[console]'" in (ROOT / "Dockerfile").read_text()
+    assert "'.[console,otel]'" in (ROOT / "Dockerfile").read_text()  # and traces

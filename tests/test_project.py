@@ -18,6 +18,7 @@ from cairn.coordinator.settings import load_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 COMPOSE = ("docker-compose", "-f", str(ROOT / "docker-compose.yml"))
+OTHERS = frozenset({"redis", "jaeger"})  # the services that are not Cairn's
 COMPOSE_SECRETS = ("CAIRN_REDIS_PASSWORD", "CAIRN_SIGNING_KEY", "CAIRN_CONSOLE_TOKEN")
 
 
@@ -26,7 +27,7 @@ def outside_env() -> dict[str, str]:
     return {
         name: value
         for name, value in os.environ.items()
-        if not name.startswith(("CAIRN_", "COMPOSE_", "OPENAI_"))
+        if not name.startswith(("CAIRN_", "COMPOSE_", "OPENAI_", "OTEL_"))
     }
 
 
@@ -123,6 +124,15 @@ def test_every_lua_script_lives_in_one_folder_and_speaks_one_convention() -> Non
     assert {"ERR", "FENCED", "REFUSED"} >= words
 
 
+def test_compose_has_jaeger_only_in_the_traces_profile(resolved: dict[str, Any]) -> None:
+    """Jaeger runs with `--profile traces`, its UI on this host; Cairn exports only when told."""
+    raw = yaml.safe_load((ROOT / "docker-compose.yml").read_text())["services"]["jaeger"]
+    assert ["traces"] == raw["profiles"]
+    assert ["127.0.0.1:16686:16686"] == raw["ports"]
+    for name in ("coordinator", "worker"):
+        assert "" == resolved["services"][name]["environment"]["OTEL_EXPORTER_OTLP_ENDPOINT"]
+
+
 def test_compose_keeps_redis_on_its_network_behind_the_env_password(
     made_env: Path, resolved: dict[str, Any]
 ) -> None:
@@ -137,7 +147,7 @@ def test_compose_keeps_redis_on_its_network_behind_the_env_password(
     assert "ports" not in redis
     assert password == redis["command"][redis["command"].index("--requirepass") + 1]
     assert password == redis["environment"]["REDISCLI_AUTH"]  # the healthcheck's redis-cli
-    cairn = {name: s for name, s in resolved["services"].items() if name != "redis"}
+    cairn = {name: s for name, s in resolved["services"].items() if name not in OTHERS}
     assert {"coordinator", "worker", "console"} <= set(cairn)
     for name, service in cairn.items():
         url = f"redis://:{password}@redis:6379/0"
@@ -149,7 +159,7 @@ def test_every_cairn_service_gets_the_signing_key_from_the_env(
 ) -> None:
     """Coordinator, workers and console get CAIRN_SIGNING_KEY from .env, the same for all."""
     key = read_env_file(made_env)["CAIRN_SIGNING_KEY"]
-    cairn = {name: s for name, s in resolved["services"].items() if name != "redis"}
+    cairn = {name: s for name, s in resolved["services"].items() if name not in OTHERS}
     assert dict.fromkeys(cairn, key) == {
         name: service["environment"]["CAIRN_SIGNING_KEY"] for name, service in cairn.items()
     }

@@ -26,6 +26,7 @@ from rich.console import Console
 
 from cairn.agents.logs import get_logger
 from cairn.agents.logship import ship_logs
+from cairn.agents.tracing import start_tracing, stop_tracing
 from cairn.client import Client
 from cairn.connection import client_for, ping
 from cairn.coordinator import metrics
@@ -199,6 +200,7 @@ def run_coordinator(settings: Settings, name: str, lease_ms: int) -> int:
     ship_logs(connection, "coordinator")  # `cairn logs TASK` reads a task's lines from Redis
     stop = stop_on_signals()
     metrics.serve_coordinator(connection, settings.metrics_port)
+    start_tracing(settings.traces("coordinator"))
     coordinator = Coordinator(
         connection,
         open_store(settings, connection),
@@ -207,4 +209,5 @@ def run_coordinator(settings: Settings, name: str, lease_ms: int) -> int:
     )
     log.info("coordinator running", name=name, redis=display_url(url))
     coordinator.run(stop)
+    stop_tracing()
     return 0
