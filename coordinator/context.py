@@ -23,6 +23,7 @@ from cairn.coordinator.replication import Replication
 from cairn.coordinator.restore import Restorer
 from cairn.coordinator.runs import RunState
 from cairn.coordinator.verifier import Verifier
+from cairn.coordinator.wakes import Timers
 from cairn.storage.store import CheckpointStore
 
 if TYPE_CHECKING:  # the parts hold this context: imported for their types only
@@ -75,4 +76,5 @@ class Context:
         # monotonic): nothing is due until a decision wakes it or, were that wake lost, the
         # next idle look
         self.waiting: dict[str, tuple[int, float]] = {}
+        self.timers = Timers()  # looks due when a retry's backoff ends
         self.phase = ""  # what `tick` is doing for the task at hand, named in its faults

@@ -35,6 +35,7 @@ import redis
 from rq import Queue
 from rq.serializers import JSONSerializer
 
+from cairn.coordinator import heap
 from cairn.coordinator.archiver import Archiver
 from cairn.coordinator.committer import Committer
 from cairn.coordinator.context import Context, log
@@ -55,8 +56,8 @@ from cairn.storage import keys
 from cairn.storage.store import CheckpointStore
 
 HEARTBEAT_GRACE = 3.0  # seconds a started step may go without a heartbeat
-BUSY_LOOK = 0.2  # seconds between looks at every active task while one runs
-IDLE_LOOK = 1.0  # seconds between them while none runs (paused, waiting for a person)
+LOOK_EVERY = 1.0  # seconds between looks at every active task, woken or not
+STANDBY_PAUSE = 0.2  # seconds a standby waits between its asks for the lease
 WAKE_SLICE = 0.25  # seconds one wait for wakes blocks at most: how soon `stop` is obeyed
 UNREACHABLE_PAUSE = 0.5  # seconds a coordinator waits after Redis did not answer
 INTERRUPTED_REASON = "a restore stopped half-way"
@@ -108,15 +109,18 @@ class Coordinator:
         self.faults = ctx.faults = TaskFaults(self.finisher.pause, pause_after)
         self.taken, self.archived, self.replication = ctx.taken, ctx.archived, ctx.replication
 
-    def run(self, stop: threading.Event, busy: float = BUSY_LOOK, idle: float = IDLE_LOOK) -> None:
+    def run(self, stop: threading.Event, every: float = LOOK_EVERY) -> None:
         """Drive tasks until `stop` is set, acting only while holding the leader lease.
 
         A task is looked at the moment it is woken (`cairn.coordinator.wakes`): a step
-        voted or failed, a person submitted, resumed, restored or decided. Every active
-        task is also looked at on a schedule, `busy` seconds apart while one runs (a step
-        whose worker died sends no wake; a retry's backoff ends unannounced) and `idle`
-        seconds apart while none does, so a lost wake costs latency, never progress.
+        voted or failed, a verify ruled, a person submitted, resumed, restored or decided.
+        A step waiting out a retry's backoff is looked at when it ends (`Timers`). And
+        every active task is looked at `every` seconds, for what sends no wake (a worker
+        that died, a job taken and never started) and for a wake that was lost: a lost
+        wake costs latency, never progress.
         """
+        heap.settle()  # what it built to start is never scanned again (`cairn.coordinator.heap`)
+        timers = self.ctx.timers
         due = 0.0  # when every active task is looked at next (`time.monotonic()`)
         woken: list[str] = []
         try:
@@ -124,14 +128,21 @@ class Coordinator:
                 try:
                     if not self.lease.acquire():
                         woken = []  # a standby leaves wakes to the leader
-                        stop.wait(busy)
+                        stop.wait(STANDBY_PAUSE)
                         continue
                     if time.monotonic() >= due:
-                        due = time.monotonic() + (busy if self.tick() else idle)
-                    elif woken and self.tick(woken):
-                        due = min(due, time.monotonic() + busy)
+                        self.tick()
+                        due = time.monotonic() + every
+                    elif woken := [*woken, *timers.due(time.time())]:
+                        self.tick(list(dict.fromkeys(woken)))
                     # Short waits: `stop` is obeyed, and the lease renewed, within a slice.
-                    wait = min(WAKE_SLICE, self.lease.ttl_ms / 4_000, due - time.monotonic())
+                    timer = timers.next()
+                    wait = min(
+                        WAKE_SLICE,
+                        self.lease.ttl_ms / 4_000,
+                        due - time.monotonic(),
+                        WAKE_SLICE if timer is None else timer - time.time(),
+                    )
                     woken = self.wakes.wait(wait)
                 except (redis.ConnectionError, redis.TimeoutError) as exc:
                     # Redis restarting or failing over: every write is fenced by the lease
@@ -143,12 +154,10 @@ class Coordinator:
             self.archiver.drain()
             self.lease.release()
 
-    def tick(self, only: list[str] | None = None) -> bool:
+    def tick(self, only: list[str] | None = None) -> None:
         """Advance every active task (or those of `only` still active) by what is due now.
 
-        One look (two round trips) reads the tasks; each is then advanced from it. True
-        when one of them runs (or is restoring, or waits out a backoff): something may
-        come due that no wake announces.
+        One look (two round trips) reads the tasks; each is then advanced from it.
         """
         if only is None:
             members = cast(set[bytes], self.redis.smembers(keys.ACTIVE_TASKS))
@@ -158,15 +167,12 @@ class Coordinator:
             for task in active:  # woken: whatever it waited for may have come
                 self.ctx.waiting.pop(task, None)
         above = 0  # the highest task owner token above this lease's
-        busy = False
         for task, seen in self.runs.look(active).items():
             if not self.faults.due(task):
-                busy = True
                 continue  # its advance failed a moment ago: it waits out a backoff
             self.ctx.phase = "look"
             failure = seen if isinstance(seen, Exception) else None
             if not isinstance(seen, Exception):
-                busy = busy or self._busy(task, seen)
                 try:
                     self.advance(task, seen)
                 except Exception as exc:  # noqa: BLE001 - one task's trouble is that task's alone
@@ -175,31 +181,22 @@ class Coordinator:
                 running = isinstance(seen, Look) and seen.run.get("status") == TaskState.RUNNING
                 self.faults.succeeded(task, running)
                 continue
-            busy = True
             self.faults.failed(task, failure, self.ctx.phase)
             if isinstance(failure, FencedWrite):  # a coordinator with a newer lease owns it
                 above = max(above, self._owner_above(task))
         if above:
             self.lease.outrank(above)
-        return busy
-
-    def _busy(self, task: str, seen: Look) -> bool:
-        """Whether `task` may come due unannounced: it runs, not waiting for a person."""
-        status = seen.run.get("status")
-        return status == RESTORING or (
-            status == TaskState.RUNNING and not self._waiting(task, seen.latest)
-        )
 
     def _waiting(self, task: str, latest: int | None) -> bool:
         """Whether `task` waits at GC `latest` for a person's decision, as seen lately.
 
         Then nothing is due until the decision wakes it; a wake that was lost is made up
-        by the look of `IDLE_LOOK` seconds later.
+        by a look `LOOK_EVERY` seconds later.
         """
         at = self.ctx.waiting.get(task)
         if at is None:
             return False
-        if at[0] == latest and time.monotonic() - at[1] < IDLE_LOOK:
+        if at[0] == latest and time.monotonic() - at[1] < LOOK_EVERY:
             return True
         del self.ctx.waiting[task]
         return False

@@ -138,6 +138,7 @@ class Finisher:
         ctx.committer.forget(task)
         ctx.restore_due.pop(task, None)
         ctx.waiting.pop(task, None)
+        ctx.timers.forget(task)
         ctx.taken.forget(task)
         ctx.verifier.forget(task)
         ctx.faults.forget(task)

@@ -107,8 +107,9 @@ class Look:
     """A task as the coordinator's look at it found it: what `advance` decides from.
 
     `run` is the run state, `latest` the number of the latest committed GC, `steps` the
-    steps in flight (raw JSON by agent), `votes` those of the superstep in flight, and
-    `taken` when the look read them (`time.monotonic()`).
+    steps in flight (raw JSON by agent), `votes` those of the superstep in flight,
+    `taken` when the look read them (`time.monotonic()`), and `outcomes` how many of the
+    superstep's attempts said why they ended without a vote (a failure to look into).
     """
 
     run: dict[str, str]
@@ -116,6 +117,7 @@ class Look:
     steps: dict[str, bytes]
     votes: dict[str, LCRef]
     taken: float
+    outcomes: int = 0
 
 
 class RunState:
@@ -211,10 +213,16 @@ class RunState:
         ]  # fmt: skip
         pipe = self.redis.pipeline(transaction=False)
         for task, seen in watched:
-            pipe.hgetall(keys.votes(task, int(seen.run["epoch"]), int(seen.run["superstep"])))
-        for (task, seen), raw in zip(watched, pipe.execute(raise_on_error=False), strict=True):
-            if isinstance(raw, Exception):  # a key of the wrong type: that task's trouble
-                looks[task] = translated(raw) if isinstance(raw, redis.ResponseError) else raw
+            at = (task, int(seen.run["epoch"]), int(seen.run["superstep"]))
+            pipe.hgetall(keys.votes(*at))
+            pipe.hlen(keys.outcomes(*at))
+        replies = pipe.execute(raise_on_error=False)
+        for (task, seen), raw, said in zip(watched, replies[::2], replies[1::2], strict=True):
+            failed = next((r for r in (raw, said) if isinstance(r, Exception)), None)
+            if failed is not None:  # a key of the wrong type: that task's trouble
+                looks[task] = (
+                    translated(failed) if isinstance(failed, redis.ResponseError) else failed
+                )
                 continue
             votes = cast(dict[bytes, bytes], raw)
             try:
@@ -222,7 +230,7 @@ class RunState:
             except (ValueError, TypeError, UnicodeDecodeError) as exc:
                 looks[task] = exc
                 continue
-            looks[task] = replace(seen, votes=refs)
+            looks[task] = replace(seen, votes=refs, outcomes=int(cast(int, said)))
         return looks
 
 

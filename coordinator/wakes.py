@@ -80,3 +80,33 @@ class Wakes:
 def _unique(tasks: Iterable[str]) -> list[str]:
     """`tasks` without repeats, first occurrence kept."""
     return list(dict.fromkeys(tasks))
+
+
+class Timers:
+    """Looks due at a time of their own, which no wake announces: a retry's backoff ending.
+
+    Kept by the coordinator that leads, in its memory: a successor's scheduled looks find
+    the same steps due.
+    """
+
+    def __init__(self) -> None:
+        self._at: dict[str, float] = {}  # task → when a look at it is due (Unix time)
+
+    def at(self, task: str, when: float) -> None:
+        """Have `task` looked at by `when` (Unix time); the earliest time asked holds."""
+        self._at[task] = min(when, self._at.get(task, when))
+
+    def due(self, now: float) -> list[str]:
+        """The tasks whose time has come by `now`, no longer kept."""
+        found = [task for task, when in self._at.items() if when <= now]
+        for task in found:
+            del self._at[task]
+        return found
+
+    def next(self) -> float | None:
+        """When the next look is due (Unix time), or None."""
+        return min(self._at.values(), default=None)
+
+    def forget(self, task: str) -> None:
+        """Drop what was kept of a task that ended."""
+        self._at.pop(task, None)

@@ -26,12 +26,16 @@ from cairn.coordinator.finisher import MAX_ROLLBACKS, SAME_WORKERS
 from cairn.coordinator.jobstate import JobState, backoff, step_failure
 from cairn.coordinator.numbering import restore_from_archive
 from cairn.coordinator.runs import Look, StepRun
+from cairn.coordinator.spec import Limits
 from cairn.coordinator.worker import CairnJob
 from cairn.errors import CairnError
 from cairn.storage import keys
 from cairn.storage.records import LCRef
 
-FAILURE_CHECK_EVERY = 0.2  # seconds between looks for failed, timed-out or dead steps
+# Seconds between looks for failed, timed-out or dead steps. A step that says why it
+# failed (an outcome) is looked into at once; one that died silently is found a
+# heartbeat grace after its last beat, and this at most later.
+FAILURE_CHECK_EVERY = 1.0
 
 
 class Watcher:
@@ -39,7 +43,8 @@ class Watcher:
 
     def __init__(self, ctx: Context) -> None:
         self.ctx = ctx
-        self._checked: dict[str, float] = {}  # when each task was last checked for failures
+        # task → when it was last checked for failures, and the outcomes its look saw then
+        self._checked: dict[str, tuple[float, int]] = {}
         # (task, epoch, superstep) → agent → (its vote, the outputs read from that LC)
         self._outputs: dict[tuple[str, int, int], dict[str, tuple[LCRef, StepOutputs]]] = {}
 
@@ -70,10 +75,32 @@ class Watcher:
         }
         if due:
             ctx.launcher.launch(task, due, superstep, epoch, limits)
-        # Looking for failures costs a few reads per step: a few times a second is enough.
-        if now - self._checked.get(task, 0.0) < FAILURE_CHECK_EVERY:
+        for step in pending.values():  # a backoff ending sends no wake: a timer looks then
+            if step.retry_at > now:
+                ctx.timers.at(task, step.retry_at)
+        # Looking for failures costs a few reads per step: at once when an attempt said it
+        # failed, else once a `FAILURE_CHECK_EVERY`.
+        checked, said = self._checked.get(task, (0.0, 0))
+        if now - checked < FAILURE_CHECK_EVERY and seen.outcomes <= said:
             return
-        self._checked[task] = now
+        self._checked[task] = (now, seen.outcomes)
+        try:
+            self._failures(task, run, pending, limits, now)
+        except Exception:
+            self._checked[task] = (checked, said)  # one that raised is made again next look
+            raise
+
+    def _failures(
+        self,
+        task: str,
+        run: dict[str, str],
+        pending: dict[str, StepRun],
+        limits: Limits,
+        now: float,
+    ) -> None:
+        """Retry (or give up) each pending step whose attempt failed, timed out or died."""
+        ctx = self.ctx
+        superstep, epoch = int(run["superstep"]), int(run["epoch"])
         watched = {a: step for a, step in pending.items() if not step.retry_at}
         if not watched:
             return

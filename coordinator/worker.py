@@ -74,6 +74,7 @@ from rq.worker import WorkerStatus
 
 from cairn.agents.logs import configure_logging, get_logger
 from cairn.agents.tracing import stop_tracing
+from cairn.coordinator import heap
 from cairn.coordinator.environment import built_environment, environment, offer_of
 from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from cairn.coordinator.offers import Offer, advertise, withdraw
@@ -520,6 +521,7 @@ def run_worker(
         name=name,
         concurrency=concurrency,
     )
+    heap.settle()  # what it built to start is never scanned again (`cairn.coordinator.heap`)
     worker.work(burst=burst, logging_level="WARNING")
 
 

@@ -24,7 +24,7 @@ from cairn.agents.task import start_task
 from cairn.coordinator import wakes
 from cairn.coordinator.archiver import ArchiveJob, Archiver
 from cairn.coordinator.coordinator import Coordinator
-from cairn.coordinator.wakes import Wakes, wake
+from cairn.coordinator.wakes import Timers, Wakes, wake
 from cairn.storage import keys
 from cairn.storage.records import GCStatus
 from cairn.storage.store import CheckpointStore
@@ -77,11 +77,11 @@ def test_a_wake_that_fails_to_be_pushed_raises_nothing() -> None:
 
 
 @contextmanager
-def running(coordinator: Coordinator, busy: float, idle: float) -> Iterator[None]:
+def running(coordinator: Coordinator, every: float) -> Iterator[None]:
     """`coordinator.run` on a thread, stopped (and joined) on leaving."""
     stop = threading.Event()
     thread = threading.Thread(
-        target=coordinator.run, args=(stop,), kwargs={"busy": busy, "idle": idle}, daemon=True
+        target=coordinator.run, args=(stop,), kwargs={"every": every}, daemon=True
     )
     thread.start()
     try:
@@ -111,7 +111,7 @@ def test_wakes_alone_move_a_task_through_every_superstep(cluster: Cluster, tmp_p
     cluster.start_worker()
     cluster.wait_for_workers(2)
     ledger = tmp_path / "ledger"
-    with running(cluster.coordinator, busy=NEVER, idle=NEVER):
+    with running(cluster.coordinator, every=NEVER):
         time.sleep(0.3)  # past its first look, which finds nothing: the next is a minute away
         task = cluster.tasks.submit(team_spec(ledger))
         status = ended(cluster, task)
@@ -128,7 +128,7 @@ def test_lost_wakes_cost_latency_never_progress(cluster: Cluster, tmp_path: Path
     ledger = tmp_path / "ledger"
     losing = PoisonedCoordinator(cluster.client, cluster.store, heartbeat_grace=1.0)
     lose_wakes(cluster.client, 300.0)
-    with capture_logs() as logs, running(losing, busy=0.2, idle=0.5):
+    with capture_logs() as logs, running(losing, every=0.5):
         task = cluster.tasks.submit(team_spec(ledger))
         status = ended(cluster, task)
     assert "succeeded" == status["status"], status
@@ -148,7 +148,7 @@ def test_a_leader_killed_between_the_last_vote_and_the_commit_loses_nothing(
     cluster.start_worker()
     cluster.wait_for_workers(2)
     reference_ledger = tmp_path / "reference"
-    with running(cluster.coordinator, busy=0.2, idle=0.5):
+    with running(cluster.coordinator, every=0.5):
         reference = cluster.tasks.submit(team_spec(reference_ledger))
         assert "succeeded" == ended(cluster, reference)["status"]
     cluster.client.delete(keys.LEASE)  # the thread released it; any rest of it goes too
@@ -194,3 +194,17 @@ def test_an_ending_task_waits_for_its_own_archive_not_the_loop(
     archiver.forget(task)
     assert not archiver.last(job)  # forgotten: a new ending asks again
     assert archiver.drain()
+
+
+def test_timers_say_when_a_look_is_due_earliest_first() -> None:
+    """A retry's backoff ending is a look due at that time, the earliest asked for a task."""
+    timers = Timers()
+    timers.at("a", 20.0)
+    timers.at("a", 10.0)
+    timers.at("b", 15.0)
+    assert 10.0 == timers.next()
+    assert [] == timers.due(9.0)
+    assert ["a"] == timers.due(12.0)
+    assert 15.0 == timers.next()
+    timers.forget("b")
+    assert timers.next() is None
