@@ -221,8 +221,8 @@ def idle(api: Client, c: Cluster) -> list[Target]:
         f"3. Idle cost: {PAUSED} tasks paused and {APPROVALS} waiting for approval, nothing "
         f"else to do, over {wall:.1f} s",
         ["process", "CPU", "share of one core"],
-        [["coordinator", f"{share[coordinator] * wall / 100:.2f} s", f"{share[coordinator]:.2f}%"],
-         ["worker (1 lane)", f"{share[worker] * wall / 100:.2f} s", f"{share[worker]:.2f}%"]],
+        [[name, f"{share[pid] * wall / 100:.2f} s", f"{share[pid]:.2f}%"]
+         for name, pid in (("coordinator", coordinator), (f"worker ({TEAM} lanes)", worker))],
     )  # fmt: skip
     print(
         "(what a deployment burns doing nothing: user + system CPU from /proc/PID/stat, "

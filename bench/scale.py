@@ -573,14 +573,15 @@ def density(c: Cluster) -> tuple[list[Target], Run]:
     most = max(parts, key=lambda k: parts[k])
     print(
         f"(Coordinator: {1e3 * coord / gcs:.1f} ms of CPU per GC ({gcs} GCs of {TEAM} votes);"
-        f" one core of it would drive {per_core:,.0f} steps/s at this team size and tick rate."
+        f" one core of it would drive {per_core:,.0f} steps/s at this team size."
         f" A superstep's p50 overhead above the model, {ms(spans.p50 - LATENCY * 1e9)}: "
         + ", ".join(f"{k} {ms(v)}" for k, v in parts.items())
         + f" (p50s, not additive); the largest is {most}. The barrier, from the coordinator's "
-        f"log, p50: last step's end to 'superstep committed' {ms(notice)} (the tick that sees "
-        f"the last vote, build and commit), to the next 'steps launched' {ms(tick)} (the "
-        f"same tick begins the next superstep), to the jobs enqueued {ms(launch)}. A tick "
-        f"reads every active task in one look, then sleeps 50 ms. Cairn's processes used "
+        f"log, p50: last step's end to 'superstep committed' {ms(notice)} (the last vote's "
+        f"wake, the look at its task, build and commit), to the next 'steps launched' "
+        f"{ms(tick)} (the same look begins the next superstep), to the jobs enqueued "
+        f"{ms(launch)}. The coordinator looks at a task when woken, and at every active "
+        f"task once a second. Cairn's processes used "
         f"{sum(run.cpu[w] for w in ours[:3]) / run.wall:.2f} of the {os.cpu_count()} CPUs, "
         f"the machine {run.cpu['machine'] / run.wall:.2f}; the coordinator "
         f"{coord / run.wall:.0%} of one core.)"
