@@ -105,15 +105,18 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
         first[k] = min(first.get(k, start), start)
         last[k] = max(last.get(k, end), end)
     enqueued: dict[int, float] = {}
+    jobs: dict[int, list[tuple[float, float]]] = defaultdict(list)  # RQ's started to ended
     for step in read_steps(c.client, [task.id]):
         enqueued[step.superstep] = min(enqueued.get(step.superstep, step.enqueued), step.enqueued)
+        jobs[step.superstep].append((step.started, step.ended))
     if len(work) != SUPERSTEPS or set(enqueued) != set(work):
         raise RuntimeError(f"overhead: supersteps {sorted(work)} ran, {sorted(enqueued)} read")
     commits = [at.timestamp() for at in committed(c.store, task.id)]
-    over, gaps, to_commit, to_start = Samples(), Samples(), Samples(), Samples()
+    over, beside, gaps, to_commit, to_start = (Samples() for _ in range(5))
     for k, after in itertools.pairwise(sorted(work)):
         span = enqueued[after] - enqueued[k]
         over.add(int((span - covered(work[k])) * 1e9))
+        beside.add(int((span - covered(jobs[k])) * 1e9))
         end, start = last[k], first[after]
         gaps.add(int((start - end) * 1e9))
         between = [at for at in commits if end <= at <= start]
@@ -122,6 +125,7 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
             to_start.add(int((start - between[0]) * 1e9))
     rows = [
         ("superstep overhead: enqueue to next enqueue, less the steps' own work", over),
+        ("  the same, less the step jobs' runs (RQ's started to ended) (info)", beside),
         ("barrier gap: last step's finish to the next superstep's first start", gaps),
         ("  of it: last finish to the GC's committed_at", to_commit),
         ("  of it: committed_at to the next superstep's first start", to_start),
@@ -138,8 +142,10 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
         "(the agent's turn: its model call and tools); the overhead is the rest of the time "
         "from one superstep's enqueue to the next one's: the worker taking each job and "
         "loading the agent, writing its checkpoint and vote, the coordinator waking on the "
-        "last vote, the commit and the next enqueue. Enqueue times from the RQ jobs, the "
-        "commit from the GC record)"
+        "last vote, the commit and the next enqueue. The info row takes a step's work to be "
+        "its whole job instead (RQ's started to ended, the step's loading and checkpoint "
+        "included): what is left is the queue and the barrier. Enqueue times from the RQ "
+        "jobs, the commit from the GC record)"
     )
     return [
         Target("superstep overhead p50", over.p50 / 1e6, GAP_P50_MS, "ms").report(),
