@@ -173,7 +173,7 @@ def first_steps(api: Client) -> list[Target]:
     )  # fmt: skip
     print(
         "(what a person waits from submitting to the agent running: the submit, the "
-        "coordinator's tick noticing the task, its first GC and enqueue, the worker taking "
+        "coordinator woken by it, its first GC and enqueue, the worker taking "
         "the job and loading the agent; both ends wall-clock UTC on this machine)"
     )
     return [

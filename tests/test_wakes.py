@@ -24,6 +24,7 @@ from cairn.agents.task import start_task
 from cairn.coordinator import wakes
 from cairn.coordinator.archiver import ArchiveJob, Archiver
 from cairn.coordinator.coordinator import Coordinator
+from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.wakes import Timers, Wakes, wake
 from cairn.storage import keys
 from cairn.storage.records import GCStatus
@@ -119,6 +120,26 @@ def test_wakes_alone_move_a_task_through_every_superstep(cluster: Cluster, tmp_p
     files, _, ran = outcome(cluster, task, ledger)
     assert b"Looks good.\n" == files["REVIEW.md"]
     assert 1 == ran
+
+
+def test_a_retry_whose_backoff_ends_is_launched_by_a_timer(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """Looks a minute apart: a failed step's retry launches when its backoff ends.
+
+    The failure's wake brings the retry; no wake announces its backoff's end, so only
+    the coordinator's timer can launch it within the test's deadline.
+    """
+    cluster.start_worker()
+    cluster.wait_for_workers(1)
+    data = team_spec(tmp_path / "ledger").model_dump()
+    data["agents"][0]["script"][0]["fail"] = {"attempts": [1], "error": "retryable"}
+    with capture_logs() as logs, running(cluster.coordinator, every=NEVER):
+        time.sleep(0.3)  # past its first look: the next is a minute away
+        task = cluster.tasks.submit(TaskSpec.model_validate(data))
+        status = ended(cluster, task)
+    assert "succeeded" == status["status"], status
+    assert any(e["event"] == "step retried" and e["attempt"] == 2 for e in logs)
 
 
 def test_lost_wakes_cost_latency_never_progress(cluster: Cluster, tmp_path: Path) -> None:
