@@ -240,6 +240,15 @@ class CairnWorker(SimpleWorker):
         for queue in self.queues:  # RQ's sweeps of a queue's registries read its job class
             queue.job_class = self.job_class
 
+    def bootstrap(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - RQ's own
+        """Take SIGTERM and SIGINT as a stop before the offer is written, then RQ's bootstrap.
+
+        Stock RQ installs its handlers only after bootstrapping: a stop in between killed
+        the worker outright, its offer left live for `OFFER_TTL` with nobody behind it.
+        """
+        self._install_signal_handlers()  # type: ignore[no-untyped-call]
+        super().bootstrap(*args, **kwargs)
+
     def register_birth(self) -> None:
         """Register the worker with RQ, and write its offer (`cairn.coordinator.offers`)."""
         super().register_birth()  # type: ignore[no-untyped-call]

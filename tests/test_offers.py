@@ -46,10 +46,22 @@ def test_a_worker_says_what_it_has_while_it_lives_and_withdraws_it_as_it_stops(
     assert {"scripted", "openai", "anthropic"} <= set(offer.providers)
     (name,) = cast("set[bytes]", cluster.client.smembers(keys.WORKERS))
     assert 0 < cluster.client.ttl(keys.worker_offer(name.decode())) <= 30
-    worker.send_signal(signal.SIGTERM)
-    worker.wait(20)
+    worker.send_signal(signal.SIGTERM)  # at once: it may still be bootstrapping
+    assert 0 == worker.wait(20)  # stopped, not killed by the signal
     assert [] == live_offers(cluster.client)
     assert set() == cluster.client.smembers(keys.WORKERS)
+
+
+def test_a_worker_stopped_the_moment_its_offer_appears_withdraws_it(cluster: Cluster) -> None:
+    """SIGTERM while the worker still bootstraps (offer written, RQ not yet listening): a stop."""
+    for _ in range(3):
+        worker = cluster.start_worker()
+        deadline = time.monotonic() + 30
+        while not cluster.client.exists(keys.WORKERS) and time.monotonic() < deadline:
+            time.sleep(0.001)
+        worker.send_signal(signal.SIGTERM)
+        assert 0 == worker.wait(20)
+        assert [] == live_offers(cluster.client)
 
 
 def test_an_offer_that_expired_is_not_a_live_worker(cluster: Cluster) -> None:
