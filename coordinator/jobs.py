@@ -110,15 +110,20 @@ def step_job(
     error or any other Cairn error is recorded, then raised, so RQ marks the job failed.
     A Redis at `maxmemory` refusing the step's writes is retryable: recorded when Redis
     takes the record (else the coordinator sees the heartbeat lapse), then raised. However
-    it ends, the coordinator is woken to look at the task (its vote or its failure).
+    it ends, the coordinator is woken to look at the task: a vote carries its own wake
+    (the hot store's `write_lc`), anything else is followed by one.
     `trace` is the W3C trace context of the step's superstep, when the coordinator traces
     (`cairn.agents.tracing.parent_of` says what is taken of it).
     """
     env = environment()
+    voted = False
     try:
-        return _step(env, task, agent, superstep, epoch, attempt, trace)
+        status = _step(env, task, agent, superstep, epoch, attempt, trace)
+        voted = status != "fenced"  # a step that returns otherwise voted, and woke with it
+        return status
     finally:
-        wake(env.redis, task)
+        if not voted:
+            wake(env.redis, task)
 
 
 def _step(env: Environment, task: str, agent: str, superstep: int, epoch: int,

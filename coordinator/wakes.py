@@ -8,11 +8,13 @@ there at once, and looks at those tasks alone.
 
 A wake is a hint, never the only way news arrives: it is pushed after the write it
 announces, outside that write's script (a task's keys share one Cluster slot, this list
-has its own), and a push that fails, a coordinator killed between popping and acting, or
-a standby that does not read the list all lose it. The coordinator still looks at every
-active task on its own schedule (`Coordinator.run`), so a lost wake costs latency, never
-progress. A wake pushed twice (redis-py retried a push whose reply it lost) is one look
-more. The list is capped, so wakes pushed while no coordinator runs cannot fill Redis.
+has its own). A step's vote carries its wake in the vote's own round trip (the hot
+store's `write_lc`); any other news is followed by `wake`. A push that fails, a
+coordinator killed between popping and acting, or a standby that does not read the list
+all lose it. The coordinator still looks at every active task on its own schedule
+(`Coordinator.run`), so a lost wake costs latency, never progress. A wake pushed twice
+(redis-py retried a push whose reply it lost) is one look more. The list is capped, so
+wakes pushed while no coordinator runs cannot fill Redis.
 """
 
 from __future__ import annotations
@@ -25,8 +27,6 @@ import redis
 
 from cairn.storage import keys
 
-CAP = 10_000  # wakes kept waiting at most: far more tasks than one look reads at once
-
 
 def wake(client: redis.Redis, *tasks: str) -> None:
     """Tell the leading coordinator to look at `tasks` now; never raises a Redis error.
@@ -37,8 +37,8 @@ def wake(client: redis.Redis, *tasks: str) -> None:
     if not tasks:
         return
     pipe = client.pipeline(transaction=False)
-    pipe.rpush(keys.WAKES, *tasks)
-    pipe.ltrim(keys.WAKES, -CAP, -1)
+    for command in keys.wake_commands(*tasks):
+        pipe.execute_command(*command)  # type: ignore[no-untyped-call]
     with contextlib.suppress(redis.RedisError):
         pipe.execute()
 
@@ -61,7 +61,7 @@ class Wakes:
         )
         if first is None:
             return []
-        rest = cast(list[bytes] | None, self.redis.lpop(keys.WAKES, CAP)) or []
+        rest = cast(list[bytes] | None, self.redis.lpop(keys.WAKES, keys.WAKES_CAP)) or []
         return _unique(raw.decode(errors="replace") for raw in (first[1], *rest))
 
     def active(self, tasks: list[str]) -> list[str]:

@@ -87,6 +87,7 @@ log = get_logger(__name__)
 BEAT_EVERY = 5.0  # seconds between a worker's RQ liveness beats
 DRAIN_SECONDS = 8.0  # after SIGTERM: the steps running get this long, then are handed back
 HANDED_BACK = "the worker stopped before the job ended: handed back"
+SUSPENSION_CHECK_EVERY = 1.0  # seconds between looks for `rq suspend`
 PAUSE = 0.5  # seconds between tries to take a job while Redis refuses writes or is out of reach
 # What a Redis at maxmemory (OOM) or out of reach (a failover, a restart, a partition) raises
 # once redis-py's retries are spent: waited out, not a reason to quit.
@@ -234,6 +235,7 @@ class CairnWorker(SimpleWorker):
         self._force = threading.Event()
         self._trouble_since: float | None = None  # when Redis began refusing or went out of reach
         self._offer: Offer | None = None  # what it has, once its environment is built
+        self._unsuspended_at = float("-inf")  # when it last found RQ's workers not suspended
         super().__init__(*args, **kwargs)
         if not issubclass(self.job_class, CairnJob):
             self.job_class = CairnJob
@@ -319,12 +321,18 @@ class CairnWorker(SimpleWorker):
                 log.warning("worker reaches Redis again", worker=self.name, after_s=gone)
 
     def check_for_suspension(self, burst: bool) -> None:
-        """Wait while RQ's workers are suspended; not at all while Redis refuses the check.
+        """Wait while RQ's workers are suspended (`rq suspend`); look at most once a second.
 
-        RQ beats in the check's own round trip: a write, refused at maxmemory.
+        Stock RQ looks before every job, a round trip on the path from one job to the
+        next; a suspension takes effect within `SUSPENSION_CHECK_EVERY` here. Not at all
+        while Redis refuses the check: RQ beats in its round trip, a write refused at
+        maxmemory.
         """
+        if time.monotonic() - self._unsuspended_at < SUSPENSION_CHECK_EVERY:
+            return
         with self._waiting_out("suspension not checked"):
             super().check_for_suspension(burst)
+            self._unsuspended_at = time.monotonic()
 
     def run_maintenance_tasks(self) -> None:
         """RQ's sweep of its registries; left for the next round while Redis is in trouble."""

@@ -131,7 +131,8 @@ class HotStore(Protocol):
         """Store an LC (its vote, its blobs) if epoch and attempt are current, else `FencedWrite`.
 
         Each blob is put as `put_blob` puts it. Writing the same LC again is a no-op (its
-        blobs' times refreshed), so a retried command is harmless.
+        blobs' times refreshed), so a retried command is harmless. A store the coordinator
+        watches wakes it with a vote (`cairn.coordinator.wakes`).
         """
 
     def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:

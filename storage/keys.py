@@ -207,6 +207,12 @@ LEASE_TOKEN = f"{PREFIX}:coordinator:token"
 RUNS = f"{PREFIX}:{{*}}:run"  # a SCAN pattern: the run hash of every task Redis knows
 WORKERS = f"{PREFIX}:workers"  # Set: the names of workers that said what they have
 WAKES = f"{PREFIX}:coordinator:wakes"  # List: tasks with news (`cairn.coordinator.wakes`)
+WAKES_CAP = 10_000  # wakes kept waiting at most: far more tasks than one look reads at once
+
+
+def wake_commands(*tasks: str) -> list[tuple[str | int, ...]]:
+    """The commands that push `tasks` on `WAKES` and keep it within `WAKES_CAP`."""
+    return [("RPUSH", WAKES, *tasks), ("LTRIM", WAKES, -WAKES_CAP, -1)]
 
 
 def worker_offer(worker: str) -> str:

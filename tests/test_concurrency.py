@@ -18,15 +18,21 @@ from typing import cast
 
 import pytest
 import redis
-from rq import Worker
+from rq import Queue, Worker
 from rq.job import Job
 from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
+from rq.suspension import resume, suspend
+from rq.worker import WorkerStatus
 from structlog.testing import capture_logs
 
 from cairn.coordinator.jobs import STEPS_QUEUE
 from cairn.coordinator.spec import TaskSpec
-from cairn.coordinator.worker import DRAIN_SECONDS, HANDED_BACK
+from cairn.coordinator.worker import (
+    DRAIN_SECONDS,
+    HANDED_BACK,
+    SUSPENSION_CHECK_EVERY,
+)
 from cairn.storage import keys
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
@@ -295,6 +301,34 @@ def test_sigterm_drains_finishing_or_handing_back_the_steps_it_holds(
     drive_all(cluster, [short])
     assert "succeeded" == cluster.status(short)["status"]
     assert reference == outcome(cluster, short, short_ledger)
+
+
+def test_a_suspended_worker_takes_no_step_until_resumed(cluster: Cluster, tmp_path: Path) -> None:
+    """`rq suspend` holds a Cairn worker's jobs, `rq resume` frees them.
+
+    As under stock RQ, a worker waiting for a job takes the next one before it looks; it
+    looks at most once a second, and says it is suspended; the superstep's other steps
+    wait in the queue until the resume.
+    """
+    cluster.start_worker()
+    cluster.wait_for_offers()
+    suspend(cluster.client)
+    time.sleep(SUSPENSION_CHECK_EVERY)  # it last looked as it started: it looks again now
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    deadline = time.monotonic() + 30
+    while [WorkerStatus.SUSPENDED] != [w.get_state() for w in Worker.all(cluster.client)]:
+        assert time.monotonic() < deadline, f"never said suspended\n{cluster.worker_logs(40)}"
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    held_until = time.monotonic() + 2 * SUSPENSION_CHECK_EVERY
+    while time.monotonic() < held_until:
+        cluster.coordinator.tick()
+        time.sleep(0.02)
+    assert 0 == StartedJobRegistry(STEPS_QUEUE, connection=cluster.client).count
+    assert 0 < Queue(STEPS_QUEUE, connection=cluster.client).count  # enqueued, not taken
+    assert not cluster.tasks.status(task).ended
+    resume(cluster.client)
+    assert "succeeded" == cluster.drive(task)["status"]
 
 
 def test_the_worker_command_refuses_a_concurrency_below_one() -> None:

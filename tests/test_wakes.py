@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+import pytest
 import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
@@ -21,16 +22,17 @@ from structlog.testing import capture_logs
 
 from cairn.agents.spec import AgentSpec, TaskRecord
 from cairn.agents.task import start_task
-from cairn.coordinator import wakes
 from cairn.coordinator.archiver import ArchiveJob, Archiver
 from cairn.coordinator.coordinator import Coordinator
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.wakes import Timers, Wakes, wake
+from cairn.errors import FencedWrite
 from cairn.storage import keys
-from cairn.storage.records import GCStatus
+from cairn.storage.records import GCStatus, Level
 from cairn.storage.store import CheckpointStore
 from cairn.testing.coordinator import PoisonedCoordinator, kill_at_commit, lose_wakes
 from tests.cluster import Cluster, outcome, team_spec
+from tests.factories import new_agent, take_step
 
 NEVER = 60.0  # seconds between scheduled looks: longer than any test here waits
 DEADLINE = 45.0  # seconds a task may take to end
@@ -55,9 +57,28 @@ def test_no_wake_waits_out_its_timeout_and_returns_nothing(redis_client: redis.R
 def test_wakes_nobody_takes_are_capped(redis_client: redis.Redis) -> None:
     """With no coordinator reading them, wakes cannot fill Redis: the newest CAP are kept."""
     redis_client.delete(keys.WAKES)
-    wake(redis_client, *(f"t{n}" for n in range(wakes.CAP + 50)))
-    assert wakes.CAP == redis_client.llen(keys.WAKES)
+    wake(redis_client, *(f"t{n}" for n in range(keys.WAKES_CAP + 50)))
+    assert keys.WAKES_CAP == redis_client.llen(keys.WAKES)
     assert b"t50" == redis_client.lindex(keys.WAKES, 0)
+    redis_client.delete(keys.WAKES)
+
+
+def test_a_vote_carries_its_wake_and_a_fenced_vote_is_still_refused(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """A vote pushes its task's wake in its own write; a tool-level LC wakes nobody."""
+    redis_client.delete(keys.WAKES)
+    state = new_agent(real_store, "voter-1", "coder")
+    take_step(state, 1)
+    real_store.write_lc(state, Level.TOOL)  # a tool-level LC: no vote, no news
+    assert 0 == redis_client.llen(keys.WAKES)
+    real_store.write_lc(state, vote=True)
+    assert [b"voter-1"] == redis_client.lrange(keys.WAKES, 0, -1)
+    assert {b"coder"} == set(redis_client.hkeys(keys.votes("voter-1", 1, 1)))
+    redis_client.delete(keys.WAKES)
+    redis_client.incr(keys.epoch("voter-1"))  # a restore moved on: this attempt is a zombie
+    with pytest.raises(FencedWrite):
+        real_store.write_lc(state, vote=True)
     redis_client.delete(keys.WAKES)
 
 

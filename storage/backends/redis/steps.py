@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import cast
 
 import redis
+from redis.exceptions import NoScriptError
 
 from cairn.storage import keys
 from cairn.storage.backends.redis.base import RedisRecords
@@ -73,7 +74,29 @@ class StepRecords(RedisRecords):
         )
 
     def write_lc(self, entry: LCEntry, *, vote: bool = False) -> None:
-        translating(lambda: self._write_lc.run(self._held(), self._write_command(entry, vote)))
+        command = self._write_command(entry, vote)
+        if vote:
+            translating(lambda: self._vote(command, entry.record.task))
+        else:
+            translating(lambda: self._write_lc.run(self._held(), command))
+
+    def _vote(self, command: tuple[object, ...], task: str) -> None:
+        """Write a voting LC, and wake the coordinator, in one round trip.
+
+        The wake is sent after the vote, so Redis runs it after; it is a hint, as every
+        wake is (`cairn.coordinator.wakes`): refused (Redis at maxmemory), it is lost,
+        and the coordinator's own schedule finds the vote. Sent again on a lost
+        connection or a Redis that lost the script, a vote is the same vote and a wake
+        one look more.
+        """
+        sent = [command, *keys.wake_commands(task)]
+        client = self._held()
+        replies = batch(client, sent, errors=True)
+        if isinstance(replies[0], NoScriptError):
+            self._write_lc.load(client)
+            replies = batch(client, sent, errors=True)
+        if isinstance(replies[0], redis.ResponseError):
+            raise replies[0]
 
     def write_first_lcs(self, entries: Iterable[LCEntry]) -> None:
         # A pipeline, not a transaction: each write runs after its own fence, and is
