@@ -32,7 +32,7 @@ from cairn.storage.records import GCStatus, Level
 from cairn.storage.store import CheckpointStore
 from cairn.testing.coordinator import PoisonedCoordinator, kill_at_commit, lose_wakes
 from tests.cluster import Cluster, outcome, team_spec
-from tests.factories import new_agent, take_step
+from tests.factories import new_agent, run_task, take_step
 
 NEVER = 60.0  # seconds between scheduled looks: longer than any test here waits
 DEADLINE = 45.0  # seconds a task may take to end
@@ -236,6 +236,38 @@ def test_an_ending_task_waits_for_its_own_archive_not_the_loop(
     archiver.forget(task)
     assert not archiver.last(job)  # forgotten: a new ending asks again
     assert archiver.drain()
+
+
+def test_a_task_is_archived_once_a_pace_its_newest_gc_taking_the_rest_along(
+    real_store: CheckpointStore,
+) -> None:
+    """Its first GC goes at once; the next ones wait out the pace and go together.
+
+    A drain, or the task's end, does not wait for the pace.
+    """
+    task = f"paced-{time.monotonic_ns()}"
+    run_task(real_store, task, supersteps=4)
+    acknowledged: list[int] = []
+    archiver = Archiver(real_store, lambda t, n: acknowledged.append(n), pace=3600.0)
+    archiver.submit(ArchiveJob(task, 1, hot_keep=10, cold_keep=50))
+    deadline = time.monotonic() + 30
+    while acknowledged != [1]:
+        assert time.monotonic() < deadline, "the first GC was not archived at once"
+        time.sleep(0.01)
+    archiver.submit(ArchiveJob(task, 2, hot_keep=10, cold_keep=50))
+    archiver.submit(ArchiveJob(task, 3, hot_keep=10, cold_keep=50))
+    time.sleep(0.3)
+    assert [1] == acknowledged  # held for the pace
+    assert [1] == real_store.cold.list_gcs(task)
+    assert archiver.drain()
+    assert [1, 3] == acknowledged  # one archive: the newest, GC 2 along with it
+    assert [1, 2, 3] == real_store.cold.list_gcs(task)
+    ending = ArchiveJob(task, 4, hot_keep=10, cold_keep=50)
+    assert not archiver.last(ending)
+    while not archiver.last(ending):  # within the pace: an end does not wait for it
+        assert time.monotonic() < deadline, "the last GC waited for the pace"
+        time.sleep(0.01)
+    assert [1, 3, 4] == acknowledged
 
 
 def test_timers_say_when_a_look_is_due_earliest_first() -> None:
