@@ -1,15 +1,17 @@
 """The latency benchmark: what a person waits for, and what an idle deployment burns.
 
 Real processes, as the scale part starts them (`bench.scale.Cluster`: one coordinator
-process, `python -m cairn.coordinator`, at its default tick; one worker process,
-`python -m cairn.coordinator.worker`, of its default one lane; a private redis-server, no
-AOF); this process submits through `cairn.Client` and reads what happened afterwards:
+process, `python -m cairn.coordinator`; worker processes, `python -m
+cairn.coordinator.worker`: TEAM of one lane each, as `cairn worker --count 3` runs them,
+for the overhead, then one of TEAM lanes; a private redis-server, no AOF); this process
+submits through `cairn.Client` and reads what happened afterwards:
 
 1. superstep overhead: one task of TEAM scripted agents at zero model latency, SUPERSTEPS
    supersteps, every agent taking a step each (one write_file or read_file; finish last).
    From the trace: a step runs from its first record's `started_at` to its last record's
    `finished_at`; the barrier gap of superstep k is superstep k+1's first start minus
-   superstep k's last finish, split at the `committed_at` of the GC committed between;
+   superstep k's last finish, split at the `committed_at` of the GC committed between.
+   The same task again on one worker process of TEAM lanes is reported as info;
 2. submit to first step: SUBMITS tasks of one scripted agent, one after another (each
    waited to its end): the time from just before `Client.submit` to the task's first trace
    record's `started_at`, both wall-clock UTC on this machine;
@@ -92,9 +94,13 @@ def covered(spans: list[tuple[float, float]]) -> float:
     return total
 
 
-def overhead(api: Client, c: Cluster) -> list[Target]:
-    """Measurement 1: what a superstep of one task of TEAM agents spends beside its steps."""
-    task = api.submit(spec("overhead", TEAM, SUPERSTEPS, 0.0))
+def superstep_times(api: Client, c: Cluster, name: str) -> list[Samples]:
+    """Run one task of TEAM agents on the workers `c` has; its supersteps' times.
+
+    In order: the overhead, the overhead less the step jobs' runs, the barrier gap, and
+    the gap's two parts (last finish to commit, commit to next first start).
+    """
+    task = api.submit(spec(name, TEAM, SUPERSTEPS, 0.0))
     succeeded(task)
     work: dict[int, list[tuple[float, float]]] = defaultdict(list)
     first: dict[int, float] = {}
@@ -123,17 +129,31 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
         if between:
             to_commit.add(int((between[0] - end) * 1e9))
             to_start.add(int((start - between[0]) * 1e9))
+    return [over, beside, gaps, to_commit, to_start]
+
+
+def overhead(api: Client, c: Cluster) -> list[Target]:
+    """Measurement 1: what a superstep of one task of TEAM agents spends beside its steps.
+
+    On a pool of TEAM worker processes of one lane each (`cairn worker --count 3`), then,
+    as info, on one process of TEAM lanes, whose steps share one interpreter.
+    """
+    c.start_workers(TEAM, 1)
+    over, beside, gaps, to_commit, to_start = superstep_times(api, c, "overhead")
+    c.start_workers(1, TEAM)
+    lanes = superstep_times(api, c, "overhead-lanes")[0]
     rows = [
         ("superstep overhead: enqueue to next enqueue, less the steps' own work", over),
         ("  the same, less the step jobs' runs (RQ's started to ended) (info)", beside),
         ("barrier gap: last step's finish to the next superstep's first start", gaps),
         ("  of it: last finish to the GC's committed_at", to_commit),
         ("  of it: committed_at to the next superstep's first start", to_start),
+        (f"superstep overhead on one worker process of {TEAM} lanes (info)", lanes),
     ]
     table(
         f"1. Superstep overhead: one task of {TEAM} scripted agents at 0 s model latency, "
-        f"{SUPERSTEPS} supersteps (a write_file or read_file a step, finish last), on a "
-        f"worker of {TEAM} lanes",
+        f"{SUPERSTEPS} supersteps (a write_file or read_file a step, finish last), on "
+        f"{TEAM} worker processes of one lane each",
         ["measure", "samples", "p50", "p99", "max"],
         [[n, str(len(s)), ms(s.p50), ms(s.p99), ms(max(s.ns))] for n, s in rows],
     )
@@ -145,12 +165,15 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
         "last vote, the commit and the next enqueue. The info row takes a step's work to be "
         "its whole job instead (RQ's started to ended, the step's loading and checkpoint "
         "included): what is left is the queue and the barrier. Enqueue times from the RQ "
-        "jobs, the commit from the GC record)"
+        f"jobs, the commit from the GC record. The last row runs the same task again on one "
+        f"worker process of {TEAM} lanes: its steps share one interpreter's lock)"
     )
     return [
         Target("superstep overhead p50", over.p50 / 1e6, GAP_P50_MS, "ms").report(),
         Target("superstep overhead p99", over.p99 / 1e6, GAP_P99_MS, "ms").report(),
-    ]
+        Target(f"overhead p50, one process of {TEAM} lanes", lanes.p50 / 1e6, None,
+               "ms").report(),
+    ]  # fmt: skip
 
 
 # 2. submit to first step ---------------------------------------------------------------------
@@ -248,12 +271,11 @@ def run() -> list[Target]:
         c = Cluster.private(stack)
         print(
             f"\n== latency ==\nredis-server private (port {c.server.port}, no AOF); one "
-            f"coordinator process and one worker process of {TEAM} lanes, "
-            "logs as JSON at level info into files"
+            f"coordinator process; {TEAM} worker processes of one lane (the overhead), then "
+            f"one of {TEAM} lanes (the rest); logs as JSON at level info into files"
             + (" (quick: sizes too small to judge)" if quick() else "")
         )
         c.start_coordinator()
-        c.start_workers(1, TEAM)  # a lane for each agent: the team's steps run side by side
         settings = Settings(redis_url=c.server.url, archive_dir=c.root / "archive",
                             signing_key=None, audit=False)  # fmt: skip
         api = stack.enter_context(Client(settings=settings))
