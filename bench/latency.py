@@ -2,16 +2,16 @@
 
 Real processes, as the scale part starts them (`bench.scale.Cluster`: one coordinator
 process, `python -m cairn.coordinator`; worker processes, `python -m
-cairn.coordinator.worker`: TEAM of one lane each, as `cairn worker --count 3` runs them,
-for the overhead, then one of TEAM lanes; a private redis-server, no AOF); this process
-submits through `cairn.Client` and reads what happened afterwards:
+cairn.coordinator.worker`: one of TEAM lanes, one for each agent, and, for an info row,
+TEAM of one lane each, as `cairn worker --count 3` runs them; a private redis-server, no
+AOF); this process submits through `cairn.Client` and reads what happened afterwards:
 
 1. superstep overhead: one task of TEAM scripted agents at zero model latency, SUPERSTEPS
    supersteps, every agent taking a step each (one write_file or read_file; finish last).
    From the trace: a step runs from its first record's `started_at` to its last record's
    `finished_at`; the barrier gap of superstep k is superstep k+1's first start minus
    superstep k's last finish, split at the `committed_at` of the GC committed between.
-   The same task again on one worker process of TEAM lanes is reported as info;
+   The same task again on TEAM worker processes of one lane is reported as info;
 2. submit to first step: SUBMITS tasks of one scripted agent, one after another (each
    waited to its end): the time from just before `Client.submit` to the task's first trace
    record's `started_at`, both wall-clock UTC on this machine;
@@ -135,25 +135,26 @@ def superstep_times(api: Client, c: Cluster, name: str) -> list[Samples]:
 def overhead(api: Client, c: Cluster) -> list[Target]:
     """Measurement 1: what a superstep of one task of TEAM agents spends beside its steps.
 
-    On a pool of TEAM worker processes of one lane each (`cairn worker --count 3`), then,
-    as info, on one process of TEAM lanes, whose steps share one interpreter.
+    On one worker process of TEAM lanes, then, as info, on a pool of TEAM worker processes
+    of one lane each (`cairn worker --count 3`): the steps no longer share one interpreter,
+    but the machine's cores still.
     """
     c.start_workers(TEAM, 1)
+    pool = superstep_times(api, c, "overhead-pool")[0]
+    c.start_workers(1, TEAM)  # the rest of the part runs on this one
     over, beside, gaps, to_commit, to_start = superstep_times(api, c, "overhead")
-    c.start_workers(1, TEAM)
-    lanes = superstep_times(api, c, "overhead-lanes")[0]
     rows = [
         ("superstep overhead: enqueue to next enqueue, less the steps' own work", over),
         ("  the same, less the step jobs' runs (RQ's started to ended) (info)", beside),
         ("barrier gap: last step's finish to the next superstep's first start", gaps),
         ("  of it: last finish to the GC's committed_at", to_commit),
         ("  of it: committed_at to the next superstep's first start", to_start),
-        (f"superstep overhead on one worker process of {TEAM} lanes (info)", lanes),
+        (f"superstep overhead on {TEAM} worker processes of one lane (info)", pool),
     ]
     table(
         f"1. Superstep overhead: one task of {TEAM} scripted agents at 0 s model latency, "
-        f"{SUPERSTEPS} supersteps (a write_file or read_file a step, finish last), on "
-        f"{TEAM} worker processes of one lane each",
+        f"{SUPERSTEPS} supersteps (a write_file or read_file a step, finish last), on a "
+        f"worker of {TEAM} lanes",
         ["measure", "samples", "p50", "p99", "max"],
         [[n, str(len(s)), ms(s.p50), ms(s.p99), ms(max(s.ns))] for n, s in rows],
     )
@@ -165,13 +166,13 @@ def overhead(api: Client, c: Cluster) -> list[Target]:
         "last vote, the commit and the next enqueue. The info row takes a step's work to be "
         "its whole job instead (RQ's started to ended, the step's loading and checkpoint "
         "included): what is left is the queue and the barrier. Enqueue times from the RQ "
-        f"jobs, the commit from the GC record. The last row runs the same task again on one "
-        f"worker process of {TEAM} lanes: its steps share one interpreter's lock)"
+        f"jobs, the commit from the GC record. The last row runs the same task on {TEAM} "
+        "worker processes of one lane each)"
     )
     return [
         Target("superstep overhead p50", over.p50 / 1e6, GAP_P50_MS, "ms").report(),
         Target("superstep overhead p99", over.p99 / 1e6, GAP_P99_MS, "ms").report(),
-        Target(f"overhead p50, one process of {TEAM} lanes", lanes.p50 / 1e6, None,
+        Target(f"overhead p50, {TEAM} processes of one lane", pool.p50 / 1e6, None,
                "ms").report(),
     ]  # fmt: skip
 
@@ -271,8 +272,8 @@ def run() -> list[Target]:
         c = Cluster.private(stack)
         print(
             f"\n== latency ==\nredis-server private (port {c.server.port}, no AOF); one "
-            f"coordinator process; {TEAM} worker processes of one lane (the overhead), then "
-            f"one of {TEAM} lanes (the rest); logs as JSON at level info into files"
+            f"coordinator process; one worker process of {TEAM} lanes (and, for one info "
+            f"row, {TEAM} of one lane); logs as JSON at level info into files"
             + (" (quick: sizes too small to judge)" if quick() else "")
         )
         c.start_coordinator()
