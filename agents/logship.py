@@ -27,11 +27,12 @@ from datetime import UTC, datetime
 
 import redis
 import structlog
+from redis.exceptions import NoScriptError
 from structlog.typing import EventDict, WrappedLogger
 
 from cairn.errors import CairnError
 from cairn.storage import keys
-from cairn.storage.backends.redis.scripts import script
+from cairn.storage.backends.redis.scripts import Lua
 
 MAXLEN = 5_000  # lines kept per task (approximately: Redis trims whole stream nodes)
 QUEUED = 10_000  # lines waiting to be shipped, at most; more are dropped
@@ -54,7 +55,9 @@ class LogShipper:
         self.client, self.process = client, process
         self.dropped = 0  # lines lost: the queue was full, or Redis refused them
         self._queue: queue.Queue[tuple[str, dict[str, str]]] = queue.Queue(QUEUED)
-        self._add = script(client, "ship_log")
+        # A bare EVALSHA in the batch's pipeline: redis-py's registered scripts ask Redis
+        # whether it has them (SCRIPT EXISTS) in a round trip of every batch.
+        self._add = Lua(lambda: client, "ship_log")
         self._thread = threading.Thread(target=self._ship, name="cairn-log-shipper", daemon=True)
         self._thread.start()
 
@@ -89,19 +92,35 @@ class LogShipper:
             with contextlib.suppress(queue.Empty):
                 while len(batch) < BATCH:
                     batch.append(self._queue.get_nowait())
+            commands = []
+            for task, line in batch:
+                try:
+                    where = [keys.run(task), keys.logs(task)]
+                except CairnError:  # not a task's name: no stream of its own
+                    self.dropped += 1
+                    continue
+                fields = [item for pair in line.items() for item in pair]
+                commands.append(self._add.command(where, [MAXLEN, *fields]))
             try:
-                with self.client.pipeline(transaction=False) as pipe:
-                    for task, line in batch:
-                        try:
-                            where = [keys.run(task), keys.logs(task)]
-                        except CairnError:  # not a task's name: no stream of its own
-                            self.dropped += 1
-                            continue
-                        fields = [item for pair in line.items() for item in pair]
-                        self._add(keys=where, args=[MAXLEN, *fields], client=pipe)
-                    pipe.execute()
+                unsent = self._send(commands)
+                if unsent:  # Redis lost the script (a restart): those lines never ran
+                    self._add.load(self.client)
+                    unsent = self._send(unsent)
+                self.dropped += len(unsent)
             except (redis.RedisError, OSError):  # lost lines, nothing more
-                self.dropped += len(batch)
+                self.dropped += len(commands)
+
+    def _send(self, commands: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+        """Send `commands` in one round trip; those Redis ran nothing of (NOSCRIPT)."""
+        with self.client.pipeline(transaction=False) as pipe:
+            for command in commands:
+                pipe.execute_command(*command)  # type: ignore[no-untyped-call]
+            replies = pipe.execute(raise_on_error=False)
+        failed = next((r for r in replies if isinstance(r, redis.RedisError)
+                       and not isinstance(r, NoScriptError)), None)  # fmt: skip
+        if failed is not None:
+            raise failed
+        return [c for c, r in zip(commands, replies, strict=True) if isinstance(r, NoScriptError)]
 
 
 def ship_logs(client: redis.Redis, role: str) -> LogShipper | None:

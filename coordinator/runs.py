@@ -21,11 +21,12 @@ from enum import Enum
 from typing import Self, cast
 
 import redis
+from redis.exceptions import NoScriptError
 
 from cairn.agents.logs import get_logger
 from cairn.errors import CairnError, CorruptCheckpoint, RecordNotFound
 from cairn.storage import keys
-from cairn.storage.backends.redis import parse_ref, script, translated, translating
+from cairn.storage.backends.redis import Lua, parse_ref, script, translated, translating
 from cairn.storage.base import HotStore
 from cairn.storage.public import public
 from cairn.storage.records import GCOrigin, GlobalCheckpoint, LCRef
@@ -133,7 +134,9 @@ class RunState:
         self.hot = hot
         self.token = token
         self._write = script(client, "run_write")
-        self._claim = script(client, "claim")  # see `look`
+        # Sent as a plain EVALSHA in `look`'s pipeline: redis-py's registered scripts
+        # ask Redis whether it has them (SCRIPT EXISTS) in a round trip of every look.
+        self._claim = Lua(lambda: client, "claim")
 
     def write(
         self,
@@ -184,14 +187,10 @@ class RunState:
         """
         token = self.token()
         taken = time.monotonic()
-        pipe = self.redis.pipeline(transaction=False)
-        for task in tasks:
-            if token is not None:
-                self._claim(keys=[keys.owner(task)], args=[token], client=pipe)
-            pipe.hgetall(keys.run(task))
-            pipe.get(keys.latest(task))
-            pipe.hgetall(keys.steps(task))
-        replies = pipe.execute(raise_on_error=False)
+        replies = self._claim_and_read(tasks, token)
+        if any(isinstance(reply, NoScriptError) for reply in replies):  # Redis restarted
+            self._claim.load(self.redis)
+            replies = self._claim_and_read(tasks, token)  # a claim again is the same claim
         width = len(replies) // len(tasks) if tasks else 0
         looks: dict[str, Look | Exception] = {}
         for n, task in enumerate(tasks):
@@ -232,6 +231,17 @@ class RunState:
                 continue
             looks[task] = replace(seen, votes=refs, outcomes=int(cast(int, said)))
         return looks
+
+    def _claim_and_read(self, tasks: Sequence[str], token: int | None) -> list[object]:
+        """`look`'s first round trip: each task's claim (with a token), run, latest GC, steps."""
+        pipe = self.redis.pipeline(transaction=False)
+        for task in tasks:
+            if token is not None:
+                pipe.execute_command(*self._claim.command([keys.owner(task)], [token]))  # type: ignore[no-untyped-call]
+            pipe.hgetall(keys.run(task))
+            pipe.get(keys.latest(task))
+            pipe.hgetall(keys.steps(task))
+        return cast(list[object], pipe.execute(raise_on_error=False))
 
 
 def _parse_look(raw_run: object, latest: object, steps: object, taken: float) -> Look:

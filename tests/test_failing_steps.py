@@ -217,6 +217,34 @@ def test_failures_are_bounded_and_a_repeated_write_adds_nothing(stack: Stack) ->
         assert KEEP == redis_client.zcard(keys.failures(task))
 
 
+def test_a_shipper_on_a_redis_that_lost_its_script_ships_each_line_once(stack: Stack) -> None:
+    """Lines go as bare EVALSHAs: after SCRIPT FLUSH (a restarted Redis) the script is sent."""
+    saved = structlog.get_config()
+    with stack.client() as client:
+        redis_client = client._redis
+        redis_client.hset(keys.run("flushed"), "status", "running")
+
+        def shipped(count: int) -> list[str]:
+            deadline = time.monotonic() + 10
+            while len(lines := read_logs(redis_client, "flushed")) < count:
+                assert time.monotonic() < deadline, f"{count} lines never shipped"
+                time.sleep(0.02)
+            return [line.message for line in lines]
+
+        try:
+            configure_logging("json", "info", stream=io.StringIO())
+            ship_logs(redis_client, "worker")
+            get_logger("test").info("first", task="flushed", agent="a")
+            assert ["first"] == shipped(1)
+            redis_client.script_flush()
+            get_logger("test").info("second", task="flushed", agent="a")
+            assert ["first", "second"] == shipped(2)
+        finally:
+            structlog.configure(**saved)
+        time.sleep(0.2)  # nothing more arrives: no line went twice
+        assert ["first", "second"] == [line.message for line in read_logs(redis_client, "flushed")]
+
+
 def test_a_line_logged_after_forget_brings_no_key_of_the_task_back(stack: Stack) -> None:
     """A process's late line for a forgotten task (no run state) is dropped, not stored."""
     saved = structlog.get_config()

@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import redis
 
+from cairn.coordinator.runs import Look, RunState
 from cairn.errors import CommitRefused, FencedWrite
 from cairn.storage import keys
 from cairn.storage.backends.disk import DiskArchive
@@ -71,6 +72,20 @@ def test_a_redis_that_lost_the_scripts_is_sent_them_again(
     redis_client.script_flush()
     ref = real_store.write_lc(state, vote=True)
     assert {"coder": ref} == real_store.hot.get_votes("flushed", 1, 1)
+
+
+def test_a_look_claims_its_tasks_on_a_redis_that_lost_the_claim_script(
+    redis_client: redis.Redis,
+) -> None:
+    """A coordinator's look sends its claim as a bare EVALSHA: after SCRIPT FLUSH, loaded."""
+    runs = RunState(redis_client, RedisHotStore(redis_client), token=lambda: 7)
+    redis_client.script_flush()
+    seen = runs.look(["claimed-1"])["claimed-1"]
+    assert isinstance(seen, Look)
+    assert b"7" == redis_client.get(keys.owner("claimed-1"))
+    outranked = RunState(redis_client, RedisHotStore(redis_client), token=lambda: 6)
+    assert isinstance(outranked.look(["claimed-1"])["claimed-1"], FencedWrite)
+    redis_client.delete(keys.owner("claimed-1"))
 
 
 def test_each_thread_holds_a_connection_of_its_own(real_store: CheckpointStore) -> None:

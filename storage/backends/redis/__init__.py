@@ -19,10 +19,18 @@ from __future__ import annotations
 
 from cairn.storage.backends.redis.checkpoints import GCRecords
 from cairn.storage.backends.redis.connection import connect
-from cairn.storage.backends.redis.scripts import script, translated, translating
+from cairn.storage.backends.redis.scripts import Lua, script, translated, translating
 from cairn.storage.backends.redis.steps import StepRecords, parse_ref
 
-__all__ = ["RedisHotStore", "connect", "parse_ref", "script", "translated", "translating"]
+__all__ = [
+    "Lua",
+    "RedisHotStore",
+    "connect",
+    "parse_ref",
+    "script",
+    "translated",
+    "translating",
+]
 
 
 class RedisHotStore(StepRecords, GCRecords):
