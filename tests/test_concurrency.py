@@ -19,8 +19,8 @@ from typing import cast
 import pytest
 import redis
 from rq import Queue, Worker
-from rq.job import Job
-from rq.registry import StartedJobRegistry
+from rq.job import Job, JobStatus
+from rq.registry import FinishedJobRegistry, StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.suspension import resume, suspend
 from rq.worker import WorkerStatus
@@ -303,30 +303,49 @@ def test_sigterm_drains_finishing_or_handing_back_the_steps_it_holds(
     assert reference == outcome(cluster, short, short_ledger)
 
 
+def test_rq_sees_each_finished_step_as_its_own_worker_would_record_it(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A step's success, written in one round trip: status, result, registries, counts."""
+    cluster.start_worker()
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
+    assert "succeeded" == cluster.drive(task)["status"]
+    finished = FinishedJobRegistry(STEPS_QUEUE, connection=cluster.client)
+    ids = [i for i in finished.get_job_ids() if i.startswith(f"cairn-{task}-")]
+    assert ids
+    for job in Job.fetch_many(ids, connection=cluster.client, serializer=JSONSerializer):
+        assert job is not None
+        assert JobStatus.FINISHED == job.get_status(refresh=False)
+        assert job.return_value() in {"active", "halted", "finished", "passed"}  # a verify too
+        assert job.started_at is not None
+        assert job.ended_at is not None
+        assert job.ended_at >= job.started_at
+    assert 0 == StartedJobRegistry(STEPS_QUEUE, connection=cluster.client).count
+    (worker,) = Worker.all(connection=cluster.client)
+    assert worker.successful_job_count >= len(ids)
+    assert 0 == worker.current_execution_count
+
+
 def test_a_suspended_worker_takes_no_step_until_resumed(cluster: Cluster, tmp_path: Path) -> None:
     """`rq suspend` holds a Cairn worker's jobs, `rq resume` frees them.
 
-    As under stock RQ, a worker waiting for a job takes the next one before it looks; it
-    looks at most once a second, and says it is suspended; the superstep's other steps
-    wait in the queue until the resume.
+    Suspended before it starts, the worker says so and takes none of a task's steps; they
+    wait in the queue until the resume (looked for at most a second apart).
     """
+    suspend(cluster.client)
     cluster.start_worker()
     cluster.wait_for_offers()
-    suspend(cluster.client)
-    time.sleep(SUSPENSION_CHECK_EVERY)  # it last looked as it started: it looks again now
-    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     deadline = time.monotonic() + 30
     while [WorkerStatus.SUSPENDED] != [w.get_state() for w in Worker.all(cluster.client)]:
         assert time.monotonic() < deadline, f"never said suspended\n{cluster.worker_logs(40)}"
-        cluster.coordinator.tick()
         time.sleep(0.02)
+    task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     held_until = time.monotonic() + 2 * SUSPENSION_CHECK_EVERY
     while time.monotonic() < held_until:
         cluster.coordinator.tick()
         time.sleep(0.02)
     assert 0 == StartedJobRegistry(STEPS_QUEUE, connection=cluster.client).count
     assert 0 < Queue(STEPS_QUEUE, connection=cluster.client).count  # enqueued, not taken
-    assert not cluster.tasks.status(task).ended
     resume(cluster.client)
     assert "succeeded" == cluster.drive(task)["status"]
 
