@@ -31,7 +31,7 @@ log = get_logger(__name__)
 # Seconds between two archives of one task. A GC committed sooner waits, and the next
 # archive takes it along with the newest (`archive` takes every older GC still in Redis):
 # a task committing a GC every few milliseconds is archived and trimmed twice a second,
-# not at every GC, which took a fifth of the coordinator's CPU on the loop's heels.
+# not at every GC, which took a third of the coordinator's CPU on the loop's heels.
 PACE = 0.5
 
 

@@ -76,6 +76,10 @@ def test_a_vote_carries_its_wake_and_a_fenced_vote_is_still_refused(
     assert [b"voter-1"] == redis_client.lrange(keys.WAKES, 0, -1)
     assert {b"coder"} == set(redis_client.hkeys(keys.votes("voter-1", 1, 1)))
     redis_client.delete(keys.WAKES)
+    redis_client.client_kill_filter(_type="normal", skipme=True)  # the held connection too
+    real_store.write_lc(state, vote=True)  # the same vote again, on a new connection
+    assert [b"voter-1"] == redis_client.lrange(keys.WAKES, 0, -1)
+    redis_client.delete(keys.WAKES)
     redis_client.incr(keys.epoch("voter-1"))  # a restore moved on: this attempt is a zombie
     with pytest.raises(FencedWrite):
         real_store.write_lc(state, vote=True)

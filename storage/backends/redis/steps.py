@@ -91,7 +91,10 @@ class StepRecords(RedisRecords):
         """
         sent = [command, *keys.wake_commands(task)]
         client = self._held()
-        replies = batch(client, sent, errors=True)
+        try:
+            replies = batch(client, sent, errors=True)
+        except redis.ConnectionError:  # a held connection Redis closed: replaced, as `pipelined`
+            replies = batch(client, sent, errors=True)
         if isinstance(replies[0], NoScriptError):
             self._write_lc.load(client)
             replies = batch(client, sent, errors=True)
