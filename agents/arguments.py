@@ -13,6 +13,8 @@ unknown arguments.
 from __future__ import annotations
 
 import difflib
+import functools
+import json
 from collections.abc import Iterable
 
 from jsonschema import Draft202012Validator
@@ -46,6 +48,15 @@ def check_names(tool: str, schema: dict[str, JsonValue], args: dict[str, JsonVal
     raise ToolError(message)
 
 
+@functools.lru_cache(maxsize=256)
+def _validator(names: str) -> Draft202012Validator:
+    """The validator of the names schema `names` (canonical JSON): built once per schema.
+
+    Building one costs more than checking a call's few names with it.
+    """
+    return Draft202012Validator(json.loads(names))
+
+
 def find_mistakes(
     schema: dict[str, JsonValue], args: dict[str, JsonValue]
 ) -> tuple[list[str], list[str]]:
@@ -60,7 +71,7 @@ def find_mistakes(
     if extra is not None and not isinstance(extra, bool):
         names["additionalProperties"] = True  # a schema for the others' values: any name goes
     try:
-        errors = list(Draft202012Validator(names).iter_errors(args))
+        errors = list(_validator(json.dumps(names, sort_keys=True)).iter_errors(args))
     except Exception:  # noqa: BLE001 - a schema jsonschema cannot read: the tool decides
         return [], []
     unknown: list[str] = []

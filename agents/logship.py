@@ -6,22 +6,26 @@ ships each event that names a task (bound per step, or given) once structlog ren
 its fields: redacted, its traceback made text.
 
 Best effort, and never in a step's way: an event is put on a bounded in-memory queue
-(dropped when full) and a thread of its own writes queued lines in batches; a Redis that
-fails loses those lines, and nothing else. Each stream keeps about `MAXLEN` lines, and is
-written only while the task's run state is in Redis (`ship_log.lua`): a line logged after
-`forget` brings no key of the task back. Each
-line carries an id of its own: a write redis-py sends again after a lost reply may store
-a line twice, and readers drop the repeat (`cairn.coordinator.tasklogs`).
+(dropped when full) and a thread of its own writes queued lines in batches, each gathered
+for up to `LINGER` after its first line (a step's line or two would otherwise each take a
+round trip of their own); a Redis that fails loses those lines, and nothing else. A
+process that exits normally sends what it queued first (`flush`, at exit). Each stream
+keeps about `MAXLEN` lines, and is written only while the task's run state is in Redis
+(`ship_log.lua`): a line logged after `forget` brings no key of the task back. Each line
+carries an id of its own: a write redis-py sends again after a lost reply may store a
+line twice, and readers drop the repeat (`cairn.coordinator.tasklogs`).
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import json
 import os
 import queue
 import socket
 import threading
+import time
 import uuid
 from datetime import UTC, datetime
 
@@ -37,6 +41,8 @@ from cairn.storage.backends.redis.scripts import Lua
 MAXLEN = 5_000  # lines kept per task (approximately: Redis trims whole stream nodes)
 QUEUED = 10_000  # lines waiting to be shipped, at most; more are dropped
 BATCH = 200  # lines written in one round trip
+LINGER = 0.05  # seconds a batch waits for more lines after its first
+FLUSH_WAIT = 1.0  # seconds a process's exit waits for its queued lines to be sent
 # The fields a line shows as such; the others are its "key fields".
 OWN_FIELDS = frozenset({"task", "agent", "timestamp", "level", "event", "exception", "logger"})
 
@@ -58,6 +64,9 @@ class LogShipper:
         # A bare EVALSHA in the batch's pipeline: redis-py's registered scripts ask Redis
         # whether it has them (SCRIPT EXISTS) in a round trip of every batch.
         self._add = Lua(lambda: client, "ship_log")
+        self._unsent = 0  # lines queued and not yet sent (or dropped)
+        self._sent = threading.Condition()  # guards `_unsent`; notified as batches go
+        self._hurry = threading.Event()  # set by `flush`: batches no longer linger
         self._thread = threading.Thread(target=self._ship, name="cairn-log-shipper", daemon=True)
         self._thread.start()
 
@@ -69,7 +78,25 @@ class LogShipper:
                 self._queue.put_nowait((task, self._line(method, event)))
             except queue.Full:
                 self.dropped += 1
+            else:
+                with self._sent:
+                    self._unsent += 1
         return event
+
+    def flush(self, timeout: float = FLUSH_WAIT) -> bool:
+        """Send every line queued so far without lingering; False if `timeout` s did not do."""
+        self._hurry.set()
+        deadline = time.monotonic() + timeout
+        try:
+            with self._sent:
+                while self._unsent > 0:
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    self._sent.wait(left)
+            return True
+        finally:
+            self._hurry.clear()
 
     def _line(self, method: str, event: EventDict) -> dict[str, str]:
         """The stream entry of one event: strings only, as Redis keeps them."""
@@ -89,26 +116,35 @@ class LogShipper:
     def _ship(self) -> None:
         while True:
             batch = [self._queue.get()]
+            until = time.monotonic() + LINGER
             with contextlib.suppress(queue.Empty):
                 while len(batch) < BATCH:
-                    batch.append(self._queue.get_nowait())
-            commands = []
-            for task, line in batch:
-                try:
-                    where = [keys.run(task), keys.logs(task)]
-                except CairnError:  # not a task's name: no stream of its own
-                    self.dropped += 1
-                    continue
-                fields = [item for pair in line.items() for item in pair]
-                commands.append(self._add.command(where, [MAXLEN, *fields]))
+                    wait = 0.0 if self._hurry.is_set() else until - time.monotonic()
+                    batch.append(self._queue.get(timeout=max(wait, 0.0)))
+            self._ship_batch(batch)
+            with self._sent:
+                self._unsent -= len(batch)
+                self._sent.notify_all()
+
+    def _ship_batch(self, batch: list[tuple[str, dict[str, str]]]) -> None:
+        """Write `batch`'s lines in one round trip; count those lost in `dropped`."""
+        commands = []
+        for task, line in batch:
             try:
-                unsent = self._send(commands)
-                if unsent:  # Redis lost the script (a restart): those lines never ran
-                    self._add.load(self.client)
-                    unsent = self._send(unsent)
-                self.dropped += len(unsent)
-            except (redis.RedisError, OSError):  # lost lines, nothing more
-                self.dropped += len(commands)
+                where = [keys.run(task), keys.logs(task)]
+            except CairnError:  # not a task's name: no stream of its own
+                self.dropped += 1
+                continue
+            fields = [item for pair in line.items() for item in pair]
+            commands.append(self._add.command(where, [MAXLEN, *fields]))
+        try:
+            unsent = self._send(commands)
+            if unsent:  # Redis lost the script (a restart): those lines never ran
+                self._add.load(self.client)
+                unsent = self._send(unsent)
+            self.dropped += len(unsent)
+        except (redis.RedisError, OSError):  # lost lines, nothing more
+            self.dropped += len(commands)
 
     def _send(self, commands: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
         """Send `commands` in one round trip; those Redis ran nothing of (NOSCRIPT)."""
@@ -138,4 +174,5 @@ def ship_logs(client: redis.Redis, role: str) -> LogShipper | None:
     shipper = LogShipper(client, process_name(role))
     processors.insert(len(processors) - 1, shipper)  # the last one renders the event
     structlog.configure(processors=processors)
+    atexit.register(shipper.flush)
     return shipper

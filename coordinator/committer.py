@@ -55,7 +55,14 @@ class Committer:
         ctx = self.ctx
         ctx.phase = "commit"
         run = seen.run
-        gc = ctx.store.latest_gc(task)
+        # The look's latest GC (read moments ago under this coordinator's claim), not a
+        # round trip to read the number again: either is a snapshot, and the commit is
+        # fenced by the epoch, which whatever moves the latest in flight (a restore) raises.
+        gc = (
+            ctx.store.latest_gc(task)
+            if seen.latest is None
+            else ctx.store.read_gc(task, seen.latest)
+        )
         assert gc is not None
         order = ctx.docs.team(task, gc)
         epoch = int(run["epoch"])

@@ -103,6 +103,9 @@ class StepRun(Entry):
     retry_at: float = 0.0  # > 0: waiting for its backoff before being launched
 
 
+IN_FLIGHT_KEPT = 100_000  # tasks whose superstep in flight a coordinator keeps, at most
+
+
 @dataclass(frozen=True, slots=True)
 class Look:
     """A task as the coordinator's look at it found it: what `advance` decides from.
@@ -137,6 +140,9 @@ class RunState:
         # Sent as a plain EVALSHA in `look`'s pipeline: redis-py's registered scripts
         # ask Redis whether it has them (SCRIPT EXISTS) in a round trip of every look.
         self._claim = Lua(lambda: client, "claim")
+        # task → the (epoch, superstep) its last look found in flight: the next look reads
+        # that superstep's votes in its first round trip
+        self._in_flight: dict[str, tuple[int, int]] = {}
 
     def write(
         self,
@@ -176,72 +182,126 @@ class RunState:
         return read_run(self.redis, task)
 
     def look(self, tasks: Sequence[str]) -> dict[str, Look | Exception]:
-        """Claim each task and read its `Look`, all tasks in two round trips.
+        """Claim each task and read its `Look`, all tasks in one round trip, or two.
 
         Claiming owns a task with this coordinator's token: once another coordinator claimed
         it with a newer token, this one's claim and writes are refused. Without a token (a
         person, or a coordinator driven by hand in a test) nothing is claimed. One round
-        trip claims the tasks and reads their run states, latest GCs and steps, a second
-        reads the votes of the supersteps in flight. A task whose claim or read failed maps
-        to its error (`FencedWrite` for a refused claim); the others are unaffected.
+        trip claims the tasks and reads their run states, latest GCs and steps, and the
+        votes of the superstep each had in flight at its last look; a second reads the votes
+        of those whose superstep in flight is another now. A task whose claim or read failed
+        maps to its error (`FencedWrite` for a refused claim); the others are unaffected.
         """
         token = self.token()
         taken = time.monotonic()
-        replies = self._claim_and_read(tasks, token)
+        guesses = [self._in_flight.get(task) for task in tasks]
+        replies = self._claim_and_read(tasks, token, guesses)
         if any(isinstance(reply, NoScriptError) for reply in replies):  # Redis restarted
             self._claim.load(self.redis)
-            replies = self._claim_and_read(tasks, token)  # a claim again is the same claim
-        width = len(replies) // len(tasks) if tasks else 0
+            replies = self._claim_and_read(tasks, token, guesses)  # the same claim again
+        looks, read = self._parse_first(tasks, guesses, replies, token is not None, taken)
+        watched = [
+            (task, cast(tuple[int, int], _in_flight_at(seen)))
+            for task, seen in looks.items()
+            if isinstance(seen, Look) and _in_flight_at(seen) is not None and task not in read
+        ]
+        if watched:
+            pipe = self.redis.pipeline(transaction=False)
+            for task, (epoch, superstep) in watched:
+                pipe.hgetall(keys.votes(task, epoch, superstep))
+                pipe.hlen(keys.outcomes(task, epoch, superstep))
+            replies = pipe.execute(raise_on_error=False)
+            for (task, _), raw, said in zip(watched, replies[::2], replies[1::2], strict=True):
+                read[task] = (raw, said)
+        for task, (raw, said) in read.items():
+            looks[task] = _with_votes(cast(Look, looks[task]), raw, said)
+        return looks
+
+    def _parse_first(
+        self,
+        tasks: Sequence[str],
+        guesses: Sequence[tuple[int, int] | None],
+        replies: list[object],
+        claimed: bool,
+        taken: float,
+    ) -> tuple[dict[str, Look | Exception], dict[str, tuple[object, object]]]:
+        """The looks of `_claim_and_read`'s replies, and the votes read ahead on a right guess.
+
+        Each task's superstep in flight is kept for its next look's guess.
+        """
         looks: dict[str, Look | Exception] = {}
-        for n, task in enumerate(tasks):
-            group = replies[n * width : (n + 1) * width]
+        read: dict[str, tuple[object, object]] = {}  # task → its votes and outcomes
+        at = 0
+        for task, guess in zip(tasks, guesses, strict=True):
+            width = claimed + 3  # its claim, run, latest GC and steps
+            group, at = replies[at : at + width], at + width
+            ahead: list[object] = []
+            if guess is not None:  # the votes and outcomes read on that guess
+                ahead, at = replies[at : at + 2], at + 2
             failed = next((r for r in group if isinstance(r, Exception)), None)
             if failed is not None:
-                looks[task] = (
-                    translated(failed) if isinstance(failed, redis.ResponseError) else failed
-                )
+                looks[task] = _failure(failed)
                 continue
             raw_run, latest, steps = group[-3:]
             try:  # what one task's state holds concerns that task alone
-                looks[task] = _parse_look(raw_run, latest, steps, taken)
-            except (ValueError, TypeError, UnicodeDecodeError) as exc:
-                looks[task] = exc
-        watched = [
-            (task, seen) for task, seen in looks.items()
-            if isinstance(seen, Look) and int(seen.run.get("superstep", "0"))
-        ]  # fmt: skip
-        pipe = self.redis.pipeline(transaction=False)
-        for task, seen in watched:
-            at = (task, int(seen.run["epoch"]), int(seen.run["superstep"]))
-            pipe.hgetall(keys.votes(*at))
-            pipe.hlen(keys.outcomes(*at))
-        replies = pipe.execute(raise_on_error=False)
-        for (task, seen), raw, said in zip(watched, replies[::2], replies[1::2], strict=True):
-            failed = next((r for r in (raw, said) if isinstance(r, Exception)), None)
-            if failed is not None:  # a key of the wrong type: that task's trouble
-                looks[task] = (
-                    translated(failed) if isinstance(failed, redis.ResponseError) else failed
-                )
-                continue
-            votes = cast(dict[bytes, bytes], raw)
-            try:
-                refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
+                seen = looks[task] = _parse_look(raw_run, latest, steps, taken)
             except (ValueError, TypeError, UnicodeDecodeError) as exc:
                 looks[task] = exc
                 continue
-            looks[task] = replace(seen, votes=refs, outcomes=int(cast(int, said)))
-        return looks
+            now = _in_flight_at(seen)
+            if guess is not None and guess == now:
+                read[task] = (ahead[0], ahead[1])
+            if now is None:
+                self._in_flight.pop(task, None)
+            else:
+                self._in_flight[task] = now
+        if len(self._in_flight) > IN_FLIGHT_KEPT:  # tasks that ended in flight: start afresh
+            self._in_flight.clear()
+        return looks, read
 
-    def _claim_and_read(self, tasks: Sequence[str], token: int | None) -> list[object]:
-        """`look`'s first round trip: each task's claim (with a token), run, latest GC, steps."""
+    def _claim_and_read(
+        self, tasks: Sequence[str], token: int | None, guesses: Sequence[tuple[int, int] | None]
+    ) -> list[object]:
+        """`look`'s first round trip: each task's claim (with a token), run, latest GC, steps.
+
+        And, for a task with a guess (epoch, superstep), that superstep's votes and outcomes:
+        read after its run state, as the second round trip would read them.
+        """
         pipe = self.redis.pipeline(transaction=False)
-        for task in tasks:
+        for task, guess in zip(tasks, guesses, strict=True):
             if token is not None:
                 pipe.execute_command(*self._claim.command([keys.owner(task)], [token]))  # type: ignore[no-untyped-call]
             pipe.hgetall(keys.run(task))
             pipe.get(keys.latest(task))
             pipe.hgetall(keys.steps(task))
+            if guess is not None:
+                pipe.hgetall(keys.votes(task, *guess))
+                pipe.hlen(keys.outcomes(task, *guess))
         return cast(list[object], pipe.execute(raise_on_error=False))
+
+
+def _failure(reply: Exception) -> Exception:
+    """What a failed reply of a look means: a refusal as Cairn's error, else itself."""
+    return translated(reply) if isinstance(reply, redis.ResponseError) else reply
+
+
+def _with_votes(seen: Look, raw: object, said: object) -> Look | Exception:
+    """`seen` with the votes and outcomes count read for its superstep, or their failure."""
+    failed = next((r for r in (raw, said) if isinstance(r, Exception)), None)
+    if failed is not None:  # a key of the wrong type: that task's trouble
+        return _failure(failed)
+    votes = cast(dict[bytes, bytes], raw)
+    try:
+        refs = {a.decode(): cast(LCRef, parse_ref(v)) for a, v in votes.items()}
+    except (ValueError, TypeError, UnicodeDecodeError) as exc:
+        return exc
+    return replace(seen, votes=refs, outcomes=int(cast(int, said)))
+
+
+def _in_flight_at(seen: Look) -> tuple[int, int] | None:
+    """The (epoch, superstep) a look found in flight, or None."""
+    superstep = int(seen.run.get("superstep", "0"))
+    return (int(seen.run["epoch"]), superstep) if superstep else None
 
 
 def _parse_look(raw_run: object, latest: object, steps: object, taken: float) -> Look:

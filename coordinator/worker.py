@@ -1,15 +1,16 @@
 """The Cairn worker: an RQ worker that takes JSON jobs and runs only Cairn's functions.
 
 It serves the control queue (restores) before the steps queue, and runs up to
-`concurrency` jobs at once (`CAIRN_WORKER_CONCURRENCY`, `--concurrency`), each on a
-thread of its own (a lane): the main thread takes a job from Redis only when a lane is
-free, so a job is never held dequeued and unstarted behind a busy one. Each job runs as
-`SimpleWorker` runs one, in the worker's own process (no process forked a job), with RQ's
-bookkeeping per job: an execution in the queue's `StartedJobRegistry` and in the worker's
-execution index, so `rq info` and RQ dashboards show every step running; the worker is
-`busy` while any lane runs. A step keeps its own heartbeat, fencing token, attempt and
-workspace tree (a lane of the process's cache slot), so killing the process retries every
-step it ran, and a zombie step in a live process is fenced like any other.
+`concurrency` jobs at once (`CAIRN_WORKER_CONCURRENCY`, `--concurrency`), each on a thread
+of its own (a lane, kept across jobs): the main thread takes jobs from Redis only for free
+lanes (as many as wait and lanes are free, in one round trip), so a job is never held
+dequeued and unstarted behind a busy one. Each job runs as `SimpleWorker` runs one, in the
+worker's own process (no process forked a job), with RQ's bookkeeping per job: an
+execution in the queue's `StartedJobRegistry` and in the worker's execution index, so `rq
+info` and RQ dashboards show every step running; the worker is `busy` while any lane runs.
+A step keeps its own heartbeat, fencing token, attempt and workspace tree (a lane of the
+process's cache slot), so killing the process retries every step it ran, and a zombie step
+in a live process is fenced like any other.
 
 Lanes are threads, not asyncio tasks and not processes: steps are synchronous code making
 blocking HTTP, Redis and subprocess calls. The heartbeats are beaten by one thread of the
@@ -54,13 +55,14 @@ import time
 from collections.abc import Callable, Iterator
 from datetime import datetime, timedelta
 from pathlib import Path
+from queue import SimpleQueue
 from types import FrameType
 from typing import Any, cast
 
 import redis
 import structlog
 from redis.client import Pipeline
-from redis.exceptions import AuthorizationError
+from redis.exceptions import AuthorizationError, NoScriptError
 from rq import Queue, SimpleWorker
 from rq.exceptions import NoSuchJobError, StopRequested
 from rq.executions import Execution
@@ -70,7 +72,7 @@ from rq.registry import StartedJobRegistry
 from rq.serializers import JSONSerializer
 from rq.timeouts import TimerDeathPenalty
 from rq.utils import decode_redis_hash, now
-from rq.worker import WorkerStatus
+from rq.worker import DequeueStrategy, WorkerStatus
 
 from cairn.agents.logs import configure_logging, get_logger
 from cairn.agents.tracing import stop_tracing
@@ -80,7 +82,7 @@ from cairn.coordinator.jobs import ALLOWED_JOBS, CONTROL_QUEUE, STEPS_QUEUE
 from cairn.coordinator.offers import Offer, advertise, withdraw
 from cairn.coordinator.settings import display_url, load_settings, process_settings, use_settings
 from cairn.errors import InvalidSpec, RefusedJob, one_line
-from cairn.storage.backends.redis import connect
+from cairn.storage.backends.redis import Lua, connect
 from cairn.storage.redact import redact
 
 log = get_logger(__name__)
@@ -229,6 +231,12 @@ class CairnWorker(SimpleWorker):
         # job id → what its lane runs; the condition wakes whoever waits for a free lane
         self._lanes = threading.Condition()
         self._running: dict[str, tuple[Job, Queue, Execution]] = {}
+        # jobs started and handed to the lane threads; as many threads as ever ran at once
+        self._taken: SimpleQueue[tuple[Job, Queue, Execution]] = SimpleQueue()
+        self._lane_threads = 0
+        self._prepared: set[str] = set()  # jobs marked started with their execution
+        self._take_jobs = Lua(lambda: self.connection, "take_jobs")
+        self._batching = True  # jobs may be taken several at once (`_take_more`)
         self._handed_back: set[str] = set()
         self._interruptible = False  # the main thread waits (for Redis or a lane): a stop may raise
         self._stop_at: float | None = None
@@ -241,6 +249,12 @@ class CairnWorker(SimpleWorker):
             self.job_class = CairnJob
         for queue in self.queues:  # RQ's sweeps of a queue's registries read its job class
             queue.job_class = self.job_class
+
+    def work(self, *args: Any, **kwargs: Any) -> bool:  # noqa: ANN401 - RQ's own
+        """RQ's work loop; jobs are taken one at a time when it is to stop after `max_jobs`."""
+        max_jobs = args[4] if len(args) > 4 else kwargs.get("max_jobs")  # noqa: PLR2004 - its place
+        self._batching = max_jobs is None
+        return super().work(*args, **kwargs)
 
     def bootstrap(self, *args: Any, **kwargs: Any) -> None:  # noqa: ANN401 - RQ's own
         """Take SIGTERM and SIGINT as a stop before the offer is written, then RQ's bootstrap.
@@ -367,22 +381,128 @@ class CairnWorker(SimpleWorker):
             self.heartbeat()
 
     def execute_job(self, job: Job, queue: Queue) -> None:
-        """Start `job` on a lane of its own and return (the main thread takes the next).
+        """Start `job`, and the waiting jobs the other free lanes can run, each on a lane.
 
-        A job `CairnJob` refused is not run: it is marked failed (`refuse`).
+        The others are taken in one round trip (`_take_more`), and the whole group is marked
+        started in one more (`_prepare`); then each is handed to a lane and this returns (the
+        main thread takes the next). A job `CairnJob` refused is not run: it is marked failed
+        (`refuse`).
         """
-        if isinstance(job, CairnJob) and job.refusal is not None:
-            with self._waiting_out(f"refused job {job.id} not marked failed"):
-                self.refuse(job, queue)
+        runnable: list[tuple[Job, Queue]] = []
+        for one, origin in [(job, queue), *self._take_more()]:
+            if any(one.id == other.id for other, _ in runnable):
+                continue  # its id queued twice: it runs once, as one lane would run it
+            if isinstance(one, CairnJob) and one.refusal is not None:
+                with self._waiting_out(f"refused job {one.id} not marked failed"):
+                    self.refuse(one, origin)
+            else:
+                runnable.append((one, origin))
+        if not runnable:
             return
-        with self._lanes, self._waiting_out(f"job {job.id} left for a retry"):
-            execution = self.prepare_execution(job)  # BUSY, and in the StartedJobRegistry
-            self._running[job.id] = (job, queue, execution)
-        if job.id not in self._running:  # not marked started: the coordinator retries it
+        names = ", ".join(one.id for one, _ in runnable)
+        with self._lanes, self._waiting_out(f"jobs {names} left for a retry"):
+            prepared = self._prepare([one for one, _ in runnable])
+            for (one, origin), execution in zip(runnable, prepared, strict=True):
+                self._running[one.id] = (one, origin, execution)
+        # Not marked started (Redis refused or out of reach): the coordinator retries them.
+        started = [self._running[one.id] for one, _ in runnable if one.id in self._running]
+        with self._lanes:
+            while self._lane_threads < len(self._running):  # every lane thread is busy
+                self._lane_threads += 1
+                name = f"cairn-lane-{self._lane_threads}"
+                threading.Thread(target=self._lane, name=name, daemon=True).start()
+        for held in started:
+            self._taken.put(held)
+
+    def _take_more(self) -> list[tuple[Job, Queue]]:
+        """The waiting jobs the lanes free beside the one job just taken can run, at most.
+
+        Taken in one round trip (`take_jobs.lua`: popped in the order RQ serves the queues,
+        with their hashes), read as RQ's dequeue reads a job. None when no other lane is
+        free, when the worker is stopping, or when it takes jobs otherwise than as RQ's
+        `default` strategy on several queues does: one queue (RQ then moves each job it
+        takes to a list of its own), another queue order, or a `max_jobs` to count.
+        """
+        with self._lanes:
+            free = self.concurrency - len(self._running) - 1
+        if free <= 0 or not self._batching or len(self.queues) == 1 or self._stop_requested:
+            return []
+        if self._dequeue_strategy not in (None, DequeueStrategy.DEFAULT):
+            return []
+        served = {q.key: q for q in self._ordered_queues}
+        command = self._take_jobs.command(
+            list(served), [free, self.job_class.redis_job_namespace_prefix]
+        )
+        reply: list[Any] = []
+        with self._waiting_out("no more jobs taken"):
+            try:
+                reply = cast(list[Any], self.connection.execute_command(*command))  # type: ignore[no-untyped-call]
+            except NoScriptError:  # a Redis that restarted: nothing was taken
+                self._take_jobs.load(self.connection)
+                reply = cast(list[Any], self.connection.execute_command(*command))  # type: ignore[no-untyped-call]
+        taken: list[tuple[Job, Queue]] = []
+        version = self.get_redis_server_version()  # type: ignore[no-untyped-call]
+        for key, job_id, fields in zip(reply[::3], reply[1::3], reply[2::3], strict=True):
+            one = self.job_class(
+                job_id.decode(), connection=self.connection, serializer=self.serializer
+            )
+            try:
+                one.restore(dict(zip(fields[::2], fields[1::2], strict=True)))
+            except NoSuchJobError:  # a hash that is no job: RQ's dequeue skips it too
+                continue
+            one.redis_server_version = version
+            taken.append((one, served[key.decode()]))
+        return taken
+
+    def prepare_execution(self, job: Job) -> Execution:
+        """Register the job's execution and mark it started, in one round trip (`_prepare`)."""
+        return self._prepare([job])[0]
+
+    def _prepare(self, jobs: list[Job]) -> list[Execution]:
+        """Register each job's execution and mark it started, all in one round trip.
+
+        Stock RQ takes two pipelines a job: the execution on the main thread, then the job
+        marked started on the thread that runs it (`prepare_job_execution`). Here both sets
+        of writes go at once for every job, before any is handed to a lane.
+        """
+        executions = []
+        ttls = [self.get_heartbeat_ttl(job) for job in jobs]
+        with self.connection.pipeline() as pipeline:
+            self.set_state(WorkerStatus.BUSY, pipeline=pipeline)
+            self.heartbeat(max(ttls), pipeline=pipeline)  # the worker kept alive for them all
+            for job, ttl in zip(jobs, ttls, strict=True):
+                execution = Execution.create(job, ttl, pipeline=pipeline, worker_name=self.name)
+                self.executions[execution.id] = execution
+                executions.append(execution)
+                job.heartbeat(now(), ttl, pipeline=pipeline)
+                job.prepare_for_execution(self.name, pipeline=pipeline)
+                pipeline.persist(job.key)
+                if len(self.queues) == 1:  # RQ's wait on one queue keeps the job in a second list
+                    pipeline.lrem(self.queues[0].intermediate_queue_key, 1, job.id)
+            pipeline.execute()
+        self._prepared.update(job.id for job in jobs)
+        return executions
+
+    def prepare_job_execution(self, job: Job, remove_from_intermediate_queue: bool = False) -> None:
+        """Nothing more for a job `prepare_execution` marked started; RQ's own for any other."""
+        if job.id in self._prepared:
+            self._prepared.discard(job.id)
             return
-        threading.Thread(
-            target=self._run_lane, args=(job, queue, execution), name=f"lane-{job.id}", daemon=True
-        ).start()
+        super().prepare_job_execution(job, remove_from_intermediate_queue)
+
+    def _lane(self) -> None:
+        """Run the jobs the main thread hands over, one at a time, as long as the process lives.
+
+        A lane is a thread kept across jobs, not one per job: what a thread holds (its
+        Redis connection, its compressor) is made once, and no job waits for a thread to
+        start.
+        """
+        while True:
+            job, queue, execution = self._taken.get()
+            try:
+                self._run_lane(job, queue, execution)
+            except Exception:  # a lane outlives any one job's failure
+                log.exception("lane failed its job", job=job.id, worker=self.name)
 
     def _run_lane(self, job: Job, queue: Queue, execution: Execution) -> None:
         try:

@@ -26,14 +26,17 @@ from rq.suspension import resume, suspend
 from rq.worker import WorkerStatus
 from structlog.testing import capture_logs
 
-from cairn.coordinator.jobs import STEPS_QUEUE
+from cairn.coordinator.jobs import CONTROL_QUEUE, STAGE_JOB, STEP_JOB, STEPS_QUEUE
 from cairn.coordinator.spec import TaskSpec
 from cairn.coordinator.worker import (
     DRAIN_SECONDS,
     HANDED_BACK,
     SUSPENSION_CHECK_EVERY,
+    CairnJob,
+    CairnWorker,
 )
 from cairn.storage import keys
+from cairn.storage.backends.redis import connect
 from cairn.testing.redis_server import RedisServer, free_port
 from tests.cluster import ROOT, Cluster, Outcome, files_and_histories, outcome, team_spec
 
@@ -306,8 +309,12 @@ def test_sigterm_drains_finishing_or_handing_back_the_steps_it_holds(
 def test_rq_sees_each_finished_step_as_its_own_worker_would_record_it(
     cluster: Cluster, tmp_path: Path
 ) -> None:
-    """A step's success, written in one round trip: status, result, registries, counts."""
-    cluster.start_worker()
+    """A step's success, written in one round trip: status, result, registries, counts.
+
+    On a worker of three lanes, which takes a superstep's jobs together and marks them
+    started in one round trip.
+    """
+    concurrent_worker(cluster, 3)
     task = cluster.tasks.submit(team_spec(tmp_path / "ledger"))
     assert "succeeded" == cluster.drive(task)["status"]
     finished = FinishedJobRegistry(STEPS_QUEUE, connection=cluster.client)
@@ -324,6 +331,45 @@ def test_rq_sees_each_finished_step_as_its_own_worker_would_record_it(
     (worker,) = Worker.all(connection=cluster.client)
     assert worker.successful_job_count >= len(ids)
     assert 0 == worker.current_execution_count
+
+
+def test_free_lanes_take_the_waiting_jobs_in_one_go_control_first(tmp_path: Path) -> None:
+    """Beside the job just taken, a worker takes as many waiting jobs as it has free lanes.
+
+    The control queue's first, then the steps'; a job whose hash is gone is skipped and
+    not counted; the rest stay queued. A worker told to stop after `max_jobs`, or all of
+    whose other lanes are busy, takes none.
+    """
+    server = RedisServer(tmp_path / "redis").start()
+    try:
+        client = connect(server.url)
+        control, steps = (
+            Queue(name, connection=client, serializer=JSONSerializer, job_class=CairnJob)
+            for name in (CONTROL_QUEUE, STEPS_QUEUE)
+        )
+        worker = CairnWorker([control, steps], connection=client, serializer=JSONSerializer,
+                             job_class=CairnJob, concurrency=4)  # fmt: skip
+        gone = steps.enqueue_call(STEP_JOB, args=("t", "a", 1, 1, 0), job_id="gone")
+        client.delete(gone.key)
+        for i in range(4):
+            steps.enqueue_call(STEP_JOB, args=("t", "a", 1, 1, i), job_id=f"step-{i}")
+        control.enqueue_call(STAGE_JOB, args=("t",), job_id="control")
+        taken = worker._take_more()  # 4 lanes, one for the job just taken: 3 free
+        assert [("control", CONTROL_QUEUE), ("step-0", STEPS_QUEUE), ("step-1", STEPS_QUEUE)] == [
+            (job.id, queue.name) for job, queue in taken
+        ]
+        assert [STAGE_JOB, STEP_JOB, STEP_JOB] == [job.func_name for job, _ in taken]
+        assert ["t", "a", 1, 1, 0] == list(taken[1][0].args)
+        assert ["step-2", "step-3"] == steps.get_job_ids()
+        assert [] == control.get_job_ids()
+        worker._running = {"busy-1": taken[0], "busy-2": taken[1]}  # type: ignore[dict-item]
+        assert ["step-2"] == [job.id for job, _ in worker._take_more()]
+        worker._running = {}
+        worker._batching = False  # as `work(max_jobs=...)` sets it
+        assert [] == worker._take_more()
+        assert ["step-3"] == steps.get_job_ids()
+    finally:
+        server.kill()
 
 
 def test_a_suspended_worker_takes_no_step_until_resumed(cluster: Cluster, tmp_path: Path) -> None:

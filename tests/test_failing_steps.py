@@ -25,10 +25,11 @@ import structlog
 
 from cairn import Client, StepFailure
 from cairn.agents.logs import configure_logging, get_logger
-from cairn.agents.logship import ship_logs
+from cairn.agents.logship import LINGER, ship_logs
 from cairn.coordinator.failures import KEEP, FailureEvent, read_failures, record_failure
 from cairn.coordinator.tasklogs import read_logs
 from cairn.storage import keys
+from cairn.storage.backends.redis.scripts import source
 from cairn.testing.redis_server import free_port
 from tests.cli_harness import cairn, private_stack
 
@@ -243,6 +244,62 @@ def test_a_shipper_on_a_redis_that_lost_its_script_ships_each_line_once(stack: S
             structlog.configure(**saved)
         time.sleep(0.2)  # nothing more arrives: no line went twice
         assert ["first", "second"] == [line.message for line in read_logs(redis_client, "flushed")]
+
+
+EXITING = """
+import io, sys
+from cairn.agents.logs import configure_logging, get_logger
+from cairn.agents.logship import LINGER, ship_logs
+from cairn.storage.backends.redis import connect
+configure_logging("json", "info", stream=io.StringIO())
+ship_logs(connect(sys.argv[1]), "worker")
+for n in range(3):
+    get_logger("test").info(f"line {n}", task="exiting", agent="a")
+"""
+
+
+def test_a_process_ships_its_last_lines_as_it_exits(stack: Stack) -> None:
+    """Lines logged just before a normal exit are shipped: the batch does not linger then."""
+    with stack.client() as client:
+        redis_client = client._redis
+        redis_client.hset(keys.run("exiting"), "status", "running")
+        done = subprocess.run(
+            [sys.executable, "-c", EXITING, stack.url],
+            env=stack.env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert 0 == done.returncode, done.stderr
+        shipped = [line.message for line in read_logs(redis_client, "exiting")]
+        assert ["line 0", "line 1", "line 2"] == shipped
+
+
+def test_lines_logged_together_are_shipped_in_one_round_trip(stack: Stack) -> None:
+    """A batch waits `LINGER` for the lines after its first: a step's lines go together."""
+    saved = structlog.get_config()
+    with stack.client() as client:
+        redis_client = client._redis
+        redis_client.hset(keys.run("together"), "status", "running")
+        redis_client.script_load(source("ship_log"))  # no batch is sent again for NOSCRIPT
+        try:
+            configure_logging("json", "info", stream=io.StringIO())
+            shipper = ship_logs(redis_client, "worker")
+            assert shipper is not None
+            sent: list[int] = []
+            send = shipper._send
+
+            def counted(commands: list[tuple[object, ...]]) -> list[tuple[object, ...]]:
+                sent.append(len(commands))
+                return send(commands)
+
+            shipper._send = counted  # type: ignore[method-assign]
+            get_logger("test").info("line 0", task="together", agent="a")
+            time.sleep(LINGER / 5)  # the shipper woke for the first line meanwhile
+            for n in range(1, 5):
+                get_logger("test").info(f"line {n}", task="together", agent="a")
+            assert shipper.flush()
+        finally:
+            structlog.configure(**saved)
+        assert [5] == sent
+        assert 5 == len(read_logs(redis_client, "together"))
 
 
 def test_a_line_logged_after_forget_brings_no_key_of_the_task_back(stack: Stack) -> None:

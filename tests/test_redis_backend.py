@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 import redis
+from redis.client import Pipeline
 
 from cairn.coordinator.runs import Look, RunState
 from cairn.errors import CommitRefused, FencedWrite
 from cairn.storage import keys
 from cairn.storage.backends.disk import DiskArchive
 from cairn.storage.backends.redis import RedisHotStore, connect
+from cairn.storage.backends.redis.scripts import source
 from cairn.storage.codec import Codec
 from cairn.storage.records import Level
 from cairn.storage.store import CheckpointStore
@@ -86,6 +88,52 @@ def test_a_look_claims_its_tasks_on_a_redis_that_lost_the_claim_script(
     outranked = RunState(redis_client, RedisHotStore(redis_client), token=lambda: 6)
     assert isinstance(outranked.look(["claimed-1"])["claimed-1"], FencedWrite)
     redis_client.delete(keys.owner("claimed-1"))
+
+
+class Counted(redis.Redis):
+    """A client whose pipelines are counted: one pipeline, one round trip."""
+
+    pipelines = 0
+
+    def pipeline(self, transaction: bool = True, shard_hint: str | None = None) -> Pipeline:
+        """The client's pipeline, counted."""
+        self.pipelines += 1
+        return super().pipeline(transaction, shard_hint)
+
+
+def test_a_look_reads_the_votes_it_expects_in_its_first_round_trip(
+    real_store: CheckpointStore, redis_client: redis.Redis
+) -> None:
+    """A task looked at again in the same superstep takes one round trip, not two.
+
+    Its votes are read with its run state, for the superstep its last look found in
+    flight; a task whose superstep moved on meanwhile has the new one's read in a second.
+    """
+    state = new_agent(real_store, "guessed", "coder")
+    take_step(state, 1)
+    ref = real_store.write_lc(state, vote=True)  # epoch 1, superstep 1
+    redis_client.hset(keys.run("guessed"), mapping={"epoch": 1, "superstep": 1, "number": 2})
+    redis_client.script_load(source("claim"))  # no look sent again for NOSCRIPT
+    counted = Counted(connection_pool=redis_client.connection_pool)
+    runs = RunState(counted, RedisHotStore(redis_client), token=lambda: 3)
+
+    def look() -> Look:
+        seen = runs.look(["guessed"])["guessed"]
+        assert isinstance(seen, Look)
+        return seen
+
+    assert {"coder": ref} == look().votes  # first: no guess yet
+    assert 2 == counted.pipelines
+    assert {"coder": ref} == look().votes
+    assert 3 == counted.pipelines
+    redis_client.hset(keys.run("guessed"), "superstep", 2)  # moved on: the guess misses
+    assert {} == look().votes
+    assert 5 == counted.pipelines
+    assert {} == look().votes
+    assert 6 == counted.pipelines
+    redis_client.hset(keys.run("guessed"), "superstep", 0)  # nothing in flight
+    assert {} == look().votes
+    assert 7 == counted.pipelines
 
 
 def test_each_thread_holds_a_connection_of_its_own(real_store: CheckpointStore) -> None:
