@@ -80,7 +80,9 @@ def _all(client: redis.Redis, stream: str) -> list[Entry]:
 
 def _after(client: redis.Redis, stream: str, after: str, wait: float) -> list[Entry]:
     """Entries after `after`: those there now, else (with `wait`) the next to arrive."""
-    block = int(min(wait, MAX_WAIT) * 1000) if wait > 0 else None
+    # At least a millisecond: Redis reads BLOCK 0 as "for ever", and a follower's last
+    # wait can be a fraction of one.
+    block = max(1, round(min(wait, MAX_WAIT) * 1000)) if wait > 0 else None
     # RESP2's reply: [[stream, entries]], or None when the wait ran out
     answer = cast(list[tuple[bytes, list[Entry]]] | None,
                   client.xread({stream: after}, count=PAGE, block=block))  # fmt: skip

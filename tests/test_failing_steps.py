@@ -14,6 +14,7 @@ import json
 import re
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -300,6 +301,21 @@ def test_lines_logged_together_are_shipped_in_one_round_trip(stack: Stack) -> No
             structlog.configure(**saved)
         assert [5] == sent
         assert 5 == len(read_logs(redis_client, "together"))
+
+
+def test_a_wait_under_a_millisecond_for_a_line_ends(stack: Stack) -> None:
+    """A follower's last wait, a fraction of a millisecond, is not Redis's BLOCK 0 (for ever)."""
+    with stack.client() as client:
+        redis_client = client._redis
+        redis_client.hset(keys.run("quiet"), "status", "running")
+        found: list[object] = []
+        reader = threading.Thread(
+            target=lambda: found.append(read_logs(redis_client, "quiet", after="0-0", wait=0.0004)),
+            daemon=True,
+        )
+        reader.start()
+        reader.join(30)
+        assert [[]] == found, "the read was still waiting after 30 s"
 
 
 def test_a_line_logged_after_forget_brings_no_key_of_the_task_back(stack: Stack) -> None:

@@ -94,7 +94,7 @@ def test_lua_scripts_ship_with_the_package() -> None:
     names = sorted(p.name for p in lua.iterdir() if p.name.endswith(".lua"))
     expected = ["abort_gc", "beat", "begin_attempt", "claim", "commit_gc", "lg_archive", "lg_put"]
     expected += ["prepare_gc", "raise_epoch", "read_chain", "run_write", "ship_log", "spend"]
-    expected += ["step_start"]
+    expected += ["step_start", "take_jobs"]
     expected += ["walk_chains", "write_lc", "write_spawned_lc"]
     assert [f"{name}.lua" for name in expected] == names
 
