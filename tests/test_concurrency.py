@@ -365,9 +365,12 @@ def test_free_lanes_take_the_waiting_jobs_in_one_go_control_first(tmp_path: Path
         worker._running = {"busy-1": taken[0], "busy-2": taken[1]}  # type: ignore[dict-item]
         assert ["step-2"] == [job.id for job, _ in worker._take_more()]
         worker._running = {}
-        worker._batching = False  # as `work(max_jobs=...)` sets it
+        client.delete(steps.key)  # nothing waits: the run below takes no job
+        assert not worker.work(burst=True, max_jobs=5, logging_level="WARNING")
+        assert not worker._batching  # told `max_jobs`: one job at a time, as RQ counts them
+        client.rpush(steps.key, "step-2", "step-3")
         assert [] == worker._take_more()
-        assert ["step-3"] == steps.get_job_ids()
+        assert ["step-2", "step-3"] == steps.get_job_ids()
     finally:
         server.kill()
 

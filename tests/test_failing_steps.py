@@ -250,7 +250,7 @@ def test_a_shipper_on_a_redis_that_lost_its_script_ships_each_line_once(stack: S
 EXITING = """
 import io, sys
 from cairn.agents.logs import configure_logging, get_logger
-from cairn.agents.logship import LINGER, ship_logs
+from cairn.agents.logship import ship_logs
 from cairn.storage.backends.redis import connect
 configure_logging("json", "info", stream=io.StringIO())
 ship_logs(connect(sys.argv[1]), "worker")

@@ -4,6 +4,10 @@
 -- ARGV: 1 how many jobs at most, 2 the prefix of a job's hash key (RQ's `rq:job:`)
 -- Returns: queue key, job id and the job's hash (field, value, ...) of each job taken. A
 -- job whose hash is gone is taken and left out, as RQ's own dequeue skips it.
+-- The hashes' keys are built here, undeclared: RQ's keys carry no common hash tag, and RQ
+-- runs on one Redis (or a Sentinel-managed primary), never a cluster.
+-- Not idempotent, as RQ's own pop is not: a reply lost and sent again takes more jobs,
+-- and those first taken are retried by the coordinator as taken and never started.
 local left = tonumber(ARGV[1])
 local taken = {}
 for _, queue in ipairs(KEYS) do
